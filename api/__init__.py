@@ -1,0 +1,1 @@
+"""quotaflow's HTTP side: the REST API and the mock provider."""

@@ -1,0 +1,102 @@
+"""quotaflow's REST API: create jobs from JSONL uploads, follow them, download results.
+
+Routes only translate HTTP to quotaflow.jobs calls; the OpenAPI docs are at /docs.
+"""
+
+import json
+from collections.abc import Iterator
+from typing import Annotated, Any
+
+from fastapi import FastAPI, File, Form, Query, UploadFile
+from fastapi.responses import StreamingResponse
+from sqlalchemy import text
+from sqlalchemy.orm import Session, sessionmaker
+
+from api import errors
+from api.deps import DeploymentsDep, DispatcherDep, SessionDep, SessionsDep, SettingsDep
+from quotaflow import __version__, jobs
+from quotaflow.constants import DEFAULT_QUEUE
+from quotaflow.errors import QuotaflowError
+
+JSONL = "application/jsonl"
+
+
+def create_app() -> FastAPI:
+    app = FastAPI(title="quotaflow", version=__version__,
+                  description="Batch LLM jobs on one cluster-wide provider budget.")
+    errors.install(app)
+
+    @app.get("/healthz")
+    def healthz(session: SessionDep) -> dict[str, str]:
+        session.execute(text("SELECT 1"))
+        return {"status": "ok"}
+
+    @app.post("/jobs", status_code=201)
+    def create_job(
+        file: Annotated[UploadFile, File(description="JSONL input, OpenAI batch format")],
+        sessions: SessionsDep, settings: SettingsDep, deployments: DeploymentsDep,
+        dispatcher: DispatcherDep,
+        queue: Annotated[str, Form()] = DEFAULT_QUEUE,
+        metadata: Annotated[str | None, Form(description="JSON object of strings")] = None,
+    ) -> dict[str, Any]:
+        job = jobs.create_job(sessions, file.file, settings=settings, deployments=deployments,
+                              dispatcher=dispatcher, queue=queue, filename=file.filename,
+                              metadata=_metadata(metadata))
+        with sessions() as session:
+            return jobs.job_object(session, jobs.get_job(session, job.id))
+
+    @app.get("/jobs")
+    def list_jobs(session: SessionDep, limit: Annotated[int, Query(ge=1, le=100)] = 20,
+                  after: str | None = None) -> dict[str, Any]:
+        page = jobs.list_jobs(session, limit=limit + 1, after=after)
+        data = [jobs.job_object(session, job) for job in page[:limit]]
+        return {"object": "list", "data": data,
+                "first_id": data[0]["id"] if data else None,
+                "last_id": data[-1]["id"] if data else None,
+                "has_more": len(page) > limit}
+
+    @app.get("/jobs/{job_id}")
+    def get_job(job_id: str, session: SessionDep) -> dict[str, Any]:
+        return jobs.job_object(session, jobs.get_job(session, job_id))
+
+    @app.post("/jobs/{job_id}/cancel")
+    def cancel_job(job_id: str, sessions: SessionsDep) -> dict[str, Any]:
+        jobs.cancel_job(sessions, job_id)
+        with sessions() as session:
+            return jobs.job_object(session, jobs.get_job(session, job_id))
+
+    @app.get("/jobs/{job_id}/results", response_class=StreamingResponse)
+    def results(job_id: str, sessions: SessionsDep) -> StreamingResponse:
+        return _stream(sessions, job_id, errors=False)
+
+    @app.get("/jobs/{job_id}/errors", response_class=StreamingResponse)
+    def error_lines(job_id: str, sessions: SessionsDep) -> StreamingResponse:
+        return _stream(sessions, job_id, errors=True)
+
+    return app
+
+
+def _metadata(raw: str | None) -> dict[str, str] | None:
+    if raw is None or not raw.strip():
+        return None
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise QuotaflowError(f"metadata must be a JSON object: {exc.msg}") from exc
+    if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+        raise QuotaflowError("metadata must be a JSON object of string values")
+    return value
+
+
+def _stream(sessions: sessionmaker[Session], job_id: str, errors: bool) -> StreamingResponse:
+    with sessions() as session:
+        jobs.get_job(session, job_id)  # 404 before the stream starts
+
+    def lines() -> Iterator[str]:
+        with sessions() as session:
+            yield from jobs.iter_output(session, job_id, errors=errors)
+
+    return StreamingResponse(lines(), media_type=JSONL)
+
+
+app = create_app()

@@ -1,0 +1,35 @@
+"""One place that turns quotaflow's errors into HTTP answers (OpenAI's error shape)."""
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from quotaflow.errors import (
+    ConfigError,
+    InputFileError,
+    JobNotFound,
+    JobStateError,
+    QuotaflowError,
+    ServiceUnavailable,
+)
+
+STATUS_BY_ERROR: list[tuple[type[QuotaflowError], int]] = [
+    (JobNotFound, 404),
+    (InputFileError, 400),
+    (JobStateError, 409),
+    (ServiceUnavailable, 503),
+    (ConfigError, 500),
+    (QuotaflowError, 400),
+]
+
+
+async def quotaflow_error_handler(_request: Request, exc: Exception) -> JSONResponse:
+    status = next(code for kind, code in STATUS_BY_ERROR if isinstance(exc, kind))
+    error: dict = {"message": str(exc), "type": exc.__class__.__name__}
+    if isinstance(exc, InputFileError):
+        error["message"] = exc.message
+        error["data"] = [{"line": p.line_no, "message": p.reason} for p in exc.problems[:1000]]
+    return JSONResponse(status_code=status, content={"error": error})
+
+
+def install(app: FastAPI) -> None:
+    app.add_exception_handler(QuotaflowError, quotaflow_error_handler)

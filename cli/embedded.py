@@ -1,0 +1,76 @@
+"""`quotaflow run`: one file, processed in this process, on the embedded defaults.
+
+No broker and no server: the job lives in the configured database (a SQLite
+file unless QUOTAFLOW_DATABASE_URL says otherwise) and its batches run here,
+concurrently, through the same execution code the Celery workers use.
+"""
+
+import asyncio
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+from typing import IO
+
+from cli.progress import request_progress, stderr
+from quotaflow import jobs
+from quotaflow.config import Deployments, Settings
+from quotaflow.constants import MOCK_PROVIDER
+from quotaflow.db import session_factory, upgrade
+from quotaflow.execution import BatchExecutor
+from quotaflow.jobs import BatchRef
+from quotaflow.retries import RetryPolicy
+
+
+class CollectingDispatcher:
+    """Keeps the batches to run them here instead of queueing them."""
+
+    def __init__(self) -> None:
+        self.batches: list[BatchRef] = []
+
+    def dispatch(self, queue: str, batches: list[BatchRef]) -> None:
+        self.batches.extend(batches)
+
+
+def uses_only_mock(deployments: Deployments) -> bool:
+    return all(d.provider == MOCK_PROVIDER for d in deployments.deployments.values())
+
+
+def run_file(settings: Settings, input_path: Path, output: IO[str], errors_path: Path,
+             queue: str, concurrency: int) -> dict:
+    """Process the file and write results and errors; returns the final job object."""
+    deployments = settings.load_deployments()
+    if uses_only_mock(deployments):
+        stderr.print("[yellow]Using the built-in mock provider: every response is SIMULATED. "
+                     "Set QUOTAFLOW_DEPLOYMENTS_FILE to call a real model.[/yellow]")
+    upgrade(settings.database_url)
+    sessions = session_factory(settings.database_url)
+    dispatcher = CollectingDispatcher()
+    with input_path.open("rb") as handle:
+        job = jobs.create_job(sessions, handle, settings=settings, deployments=deployments,
+                              dispatcher=dispatcher, queue=queue, filename=input_path.name)
+    executor = BatchExecutor(sessions, deployments, timedelta(seconds=settings.lease_seconds),
+                             RetryPolicy(max_attempts=settings.provider_max_attempts))
+    with sessions() as session:
+        pending = jobs.job_object(session, jobs.get_job(session, job.id))["request_counts"]
+    with request_progress() as progress:
+        task = progress.add_task(job.id, total=pending["pending"])
+        asyncio.run(_run_batches(executor, dispatcher.batches, concurrency,
+                                 lambda _ok: progress.advance(task)))
+    with sessions() as session:
+        for line in jobs.iter_output(session, job.id, errors=False):
+            output.write(line)
+        error_lines = list(jobs.iter_output(session, job.id, errors=True))
+        if error_lines:
+            errors_path.write_text("".join(error_lines), encoding="utf-8")
+        return jobs.job_object(session, jobs.get_job(session, job.id))
+
+
+async def _run_batches(executor: BatchExecutor, batches: list[BatchRef], concurrency: int,
+                       on_item: Callable[[bool], None]) -> None:
+    semaphore = asyncio.Semaphore(concurrency)
+
+    async def one(ref: BatchRef) -> None:
+        async with semaphore:
+            await executor.run_async(ref, on_item)
+
+    await asyncio.gather(*(one(ref) for ref in batches))

@@ -1,0 +1,160 @@
+"""`quotaflow`: every command a user runs, from the quick start to the cluster."""
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import IO
+
+import click
+
+from cli.client import ApiClient
+from cli.embedded import run_file
+from cli.progress import request_progress, stderr
+from quotaflow.config import get_settings
+from quotaflow.constants import DEFAULT_QUEUE, QUEUES
+from quotaflow.errors import QuotaflowError
+from quotaflow.models import JobStatus
+
+QUEUE_OPTION = click.option("--queue", type=click.Choice(QUEUES), default=DEFAULT_QUEUE,
+                            show_default=True, help="Priority class of the job.")
+FINAL = (JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.EXPIRED, JobStatus.CANCELLED)
+
+
+def client() -> ApiClient:
+    return ApiClient(get_settings().api_url)
+
+
+@click.group()
+@click.version_option(package_name="quotaflow")
+def cli() -> None:
+    """Batch LLM requests on one cluster-wide provider budget."""
+
+
+@cli.command()
+@click.argument("input_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("-o", "--output", type=click.File("w", encoding="utf-8"), default="-",
+              help="Where result lines go (default: standard output).")
+@click.option("--errors", "errors_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="Where error lines go (default: OUTPUT with .errors.jsonl).")
+@QUEUE_OPTION
+@click.option("--concurrency", default=4, show_default=True, type=click.IntRange(1, 256),
+              help="Batches in flight at once.")
+def run(input_file: Path, output: IO[str], errors_path: Path | None, queue: str,
+        concurrency: int) -> None:
+    """Process INPUT_FILE in this process (no broker, no server) and write the results."""
+    if errors_path is None:
+        base = Path(output.name) if output.name != "<stdout>" else input_file
+        errors_path = base.with_name(base.stem + ".errors.jsonl")
+    job = run_file(get_settings(), input_file, output, errors_path, queue, concurrency)
+    counts = job["request_counts"]
+    stderr.print(f"job {job['id']} {job['status']}: {counts['completed']} succeeded, "
+                 f"{counts['failed']} failed of {counts['total']}")
+    if counts["failed"]:
+        stderr.print(f"error lines written to {errors_path}")
+
+
+@cli.command()
+@click.argument("input_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@QUEUE_OPTION
+@click.option("--metadata", help='JSON object of strings, e.g. \'{"team": "search"}\'.')
+def submit(input_file: Path, queue: str, metadata: str | None) -> None:
+    """Upload INPUT_FILE to the API as a new job and print its id."""
+    job = client().create_job(input_file, queue, metadata)
+    click.echo(job["id"])
+
+
+@cli.command()
+@click.argument("job_id")
+@click.option("--watch", is_flag=True, help="Follow the job with a progress bar until it ends.")
+@click.option("--json", "as_json", is_flag=True, help="Print the job object as JSON.")
+def status(job_id: str, watch: bool, as_json: bool) -> None:
+    """Show a job's status and request counts."""
+    api = client()
+    job = api.get_job(job_id)
+    if watch and job["status"] not in FINAL:
+        job = _watch(api, job)
+    if as_json:
+        click.echo(json.dumps(job, indent=2))
+        return
+    counts = job["request_counts"]
+    click.echo(f"{job['id']}  {job['status']}  queue={job['queue']}  "
+               f"total={counts['total']} completed={counts['completed']} "
+               f"failed={counts['failed']} pending={counts['pending']}")
+
+
+def _watch(api: ApiClient, job: dict) -> dict:
+    with request_progress() as progress:
+        task = progress.add_task(job["id"], total=job["request_counts"]["total"])
+        while True:
+            counts = job["request_counts"]
+            progress.update(task, completed=counts["completed"] + counts["failed"],
+                            description=f"{job['id']} {job['status']}")
+            if job["status"] in FINAL:
+                return job
+            time.sleep(1.0)
+            job = api.get_job(job["id"])
+
+
+@cli.command()
+@click.argument("job_id")
+@click.option("-o", "--output", type=click.File("wb"), default="-", help="Default: stdout.")
+def results(job_id: str, output: IO[bytes]) -> None:
+    """Download a job's result lines (in input order; partial while it runs)."""
+    for chunk in client().stream_lines(job_id, errors=False):
+        output.write(chunk)
+
+
+@cli.command()
+@click.argument("job_id")
+@click.option("-o", "--output", type=click.File("wb"), default="-", help="Default: stdout.")
+def errors(job_id: str, output: IO[bytes]) -> None:
+    """Download a job's error lines: invalid lines, failed and cancelled requests."""
+    for chunk in client().stream_lines(job_id, errors=True):
+        output.write(chunk)
+
+
+@cli.command()
+@click.argument("job_id")
+def cancel(job_id: str) -> None:
+    """Cancel a job: no new requests are sent; requests in flight finish and are kept."""
+    job = client().cancel_job(job_id)
+    click.echo(f"{job['id']}  {job['status']}")
+
+
+@cli.command("jobs")
+@click.option("--limit", default=20, show_default=True, type=click.IntRange(1, 100))
+def list_jobs(limit: int) -> None:
+    """List the newest jobs."""
+    for job in client().list_jobs(limit):
+        counts = job["request_counts"]
+        click.echo(f"{job['id']}  {job['status']:<11} {job['queue']:<8} "
+                   f"{counts['completed'] + counts['failed']}/{counts['total']}")
+
+
+from cli import services  # noqa: E402  (registers the service commands on `cli`)
+
+services.register(cli)
+
+
+def main() -> None:
+    """Console entry point: quotaflow's errors end the command with their message."""
+    try:
+        cli.main(standalone_mode=False)
+    except click.exceptions.Abort:
+        stderr.print("aborted")
+        sys.exit(130)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except QuotaflowError as exc:
+        stderr.print(f"[red]error:[/red] {exc}", highlight=False, markup=True)
+        sys.exit(1)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    main()

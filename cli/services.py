@@ -1,0 +1,101 @@
+"""Commands that start quotaflow's long-running parts: API, workers, Flower, mock provider.
+
+They start them by module path (uvicorn / celery), never by import, so the CLI
+stays independent of api/ and workers/.
+"""
+
+import os
+import socket
+import sys
+
+import click
+
+from quotaflow.config import get_settings
+from quotaflow.constants import QUEUES
+from quotaflow.db import upgrade
+from quotaflow.errors import ConfigError
+
+
+def _exec_celery(*args: str, env: dict[str, str] | None = None) -> None:
+    argv = [sys.executable, "-m", "celery", "-A", "workers.app:app", *args]
+    os.execvpe(argv[0], argv, {**os.environ, **(env or {})})
+
+
+def register(cli: click.Group) -> None:
+    @cli.command()
+    @click.option("--host", default=None, help="Default: QUOTAFLOW_API_HOST (127.0.0.1).")
+    @click.option("--port", default=None, type=int, help="Default: QUOTAFLOW_API_PORT (8000).")
+    def api(host: str | None, port: int | None) -> None:
+        """Serve the REST API (OpenAPI docs at /docs)."""
+        import uvicorn
+
+        settings = get_settings()
+        uvicorn.run("api.app:app", host=host or settings.api_host,
+                    port=port or settings.api_port, log_level="info")
+
+    @cli.command()
+    @click.option("--queues", default=",".join(QUEUES), show_default=True,
+                  help="Comma-separated queues this worker consumes.")
+    @click.option("--concurrency", default=2, show_default=True, type=click.IntRange(1, 512))
+    @click.option("--name", default=None, help="Worker node name (default: quotaflow-PID@host).")
+    @click.option("--loglevel", default="info", show_default=True)
+    def worker(queues: str, concurrency: int, name: str | None, loglevel: str) -> None:
+        """Start a Celery worker for the given queues."""
+        chosen = [q.strip() for q in queues.split(",") if q.strip()]
+        unknown = [q for q in chosen if q not in QUEUES]
+        if unknown or not chosen:
+            raise ConfigError(f"unknown queue(s) {unknown}; choose from {', '.join(QUEUES)}")
+        node = name or f"quotaflow-{os.getpid()}@{socket.gethostname()}"
+        _exec_celery("worker", "-Q", ",".join(chosen), "--concurrency", str(concurrency),
+                     "-n", node, "-l", loglevel, "-E")
+
+    @cli.command()
+    @click.option("--port", default=None, type=int, help="Default: QUOTAFLOW_FLOWER_PORT (5555).")
+    @click.option("--address", default="127.0.0.1", show_default=True)
+    def flower(port: int | None, address: str) -> None:
+        """Start Flower to watch the workers (basic auth from QUOTAFLOW_FLOWER_BASIC_AUTH)."""
+        settings = get_settings()
+        env = {}
+        if settings.flower_basic_auth:
+            # Passed through the environment so the password never shows in `ps`.
+            env["FLOWER_BASIC_AUTH"] = settings.flower_basic_auth
+        _exec_celery("flower", f"--port={port or settings.flower_port}",
+                     f"--address={address}", env=env)
+
+    @cli.group()
+    def db() -> None:
+        """Database schema commands."""
+
+    @db.command("upgrade")
+    def db_upgrade() -> None:
+        """Apply every Alembic migration to QUOTAFLOW_DATABASE_URL."""
+        upgrade(get_settings().database_url)
+        click.echo("database is at the newest migration")
+
+    @cli.command("mock-provider")
+    @click.option("--host", default="127.0.0.1", show_default=True)
+    @click.option("--port", default=9000, show_default=True, type=int)
+    @click.option("--rpm", default=600, show_default=True, type=click.IntRange(1))
+    @click.option("--tpm", default=200_000, show_default=True, type=click.IntRange(1))
+    @click.option("--latency-ms", default=50.0, show_default=True, type=click.FloatRange(0))
+    @click.option("--burst-seconds", default=60.0, show_default=True,
+                  type=click.FloatRange(0, min_open=True),
+                  help="Window the limits are enforced over (OpenAI may use 1 s).")
+    @click.option("--default-max-tokens", default=256, show_default=True, type=click.IntRange(1))
+    @click.option("--api-key-env", default=None, help="Env var holding the key clients must send.")
+    def mock_provider(host: str, port: int, rpm: int, tpm: int, latency_ms: float,
+                      burst_seconds: float, default_max_tokens: int,
+                      api_key_env: str | None) -> None:
+        """Serve a simulated OpenAI-compatible API that enforces RPM/TPM strictly (429s)."""
+        import uvicorn
+
+        os.environ.update({
+            "QUOTAFLOW_MOCK_RPM": str(rpm), "QUOTAFLOW_MOCK_TPM": str(tpm),
+            "QUOTAFLOW_MOCK_LATENCY_MS": str(latency_ms),
+            "QUOTAFLOW_MOCK_BURST_SECONDS": str(burst_seconds),
+            "QUOTAFLOW_MOCK_DEFAULT_MAX_TOKENS": str(default_max_tokens),
+        })
+        if api_key_env:
+            os.environ["QUOTAFLOW_MOCK_API_KEY_ENV"] = api_key_env
+        uvicorn.run("api.mock_provider:app_from_env", factory=True, host=host, port=port,
+                    log_level="warning")

@@ -1,0 +1,162 @@
+"""quotaflow's one settings object and its deployments file.
+
+Everything is read from the environment (prefix QUOTAFLOW_) or a .env file;
+the deployments file (TOML) says which providers serve which models. API keys
+are never in either: a deployment names the environment variable that holds
+its key, and the key is read only at call time.
+"""
+
+import os
+import tomllib
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from quotaflow.constants import MOCK_PROVIDER
+from quotaflow.errors import ConfigError
+
+ProviderKind = Literal["openai", "mock"]
+
+
+class Deployment(BaseModel):
+    """One place a model can be called: provider + endpoint + model + key."""
+
+    name: str
+    provider: ProviderKind
+    model: str
+    base_url: str | None = None
+    api_key_env: str | None = None
+    rpm: int = Field(gt=0)
+    tpm: int = Field(gt=0)
+    timeout_s: float = Field(default=60.0, gt=0)
+    max_concurrency: int = Field(default=16, gt=0)
+
+    @model_validator(mode="after")
+    def _http_needs_url(self) -> "Deployment":
+        if self.provider == "openai" and not self.base_url:
+            raise ValueError("provider 'openai' needs base_url (e.g. http://127.0.0.1:8000/v1)")
+        return self
+
+    def api_key(self) -> str | None:
+        """The key from the environment, read at call time and never stored."""
+        if not self.api_key_env:
+            return None
+        key = os.environ.get(self.api_key_env)
+        if not key:
+            raise ConfigError(
+                f"deployment {self.name!r} reads its API key from ${self.api_key_env}, "
+                "which is not set"
+            )
+        return key
+
+
+class Deployments(BaseModel):
+    """All deployments and the routes from a request's model to them."""
+
+    deployments: dict[str, Deployment]
+    routes: dict[str, str]
+
+    @model_validator(mode="after")
+    def _routes_point_at_deployments(self) -> "Deployments":
+        for model, target in self.routes.items():
+            if target not in self.deployments:
+                raise ValueError(f"route {model!r} names unknown deployment {target!r}")
+        return self
+
+    def for_model(self, model: str | None) -> Deployment | None:
+        """The deployment serving `model`: an explicit route, a same-named model, or '*'."""
+        if model is not None:
+            if model in self.routes:
+                return self.deployments[self.routes[model]]
+            for deployment in self.deployments.values():
+                if deployment.model == model:
+                    return deployment
+        if "*" in self.routes:
+            return self.deployments[self.routes["*"]]
+        return None
+
+
+def builtin_deployments() -> Deployments:
+    """What quotaflow runs on with no deployments file: the simulated mock provider."""
+    mock = Deployment(name=MOCK_PROVIDER, provider="mock", model="mock", rpm=10_000, tpm=10_000_000)
+    return Deployments(deployments={mock.name: mock}, routes={"*": mock.name})
+
+
+def load_deployments(path: Path | None) -> Deployments:
+    """Read the TOML deployments file, or the built-in mock set when there is none."""
+    if path is None:
+        return builtin_deployments()
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError as exc:
+        raise ConfigError(f"deployments file {path} does not exist") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"deployments file {path} is not valid TOML: {exc}") from exc
+    tables = raw.get("deployments")
+    if not isinstance(tables, dict) or not tables:
+        raise ConfigError(f"deployments file {path} has no [deployments.NAME] tables")
+    try:
+        deployments = {
+            name: Deployment(name=name, **table) for name, table in tables.items()
+        }
+        return Deployments(deployments=deployments, routes=raw.get("routes", {}))
+    except (ValidationError, TypeError) as exc:
+        raise ConfigError(f"deployments file {path} is invalid:\n{exc}") from exc
+
+
+class Settings(BaseSettings):
+    """Every knob of quotaflow, read from QUOTAFLOW_* environment variables."""
+
+    model_config = SettingsConfigDict(env_prefix="QUOTAFLOW_", env_file=".env", extra="ignore")
+
+    database_url: str = "sqlite:///quotaflow.db"
+    broker_url: str | None = None
+    deployments_file: Path | None = None
+    api_url: str = "http://127.0.0.1:8000"
+    api_host: str = "127.0.0.1"
+    api_port: int = 8000
+
+    # Items per Celery message: small enough that a lost worker costs little,
+    # large enough that one message amortises its round trips.
+    batch_size: int = Field(default=25, gt=0, le=10_000)
+    max_file_bytes: int = Field(default=200 * 1024 * 1024, gt=0)
+    # OpenAI caps a batch input line's request body; 1 MiB keeps a bad line from
+    # exhausting memory while leaving room for long prompts.
+    max_line_bytes: int = Field(default=1024 * 1024, gt=0)
+    max_lines: int = Field(default=50_000, gt=0)
+
+    lease_seconds: int = Field(default=300, gt=0)
+    provider_max_attempts: int = Field(default=5, gt=0)
+    # Celery's Redis transport redelivers unacked messages after visibility_timeout;
+    # the task limit stays well under it so a running batch is never delivered twice.
+    visibility_timeout: int = Field(default=3600, gt=60)
+    task_time_limit: int = Field(default=900, gt=0)
+
+    flower_basic_auth: str | None = None
+    flower_port: int = 5555
+
+    @field_validator("task_time_limit")
+    @classmethod
+    def _below_visibility(cls, value: int, info) -> int:
+        visibility = info.data.get("visibility_timeout", 3600)
+        if value >= visibility:
+            raise ValueError(
+                f"task_time_limit ({value}s) must be below visibility_timeout ({visibility}s), "
+                "or Redis redelivers batches that are still running"
+            )
+        return value
+
+    def load_deployments(self) -> Deployments:
+        return load_deployments(self.deployments_file)
+
+
+@lru_cache
+def get_settings() -> Settings:
+    """The process-wide settings, read once."""
+    try:
+        return Settings()
+    except ValidationError as exc:
+        raise ConfigError(f"invalid QUOTAFLOW_* setting:\n{exc}") from exc

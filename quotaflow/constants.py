@@ -1,0 +1,25 @@
+"""Names shared by the API, the workers and the CLI, kept in one place.
+
+The API enqueues tasks by name (it never imports workers/), so the task and
+queue names here are the contract between the two.
+"""
+
+from typing import Final
+
+QUEUE_REALTIME: Final = "realtime"
+QUEUE_STANDARD: Final = "standard"
+QUEUE_BULK: Final = "bulk"
+QUEUES: Final = (QUEUE_REALTIME, QUEUE_STANDARD, QUEUE_BULK)
+DEFAULT_QUEUE: Final = QUEUE_STANDARD
+
+TASK_PROCESS_BATCH: Final = "quotaflow.process_batch"
+
+REDIS_PREFIX: Final = "quotaflow"
+
+# The endpoints quotaflow accepts in a batch line, as OpenAI's Batch API names them.
+ENDPOINT_CHAT: Final = "/v1/chat/completions"
+ENDPOINT_COMPLETIONS: Final = "/v1/completions"
+ENDPOINT_EMBEDDINGS: Final = "/v1/embeddings"
+ENDPOINTS: Final = (ENDPOINT_CHAT, ENDPOINT_COMPLETIONS, ENDPOINT_EMBEDDINGS)
+
+MOCK_PROVIDER: Final = "mock"

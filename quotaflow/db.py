@@ -1,0 +1,95 @@
+"""Engines, sessions and the few dialect differences quotaflow relies on.
+
+Postgres is the distributed store; SQLite is the embedded one. Both get the
+schema from the same Alembic migrations, and both support the two statements
+the workers depend on: UPDATE ... RETURNING and INSERT ... ON CONFLICT.
+"""
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from sqlalchemy import Engine, Insert, Table, create_engine, event
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.orm import Session, sessionmaker
+
+from quotaflow.errors import ConfigError, ServiceUnavailable
+
+_engines: dict[tuple[int, str], Engine] = {}
+
+
+def normalize_url(url: str) -> str:
+    """Accept the postgres:// spellings users paste and pick the psycopg 3 driver."""
+    for prefix in ("postgres://", "postgresql://"):
+        if url.startswith(prefix):
+            return "postgresql+psycopg://" + url[len(prefix):]
+    return url
+
+
+def make_engine(url: str) -> Engine:
+    url = normalize_url(url)
+    if url.startswith("sqlite"):
+        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+        event.listen(engine, "connect", _sqlite_pragmas)
+        return engine
+    if url.startswith("postgresql"):
+        return create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=5)
+    raise ConfigError(f"QUOTAFLOW_DATABASE_URL {url.split(':')[0]}:// is not supported; "
+                      "use postgresql://... or sqlite:///path.db")
+
+
+def _sqlite_pragmas(dbapi_connection, _record) -> None:
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.close()
+
+
+def get_engine(url: str) -> Engine:
+    """One engine per process and URL: a forked Celery child must not reuse its parent's pool."""
+    key = (os.getpid(), url)
+    if key not in _engines:
+        _engines[key] = make_engine(url)
+    return _engines[key]
+
+
+def session_factory(url: str) -> sessionmaker[Session]:
+    return sessionmaker(get_engine(url), expire_on_commit=False)
+
+
+@contextmanager
+def translate_db_errors() -> Iterator[None]:
+    """Turn 'cannot connect' into an error that says which setting to check."""
+    try:
+        yield
+    except OperationalError as exc:
+        raise ServiceUnavailable(
+            f"database unreachable ({exc.orig.__class__.__name__}); "
+            "check QUOTAFLOW_DATABASE_URL and that the server is running"
+        ) from exc
+
+
+def insert_ignore(session: Session, table: Table) -> Insert:
+    """INSERT ... ON CONFLICT DO NOTHING for the session's dialect."""
+    dialect = session.get_bind().dialect.name
+    if dialect == "postgresql":
+        return postgresql.insert(table).on_conflict_do_nothing()
+    if dialect == "sqlite":
+        return sqlite.insert(table).on_conflict_do_nothing()
+    raise ConfigError(f"database dialect {dialect} is not supported")
+
+
+def upgrade(url: str) -> None:
+    """Bring the schema to the newest migration; the only way quotaflow changes it."""
+    from alembic import command
+    from alembic.config import Config
+
+    import migrations
+
+    config = Config()
+    config.set_main_option("script_location", str(Path(migrations.__file__).parent))
+    config.set_main_option("sqlalchemy.url", normalize_url(url))
+    with translate_db_errors():
+        command.upgrade(config, "head")

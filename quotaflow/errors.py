@@ -1,0 +1,86 @@
+"""Every error quotaflow raises on purpose.
+
+    QuotaflowError
+    ├── ConfigError            settings or deployments file are unusable
+    ├── InputFileError         an uploaded JSONL file is rejected as a whole
+    ├── JobNotFound            no job with that id
+    ├── JobStateError          the job is in a state that forbids the action
+    ├── ProviderError          a provider call failed
+    │   ├── RetryableProviderError   429, 5xx, timeouts, connection errors
+    │   └── PermanentProviderError   other 4xx: retrying cannot help
+    └── ServiceUnavailable     Redis, Postgres or the REST API cannot be reached
+
+Messages are written for the person who has to act on them.
+"""
+
+from dataclasses import dataclass, field
+
+
+class QuotaflowError(Exception):
+    """Root of quotaflow's own errors; the CLI and API show their message as is."""
+
+
+class ConfigError(QuotaflowError):
+    """The settings or the deployments file cannot be used as given."""
+
+
+@dataclass
+class LineProblem:
+    """One rejected input line: where it is and why it was refused."""
+
+    line_no: int
+    reason: str
+
+
+@dataclass
+class InputFileError(QuotaflowError):
+    """The input file as a whole is refused; nothing of it was stored."""
+
+    message: str
+    problems: list[LineProblem] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        super().__init__(self.message)
+
+    def __str__(self) -> str:
+        shown = [f"  line {p.line_no}: {p.reason}" for p in self.problems[:20]]
+        more = len(self.problems) - len(shown)
+        if more > 0:
+            shown.append(f"  ... and {more} more")
+        return "\n".join([self.message, *shown])
+
+
+class JobNotFound(QuotaflowError):
+    """No job has the given id."""
+
+
+class JobStateError(QuotaflowError):
+    """The job's status does not allow the requested action."""
+
+
+class ProviderError(QuotaflowError):
+    """A provider call failed; status_code is None for transport failures."""
+
+    def __init__(
+        self,
+        message: str,
+        status_code: int | None = None,
+        retry_after: float | None = None,
+        body: dict | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+        self.retry_after = retry_after
+        self.body = body
+
+
+class RetryableProviderError(ProviderError):
+    """Rate limited, overloaded, timed out or disconnected: worth another try."""
+
+
+class PermanentProviderError(ProviderError):
+    """The provider refused the request itself (4xx): another try gives the same."""
+
+
+class ServiceUnavailable(QuotaflowError):
+    """A service quotaflow depends on (Redis, Postgres, the REST API) is unreachable."""

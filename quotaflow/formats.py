@@ -1,0 +1,220 @@
+"""JSONL in and out, in the shapes users already have files in.
+
+In: the OpenAI Batch line {"custom_id", "method", "url", "body"} (canonical),
+the Anthropic Message Batches line {"custom_id", "params"}, and the shorthand
+{"prompt": "..."} or {"messages": [...]} (custom_id defaults to the line
+number). Every accepted line becomes a `Request` in OpenAI's shape; every
+refused line becomes a `BadLine` naming its line number and reason. The file
+is read line by line and never held whole.
+
+Out: OpenAI batch output and error lines.
+"""
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import IO, Any
+
+from quotaflow.constants import ENDPOINT_CHAT, ENDPOINT_COMPLETIONS, ENDPOINT_EMBEDDINGS, ENDPOINTS
+
+MAX_CUSTOM_ID_CHARS = 512
+_CHUNK = 64 * 1024
+
+
+@dataclass(frozen=True)
+class Request:
+    """One accepted input line, in OpenAI Batch form."""
+
+    line_no: int
+    custom_id: str
+    url: str
+    body: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class BadLine:
+    """One refused input line; it becomes a failed item, never a lost one."""
+
+    line_no: int
+    custom_id: str | None
+    reason: str
+
+
+class LineRejected(ValueError):
+    """Raised inside line parsing; carries the reason shown to the user."""
+
+
+def read_lines(stream: IO[bytes], max_line_bytes: int) -> Iterator[tuple[int, bytes | None]]:
+    """Yield (line_no, raw line) pairs; None for a line longer than max_line_bytes.
+
+    An oversized line is skipped in chunks, so one huge line cannot fill memory.
+    """
+    line_no = 0
+    while True:
+        raw = stream.readline(max_line_bytes + 1)
+        if not raw:
+            return
+        line_no += 1
+        if len(raw) > max_line_bytes and not raw.endswith(b"\n"):
+            while (chunk := stream.readline(_CHUNK)) and not chunk.endswith(b"\n"):
+                pass
+            yield line_no, None
+            continue
+        yield line_no, raw
+
+
+def parse_stream(stream: IO[bytes], max_line_bytes: int) -> Iterator[Request | BadLine]:
+    """Parse every non-blank line of a JSONL byte stream, in order."""
+    for line_no, raw in read_lines(stream, max_line_bytes):
+        if raw is None:
+            yield BadLine(line_no, None, f"line is longer than the limit of {max_line_bytes} bytes")
+            continue
+        if not raw.strip():
+            continue
+        yield parse_line(line_no, raw)
+
+
+def parse_line(line_no: int, raw: bytes) -> Request | BadLine:
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return BadLine(line_no, None, f"line is not valid UTF-8 (byte {exc.start + 1})")
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as exc:
+        return BadLine(line_no, None, f"line is not valid JSON: {exc.msg} at column {exc.colno}")
+    if not isinstance(obj, dict):
+        return BadLine(line_no, None, f"line must be a JSON object, not {type(obj).__name__}")
+    custom_id = obj.get("custom_id") if isinstance(obj.get("custom_id"), str) else None
+    try:
+        return _to_request(line_no, obj)
+    except LineRejected as exc:
+        return BadLine(line_no, custom_id, str(exc))
+
+
+def _to_request(line_no: int, obj: dict[str, Any]) -> Request:
+    if "body" in obj or "url" in obj or "method" in obj:
+        custom_id = _custom_id(obj, required=True)
+        return _openai_line(line_no, custom_id, obj)
+    if "params" in obj:
+        custom_id = _custom_id(obj, required=True)
+        return Request(line_no, custom_id, ENDPOINT_CHAT, _anthropic_params(obj["params"]))
+    if "prompt" in obj or "messages" in obj:
+        custom_id = _custom_id(obj, required=False) or str(line_no)
+        return Request(line_no, custom_id, ENDPOINT_CHAT, _shorthand_body(obj))
+    raise LineRejected(
+        "unknown line format: expected an OpenAI batch line (custom_id, method, url, body), "
+        "an Anthropic line (custom_id, params), or a shorthand line with prompt or messages"
+    )
+
+
+def _custom_id(obj: dict[str, Any], required: bool) -> str | None:
+    value = obj.get("custom_id")
+    if value is None and not required:
+        return None
+    if not isinstance(value, str) or not value:
+        raise LineRejected("custom_id must be a non-empty string")
+    if len(value) > MAX_CUSTOM_ID_CHARS:
+        raise LineRejected(f"custom_id is longer than {MAX_CUSTOM_ID_CHARS} characters")
+    return value
+
+
+def _openai_line(line_no: int, custom_id: str, obj: dict[str, Any]) -> Request:
+    method = obj.get("method")
+    if method != "POST":
+        raise LineRejected(f"method must be \"POST\", got {method!r}")
+    url = obj.get("url")
+    if url not in ENDPOINTS:
+        raise LineRejected(f"url must be one of {', '.join(ENDPOINTS)}, got {url!r}")
+    body = obj.get("body")
+    if not isinstance(body, dict):
+        raise LineRejected("body must be a JSON object")
+    _check_body(url, body)
+    return Request(line_no, custom_id, url, body)
+
+
+def _check_body(url: str, body: dict[str, Any]) -> None:
+    if "model" in body and not isinstance(body["model"], str):
+        raise LineRejected("body.model must be a string")
+    if url == ENDPOINT_CHAT:
+        _check_messages(body.get("messages"))
+    elif url == ENDPOINT_COMPLETIONS and not isinstance(body.get("prompt"), str | list):
+        raise LineRejected("body.prompt is required for /v1/completions")
+    elif url == ENDPOINT_EMBEDDINGS and not isinstance(body.get("input"), str | list):
+        raise LineRejected("body.input is required for /v1/embeddings")
+    for key in ("max_tokens", "max_completion_tokens"):
+        value = body.get(key)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)
+                                  or value <= 0):
+            raise LineRejected(f"body.{key} must be a positive integer")
+
+
+def _check_messages(messages: Any) -> None:
+    if not isinstance(messages, list) or not messages:
+        raise LineRejected("body.messages must be a non-empty list")
+    for index, message in enumerate(messages):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise LineRejected(f"body.messages[{index}] must be an object with a role")
+        if "content" not in message:
+            raise LineRejected(f"body.messages[{index}] has no content")
+
+
+def _anthropic_params(params: Any) -> dict[str, Any]:
+    """Anthropic Message Batches params -> an OpenAI chat body (text content)."""
+    if not isinstance(params, dict):
+        raise LineRejected("params must be a JSON object")
+    if not isinstance(params.get("max_tokens"), int) or params["max_tokens"] <= 0:
+        raise LineRejected("params.max_tokens must be a positive integer (Anthropic requires it)")
+    messages = params.get("messages")
+    _check_messages(messages)
+    converted = [{"role": m["role"], "content": _anthropic_text(m["content"])} for m in messages]
+    system = params.get("system")
+    if system is not None:
+        converted.insert(0, {"role": "system", "content": _anthropic_text(system)})
+    body: dict[str, Any] = {k: v for k, v in params.items() if k not in ("messages", "system")}
+    body["messages"] = converted
+    return body
+
+
+def _anthropic_text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and all(
+        isinstance(block, dict) and block.get("type") == "text" for block in content
+    ):
+        return "".join(str(block.get("text", "")) for block in content)
+    raise LineRejected("only text content (a string or text blocks) is supported")
+
+
+def _shorthand_body(obj: dict[str, Any]) -> dict[str, Any]:
+    body = {k: v for k, v in obj.items() if k not in ("custom_id", "prompt")}
+    if "prompt" in obj:
+        if not isinstance(obj["prompt"], str) or not obj["prompt"]:
+            raise LineRejected("prompt must be a non-empty string")
+        body["messages"] = [*body.get("messages", []), {"role": "user", "content": obj["prompt"]}]
+    _check_body(ENDPOINT_CHAT, body)
+    return body
+
+
+def output_line(
+    request_id: str,
+    custom_id: str | None,
+    status_code: int | None,
+    response: dict[str, Any] | None,
+    error: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """One line of an OpenAI batch output or error file."""
+    return {
+        "id": request_id,
+        "custom_id": custom_id,
+        "response": None if status_code is None else {
+            "status_code": status_code,
+            "request_id": request_id,
+            "body": response,
+        },
+        "error": error,
+    }
+
+
+def dumps_line(obj: dict[str, Any]) -> str:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")) + "\n"

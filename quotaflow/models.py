@@ -1,0 +1,103 @@
+"""The tables: jobs, their input items, and one result per item.
+
+Items are keyed by (job_id, line_no) and unique on (job_id, custom_id), so
+results come back in input order and a custom_id can never hold two results.
+A result row is written once (insert-or-ignore), which is what makes a batch
+that runs twice after a crash harmless.
+"""
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import JSON, DateTime, ForeignKey, Index, Integer, String, UniqueConstraint
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+JsonType = JSON().with_variant(JSONB(), "postgresql")
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class Base(DeclarativeBase):
+    type_annotation_map = {dict[str, Any]: JsonType, datetime: DateTime(timezone=True)}  # noqa: RUF012
+
+
+class JobStatus:
+    """OpenAI Batch statuses, which job objects report as they are."""
+
+    VALIDATING = "validating"
+    IN_PROGRESS = "in_progress"
+    FINALIZING = "finalizing"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    EXPIRED = "expired"
+    CANCELLING = "cancelling"
+    CANCELLED = "cancelled"
+    ACTIVE = (VALIDATING, IN_PROGRESS, FINALIZING, CANCELLING)
+
+
+class ItemStatus:
+    """Where one input line is on its way to a result."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    EXPIRED = "expired"
+    OPEN = (PENDING, RUNNING)
+
+
+class Job(Base):
+    __tablename__ = "jobs"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    status: Mapped[str] = mapped_column(String(16), index=True)
+    queue: Mapped[str] = mapped_column(String(16))
+    endpoint: Mapped[str] = mapped_column(String(64))
+    input_filename: Mapped[str | None] = mapped_column(String(255))
+    total: Mapped[int] = mapped_column(Integer, default=0)
+    metadata_: Mapped[dict[str, Any] | None] = mapped_column("metadata")
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    in_progress_at: Mapped[datetime | None]
+    finalizing_at: Mapped[datetime | None]
+    completed_at: Mapped[datetime | None]
+    failed_at: Mapped[datetime | None]
+    cancelling_at: Mapped[datetime | None]
+    cancelled_at: Mapped[datetime | None]
+    expired_at: Mapped[datetime | None]
+    expires_at: Mapped[datetime | None]
+
+
+class Item(Base):
+    __tablename__ = "items"
+    __table_args__ = (
+        UniqueConstraint("job_id", "custom_id", name="uq_items_job_custom_id"),
+        Index("ix_items_job_status", "job_id", "status"),
+    )
+
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    line_no: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    custom_id: Mapped[str | None] = mapped_column(String(512))
+    body: Mapped[dict[str, Any] | None]
+    status: Mapped[str] = mapped_column(String(16))
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    lease_owner: Mapped[str | None] = mapped_column(String(64))
+    lease_expires_at: Mapped[datetime | None]
+
+
+class Result(Base):
+    __tablename__ = "results"
+
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    line_no: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    custom_id: Mapped[str | None] = mapped_column(String(512))
+    request_id: Mapped[str] = mapped_column(String(64))
+    status_code: Mapped[int | None] = mapped_column(Integer)
+    response: Mapped[dict[str, Any] | None]
+    error: Mapped[dict[str, Any] | None]
+    prompt_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    completion_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)

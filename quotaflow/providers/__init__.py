@@ -1,0 +1,14 @@
+"""Providers: where a deployment's requests go."""
+
+from quotaflow.config import Deployment
+from quotaflow.providers.base import Provider, ProviderResponse
+from quotaflow.providers.mock import MockProvider
+from quotaflow.providers.openai_compat import OpenAICompatProvider
+
+__all__ = ["Provider", "ProviderResponse", "make_provider"]
+
+
+def make_provider(deployment: Deployment) -> Provider:
+    if deployment.provider == "mock":
+        return MockProvider()
+    return OpenAICompatProvider(deployment)

@@ -1,0 +1,31 @@
+"""What every provider offers the executor: send one request, get one response."""
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+
+@dataclass(frozen=True)
+class ProviderResponse:
+    """A provider's successful answer with the usage it reported."""
+
+    status_code: int
+    body: dict[str, Any]
+    request_id: str | None
+    prompt_tokens: int
+    completion_tokens: int
+
+
+class Provider(Protocol):
+    """A model endpoint. Raises RetryableProviderError or PermanentProviderError on failure."""
+
+    async def send(self, url: str, body: dict[str, Any]) -> ProviderResponse: ...
+
+    async def aclose(self) -> None: ...
+
+
+def usage_of(body: dict[str, Any]) -> tuple[int, int]:
+    """(prompt_tokens, completion_tokens) from an OpenAI-shaped response body."""
+    usage = body.get("usage") or {}
+    prompt = usage.get("prompt_tokens") or usage.get("input_tokens") or 0
+    completion = usage.get("completion_tokens") or usage.get("output_tokens") or 0
+    return int(prompt), int(completion)

@@ -1,0 +1,90 @@
+"""The simulated provider: answers derived from the request, no model involved.
+
+Used by the embedded quick start, by the tests and by `quotaflow
+mock-provider`. Every answer says it is simulated (model "mock",
+system_fingerprint "quotaflow-simulated") and its text is a pure function of
+the request, so a test can check that each result belongs to its input.
+"""
+
+import hashlib
+import json
+import time
+import uuid
+from typing import Any
+
+from quotaflow.constants import ENDPOINT_COMPLETIONS, ENDPOINT_EMBEDDINGS
+from quotaflow.providers.base import ProviderResponse
+from quotaflow.tokens import estimate_tokens, prompt_text
+
+SIMULATED_FINGERPRINT = "quotaflow-simulated"
+EMBEDDING_DIMENSIONS = 8
+
+
+def simulated_text(url: str, body: dict[str, Any]) -> str:
+    """The reply text: 'simulated reply to: ' + the last user text, cut to max_tokens."""
+    if url == ENDPOINT_COMPLETIONS:
+        source = prompt_text(url, body)
+    else:
+        users = [m for m in body.get("messages", []) if m.get("role") == "user"]
+        content = users[-1].get("content") if users else ""
+        source = content if isinstance(content, str) else json.dumps(content)
+    text = f"simulated reply to: {source}"
+    limit = body.get("max_tokens") or body.get("max_completion_tokens")
+    return text[: limit * 4] if isinstance(limit, int) else text
+
+
+def simulated_body(url: str, body: dict[str, Any]) -> dict[str, Any]:
+    """A complete OpenAI-shaped response body for the request."""
+    model = body.get("model") or "mock"
+    prompt_tokens = estimate_tokens(prompt_text(url, body))
+    created = int(time.time())
+    if url == ENDPOINT_EMBEDDINGS:
+        digest = hashlib.sha256(prompt_text(url, body).encode()).digest()
+        vector = [b / 255 for b in digest[:EMBEDDING_DIMENSIONS]]
+        return {
+            "object": "list",
+            "model": model,
+            "data": [{"object": "embedding", "index": 0, "embedding": vector}],
+            "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
+        }
+    text = simulated_text(url, body)
+    completion_tokens = estimate_tokens(text)
+    usage = {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+    if url == ENDPOINT_COMPLETIONS:
+        choice: dict[str, Any] = {"index": 0, "text": text, "finish_reason": "stop"}
+        kind = "text_completion"
+    else:
+        choice = {"index": 0, "message": {"role": "assistant", "content": text},
+                  "finish_reason": "stop"}
+        kind = "chat.completion"
+    return {
+        "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
+        "object": kind,
+        "created": created,
+        "model": model,
+        "system_fingerprint": SIMULATED_FINGERPRINT,
+        "choices": [choice],
+        "usage": usage,
+    }
+
+
+class MockProvider:
+    """In-process simulated provider: no network, instant answers."""
+
+    async def send(self, url: str, body: dict[str, Any]) -> ProviderResponse:
+        response = simulated_body(url, body)
+        usage = response["usage"]
+        return ProviderResponse(
+            status_code=200,
+            body=response,
+            request_id=f"req_{uuid.uuid4().hex[:24]}",
+            prompt_tokens=usage["prompt_tokens"],
+            completion_tokens=usage.get("completion_tokens", 0),
+        )
+
+    async def aclose(self) -> None:
+        return None

@@ -1,0 +1,1 @@
+"""Celery workers: thin wrappers that hand each batch message to quotaflow.execution."""

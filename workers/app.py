@@ -1,0 +1,43 @@
+"""The Celery application, configured for "nothing is lost" (see design.md).
+
+acks_late + reject_on_worker_lost: a batch whose worker dies goes back to the
+queue. Prefetch 1: a busy worker does not sit on batches others could run.
+The task time limit stays below the Redis visibility timeout, so a batch that
+is still running is never handed to a second worker.
+"""
+
+from celery import Celery
+from kombu import Queue
+
+from quotaflow.config import get_settings
+from quotaflow.constants import DEFAULT_QUEUE, QUEUES
+from quotaflow.errors import ConfigError
+
+
+def create_app() -> Celery:
+    settings = get_settings()
+    if not settings.broker_url:
+        raise ConfigError("QUOTAFLOW_BROKER_URL is not set; workers need Redis, "
+                          "e.g. QUOTAFLOW_BROKER_URL=redis://127.0.0.1:6379/0")
+    celery = Celery("quotaflow", broker=settings.broker_url, include=["workers.tasks"])
+    celery.conf.update(
+        task_queues=[Queue(name) for name in QUEUES],
+        task_default_queue=DEFAULT_QUEUE,
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        task_time_limit=settings.task_time_limit,
+        task_soft_time_limit=max(1, settings.task_time_limit - 30),
+        broker_transport_options={"visibility_timeout": settings.visibility_timeout},
+        broker_connection_retry_on_startup=True,
+        task_serializer="json",
+        accept_content=["json"],
+        task_ignore_result=True,
+        worker_send_task_events=True,
+        task_send_sent_event=True,
+        worker_hijack_root_logger=False,
+    )
+    return celery
+
+
+app = create_app()
