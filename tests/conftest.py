@@ -1,0 +1,70 @@
+"""Shared fixtures: a real, migrated PostgreSQL database and a private Redis db index.
+
+The tests use their own database (quotaflow_test) and Redis db 15 and never
+touch anything else on the servers.
+"""
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+import redis
+from sqlalchemy import text
+from sqlalchemy.engine import make_url
+from sqlalchemy.orm import Session, sessionmaker
+
+from quotaflow.config import Settings
+from quotaflow.db import get_engine, session_factory, upgrade
+
+PG_URL = os.environ.get("QUOTAFLOW_TEST_DATABASE_URL",
+                        "postgresql+psycopg://postgres@127.0.0.1:5432/quotaflow_test")
+REDIS_URL = os.environ.get("QUOTAFLOW_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _recreate_database(url: str) -> None:
+    parsed = make_url(url)
+    admin = parsed.set(drivername="postgresql", database="postgres")
+    dsn = admin.render_as_string(hide_password=False)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{parsed.database}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{parsed.database}"')
+
+
+@pytest.fixture(scope="session")
+def pg_url() -> str:
+    """A fresh quotaflow_test database, migrated with the same Alembic script production uses."""
+    _recreate_database(PG_URL)
+    upgrade(PG_URL)
+    return PG_URL
+
+
+@pytest.fixture
+def pg_sessions(pg_url: str) -> Iterator[sessionmaker[Session]]:
+    """Sessions on the test database, emptied before each test."""
+    with get_engine(pg_url).begin() as conn:
+        conn.execute(text("TRUNCATE jobs, items, results CASCADE"))
+    yield session_factory(pg_url)
+
+
+@pytest.fixture
+def redis_url() -> str:
+    client = redis.Redis.from_url(REDIS_URL)
+    client.flushdb()
+    client.close()
+    return REDIS_URL
+
+
+@pytest.fixture
+def settings(pg_url: str) -> Settings:
+    return Settings(database_url=pg_url, broker_url=REDIS_URL, _env_file=None)
+
+
+def service_env(**extra: str) -> dict[str, str]:
+    """The environment for a child process: ours, minus any QUOTAFLOW_* of the developer's."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("QUOTAFLOW_")}
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra)
+    return env

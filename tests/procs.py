@@ -1,0 +1,74 @@
+"""Start and stop the real processes the tests need (API, workers, Flower, mock provider).
+
+Every process is started here and ended here, by its own pid; the machine's
+shared services are never touched.
+"""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Proc:
+    """A child process with its output in a log file, shown when a test fails to start it."""
+
+    def __init__(self, name: str, argv: list[str], env: dict[str, str], log_dir: Path) -> None:
+        self.name = name
+        self.log_path = log_dir / f"{name}.log"
+        self._log = self.log_path.open("wb")
+        self.popen = subprocess.Popen(argv, env=env, stdout=self._log, stderr=subprocess.STDOUT,
+                                      start_new_session=True)
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")[-6000:]
+
+    def wait_until(self, ready: Callable[[], bool], timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.popen.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with {self.popen.returncode}:\n{self.log()}")
+            try:
+                if ready():
+                    return
+            except (httpx.HTTPError, OSError):
+                pass
+            time.sleep(0.2)
+        raise TimeoutError(f"{self.name} not ready after {timeout}s:\n{self.log()}")
+
+    def wait_http(self, url: str, timeout: float = 60.0, **kwargs: object) -> None:
+        self.wait_until(lambda: httpx.get(url, timeout=2, **kwargs).status_code == 200, timeout)
+
+    def stop(self, timeout: float = 20.0) -> None:
+        """SIGTERM the process group we started (celery's children included), then SIGKILL."""
+        if self.popen.poll() is None:
+            try:
+                os.killpg(self.popen.pid, signal.SIGTERM)
+                self.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.popen.pid, signal.SIGKILL)
+                self.popen.wait(10)
+            except ProcessLookupError:
+                pass
+        self._log.close()
+
+
+def quotaflow(*args: str) -> list[str]:
+    """argv that runs the installed `quotaflow` entry point with this interpreter."""
+    return [sys.executable, "-c", "from cli.main import main; main()", *args]
