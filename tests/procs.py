@@ -43,7 +43,8 @@ class Proc:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.popen.poll() is not None:
-                raise RuntimeError(f"{self.name} exited with {self.popen.returncode}:\n{self.log()}")
+                code = self.popen.returncode
+                raise RuntimeError(f"{self.name} exited with {code}:\n{self.log()}")
             try:
                 if ready():
                     return

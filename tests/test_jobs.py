@@ -1,0 +1,193 @@
+"""The job service and batch execution on a real PostgreSQL database."""
+
+import asyncio
+import io
+import json
+from datetime import timedelta
+
+import pytest
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from quotaflow import jobs
+from quotaflow.config import Settings
+from quotaflow.errors import InputFileError, JobStateError
+from quotaflow.execution import BatchExecutor, claim, store
+from quotaflow.jobs import BatchRef
+from quotaflow.models import Item, Job, JobStatus, Result
+from quotaflow.providers.mock import MockProvider
+from quotaflow.retries import RetryPolicy
+from tests.factories import chat_line, jsonl
+
+
+class Collect:
+    def __init__(self) -> None:
+        self.batches: list[BatchRef] = []
+        self.queues: list[str] = []
+
+    def dispatch(self, queue: str, batches: list[BatchRef]) -> None:
+        self.queues.append(queue)
+        self.batches.extend(batches)
+
+
+def create(sessions: sessionmaker[Session], settings: Settings, data: bytes,
+           dispatcher: Collect | None = None) -> Job:
+    return jobs.create_job(sessions, io.BytesIO(data), settings=settings,
+                           deployments=settings.load_deployments(),
+                           dispatcher=dispatcher or Collect(), queue="bulk", filename="in.jsonl")
+
+
+def executor(sessions: sessionmaker[Session], settings: Settings) -> BatchExecutor:
+    return BatchExecutor(sessions, settings.load_deployments(), timedelta(seconds=60),
+                         RetryPolicy(max_attempts=2))
+
+
+def row_counts(sessions: sessionmaker[Session]) -> tuple[int, int, int]:
+    with sessions() as session:
+        return tuple(session.scalar(select(func.count()).select_from(model))
+                     for model in (Job, Item, Result))
+
+
+def test_job_is_stored_and_dispatched_in_batches(pg_sessions, settings) -> None:
+    dispatcher = Collect()
+    settings.batch_size = 10
+    job = create(pg_sessions, settings, jsonl([chat_line(f"r{i}") for i in range(25)]), dispatcher)
+    assert dispatcher.queues == ["bulk"]
+    ranges = [(b.first_line, b.last_line) for b in dispatcher.batches]
+    assert ranges == [(1, 10), (11, 20), (21, 25)]
+    with pg_sessions() as session:
+        view = jobs.job_object(session, jobs.get_job(session, job.id))
+    assert view["status"] == JobStatus.IN_PROGRESS
+    assert view["request_counts"] == {"total": 25, "completed": 0, "failed": 0, "pending": 25,
+                                      "cancelled": 0}
+
+
+def test_bad_lines_become_failed_items_and_good_lines_run(pg_sessions, settings) -> None:
+    # Given a file with one good line, one broken JSON line and one with a wrong method
+    data = jsonl([chat_line("good"), "{oops", {**chat_line("bad-method"), "method": "GET"}])
+    dispatcher = Collect()
+    job = create(pg_sessions, settings, data, dispatcher)
+    # When its batches run
+    for ref in dispatcher.batches:
+        executor(pg_sessions, settings).run(ref)
+    # Then the good line succeeded and each bad line has an error naming its line
+    with pg_sessions() as session:
+        view = jobs.job_object(session, jobs.get_job(session, job.id))
+        errors = [json.loads(line) for line in jobs.iter_output(session, job.id, errors=True)]
+        output = [json.loads(line) for line in jobs.iter_output(session, job.id, errors=False)]
+    assert view["status"] == JobStatus.COMPLETED
+    assert view["request_counts"]["completed"] == 1 and view["request_counts"]["failed"] == 2
+    assert [o["custom_id"] for o in output] == ["good"]
+    assert [(e["custom_id"], e["error"]["line"]) for e in errors] == [(None, 2), ("bad-method", 3)]
+    assert "not valid JSON" in errors[0]["error"]["message"]
+    assert 'method must be "POST"' in errors[1]["error"]["message"]
+
+
+@pytest.mark.parametrize(("data", "message"), [
+    (b"", "the file is empty"),
+    (b"\n\n", "the file is empty"),
+    (b"{bad\n[1]\n", "no line of the file is a valid request"),
+    (jsonl([chat_line(f"r{i}") for i in range(1500)] + [chat_line("r7")]),
+     "duplicate custom_id 'r7' on lines 8 and 1501"),
+])
+def test_rejected_file_writes_nothing(pg_sessions, settings, data: bytes, message: str) -> None:
+    with pytest.raises(InputFileError, match=message):
+        create(pg_sessions, settings, data)
+    assert row_counts(pg_sessions) == (0, 0, 0)
+
+
+def test_file_over_size_limit_is_refused_while_streaming(pg_sessions, settings) -> None:
+    settings.max_file_bytes = 5_000
+    with pytest.raises(InputFileError, match="larger than the limit of 5000 bytes"):
+        create(pg_sessions, settings, jsonl([chat_line(f"r{i}") for i in range(200)]))
+    assert row_counts(pg_sessions) == (0, 0, 0)
+
+
+def test_unrouted_model_is_a_line_error(pg_sessions, settings, tmp_path) -> None:
+    (tmp_path / "d.toml").write_text(
+        '[deployments.only]\nprovider = "mock"\nmodel = "small"\nrpm = 10\ntpm = 1000\n')
+    settings.deployments_file = tmp_path / "d.toml"
+    job = create(pg_sessions, settings, jsonl([chat_line("a", model="small"),
+                                               chat_line("b", model="huge")]))
+    with pg_sessions() as session:
+        [error] = [json.loads(line) for line in jobs.iter_output(session, job.id, errors=True)]
+    assert error["custom_id"] == "b"
+    assert "no deployment serves model 'huge'" in error["error"]["message"]
+
+
+def test_concurrent_claims_never_share_an_item(pg_sessions, settings) -> None:
+    job = create(pg_sessions, settings, jsonl([chat_line(f"r{i}") for i in range(50)]))
+    ref = BatchRef(job.id, 1, 50)
+    first = claim(pg_sessions, ref, "w1", timedelta(seconds=60))
+    second = claim(pg_sessions, ref, "w2", timedelta(seconds=60))
+    assert len(first) == 50 and second == []
+
+
+def test_expired_lease_is_claimed_again(pg_sessions, settings) -> None:
+    job = create(pg_sessions, settings, jsonl([chat_line("r0"), chat_line("r1")]))
+    ref = BatchRef(job.id, 1, 2)
+    assert len(claim(pg_sessions, ref, "dead-worker", timedelta(seconds=-1))) == 2
+    again = claim(pg_sessions, ref, "w2", timedelta(seconds=60))
+    assert [item.attempts for item in again] == [2, 2]
+
+
+def test_batch_run_twice_keeps_one_result_per_item(pg_sessions, settings) -> None:
+    # Given a batch whose first run was cut off after claiming (its worker died)
+    dispatcher = Collect()
+    job = create(pg_sessions, settings, jsonl([chat_line(f"r{i}") for i in range(5)]), dispatcher)
+    [ref] = dispatcher.batches
+    claim(pg_sessions, ref, "dead-worker", timedelta(seconds=-1))
+    # When two workers run the redelivered batch at the same time
+    run = executor(pg_sessions, settings)
+
+    async def both() -> None:
+        await asyncio.gather(run.run_async(ref), run.run_async(ref))
+
+    asyncio.run(both())
+    # Then each item has exactly one result and the job is complete
+    with pg_sessions() as session:
+        per_item = session.execute(select(Result.line_no, func.count())
+                                   .group_by(Result.line_no)).all()
+        status = jobs.get_job(session, job.id).status
+    assert sorted(per_item) == [(n, 1) for n in range(1, 6)]
+    assert status == JobStatus.COMPLETED
+
+
+def test_leased_items_ask_for_a_later_retry(pg_sessions, settings) -> None:
+    job = create(pg_sessions, settings, jsonl([chat_line("r0")]))
+    ref = BatchRef(job.id, 1, 1)
+    claim(pg_sessions, ref, "other-worker", timedelta(seconds=30))
+    report = executor(pg_sessions, settings).run(ref)
+    assert report.claimed == 0
+    assert report.retry_in is not None and 25 < report.retry_in <= 32
+
+
+def test_cancel_stops_pending_items_and_keeps_finished_ones(pg_sessions, settings) -> None:
+    dispatcher = Collect()
+    settings.batch_size = 5
+    job = create(pg_sessions, settings, jsonl([chat_line(f"r{i}") for i in range(15)]), dispatcher)
+    executor(pg_sessions, settings).run(dispatcher.batches[0])
+    running = claim(pg_sessions, dispatcher.batches[1], "busy", timedelta(seconds=60))
+
+    cancelled = jobs.cancel_job(pg_sessions, job.id)
+    assert cancelled.status == JobStatus.CANCELLING  # the claimed batch is still in flight
+    assert executor(pg_sessions, settings).run(dispatcher.batches[2]).claimed == 0
+
+    for item in running:  # the in-flight batch finishes and keeps its results
+        response = asyncio.run(MockProvider().send("/v1/chat/completions", item.body))
+        store(pg_sessions, job.id, item, response)
+    jobs.finish_if_done(pg_sessions, job.id)
+    with pg_sessions() as session:
+        view = jobs.job_object(session, jobs.get_job(session, job.id))
+        errors = [json.loads(line) for line in jobs.iter_output(session, job.id, errors=True)]
+    assert view["status"] == JobStatus.CANCELLED
+    assert view["request_counts"]["completed"] == 10 and view["request_counts"]["cancelled"] == 5
+    assert {e["error"]["code"] for e in errors} == {"batch_cancelled"}
+    assert len(errors) == 5
+
+
+def test_finished_job_cannot_be_cancelled(pg_sessions, settings) -> None:
+    job = create(pg_sessions, settings, jsonl([chat_line("x")]))
+    executor(pg_sessions, settings).run(BatchRef(job.id, 1, 1))
+    with pytest.raises(JobStateError, match="is completed and can no longer be cancelled"):
+        jobs.cancel_job(pg_sessions, job.id)
