@@ -41,7 +41,8 @@ def run_file(settings: Settings, input_path: Path, output: IO[str], errors_path:
     deployments = settings.load_deployments()
     if uses_only_mock(deployments):
         stderr.print("[yellow]Using the built-in mock provider: every response is SIMULATED. "
-                     "Set QUOTAFLOW_DEPLOYMENTS_FILE to call a real model.[/yellow]")
+                     "Set QUOTAFLOW_DEPLOYMENTS_FILE to call a real model.[/yellow]",
+                     soft_wrap=True)
     upgrade(settings.database_url)
     sessions = session_factory(settings.database_url)
     dispatcher = CollectingDispatcher()

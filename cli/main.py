@@ -11,7 +11,7 @@ import click
 
 from cli.client import ApiClient
 from cli.embedded import run_file
-from cli.progress import request_progress, stderr
+from cli.progress import request_progress
 from quotaflow.config import get_settings
 from quotaflow.constants import DEFAULT_QUEUE, QUEUES
 from quotaflow.errors import QuotaflowError
@@ -49,10 +49,10 @@ def run(input_file: Path, output: IO[str], errors_path: Path | None, queue: str,
         errors_path = base.with_name(base.stem + ".errors.jsonl")
     job = run_file(get_settings(), input_file, output, errors_path, queue, concurrency)
     counts = job["request_counts"]
-    stderr.print(f"job {job['id']} {job['status']}: {counts['completed']} succeeded, "
-                 f"{counts['failed']} failed of {counts['total']}")
+    click.echo(f"job {job['id']} {job['status']}: {counts['completed']} succeeded, "
+               f"{counts['failed']} failed of {counts['total']}", err=True)
     if counts["failed"]:
-        stderr.print(f"error lines written to {errors_path}")
+        click.echo(f"error lines written to {errors_path}", err=True)
 
 
 @cli.command()
@@ -143,13 +143,13 @@ def main() -> None:
     try:
         cli.main(standalone_mode=False)
     except click.exceptions.Abort:
-        stderr.print("aborted")
+        click.echo("aborted", err=True)
         sys.exit(130)
     except click.ClickException as exc:
         exc.show()
         sys.exit(exc.exit_code)
     except QuotaflowError as exc:
-        stderr.print(f"[red]error:[/red] {exc}", highlight=False, markup=True)
+        click.echo(f"error: {exc}", err=True)
         sys.exit(1)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
