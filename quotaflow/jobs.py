@@ -42,6 +42,11 @@ def new_request_id() -> str:
     return f"batch_req_{uuid.uuid4().hex}"
 
 
+def stable_request_id(job_id: str, line_no: int) -> str:
+    """An id for a line that never reached a provider, the same on every download."""
+    return f"batch_req_{uuid.uuid5(uuid.NAMESPACE_URL, f'{job_id}/{line_no}').hex}"
+
+
 class _SizeLimitedReader:
     """Wraps an upload so a file over the size limit is refused while it streams."""
 
@@ -298,5 +303,5 @@ def iter_output(session: Session, job_id: str, errors: bool) -> Iterator[str]:
             code = "batch_cancelled" if status == ItemStatus.CANCELLED else "batch_expired"
             message = (f"line {line_no}: not sent because the job was "
                        f"{'cancelled' if status == ItemStatus.CANCELLED else 'expired'}")
-            yield dumps_line(output_line(new_request_id(), custom_id, None, None,
+            yield dumps_line(output_line(stable_request_id(job_id, line_no), custom_id, None, None,
                                          {"code": code, "line": line_no, "message": message}))

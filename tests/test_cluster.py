@@ -134,9 +134,10 @@ def test_submitted_file_gets_exactly_one_matching_result_per_line(cluster: Clust
     stats = httpx.get(f"{cluster.provider_url}/stats").json()
     assert stats["admitted"] == count and stats["duplicate_bodies"] == 0
     assert stats["rejected_429"] == 0
-    status = cluster.cli("status", job_id)
+    status = cluster.cli("status", job_id, "--watch")
     assert "completed" in status.stdout and f"completed={count}" in status.stdout
     assert job_id in cluster.cli("jobs").stdout
+    assert cluster.cli("errors", job_id).stdout == ""
 
 
 def test_bad_file_is_refused_with_line_numbers_and_nothing_stored(cluster: Cluster) -> None:
@@ -155,6 +156,13 @@ def test_bad_file_is_refused_with_line_numbers_and_nothing_stored(cluster: Clust
     assert "no line of the file is a valid request" in response["error"]["message"]
     after = httpx.get(f"{cluster.api_url}/jobs", params={"limit": 100}).json()["data"]
     assert len(after) == len(before)
+
+
+def test_openapi_docs_are_served(cluster: Cluster) -> None:
+    schema = httpx.get(f"{cluster.api_url}/openapi.json").json()
+    assert {"/jobs", "/jobs/{job_id}", "/jobs/{job_id}/cancel", "/jobs/{job_id}/results",
+            "/jobs/{job_id}/errors", "/healthz"} <= set(schema["paths"])
+    assert httpx.get(f"{cluster.api_url}/docs").status_code == 200
 
 
 def test_unknown_job_is_a_clear_404(cluster: Cluster) -> None:
@@ -184,6 +192,7 @@ def test_cancel_mid_run_keeps_partial_results(cluster: Cluster) -> None:
     errors = httpx.get(f"{cluster.api_url}/jobs/{job_id}/errors").text.splitlines()
     assert len(output) == counts["completed"]
     assert {json.loads(e)["error"]["code"] for e in errors} == {"batch_cancelled"}
+    assert cluster.cli("errors", job_id).stdout.splitlines() == errors
     ids = [json.loads(line)["custom_id"] for line in output + errors]
     assert sorted(ids) == sorted(f"slow-{i}" for i in range(1000))
     assert job["cancelled_at"] is not None

@@ -4,9 +4,11 @@ import json
 import subprocess
 from pathlib import Path
 
+import httpx
+
 from tests.conftest import ROOT, service_env
 from tests.factories import chat_line, write_jsonl
-from tests.procs import quotaflow
+from tests.procs import Proc, free_port, quotaflow
 
 
 def run_cli(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -64,3 +66,35 @@ def test_missing_deployments_file_is_a_clear_error(tmp_path: Path) -> None:
                         QUOTAFLOW_DEPLOYMENTS_FILE=str(env_file)))
     assert result.returncode == 1
     assert f"deployments file {env_file} does not exist" in result.stderr
+
+
+def test_run_calls_a_real_openai_compatible_endpoint(tmp_path: Path) -> None:
+    # Given the strict mock provider served over HTTP and a deployments file naming it
+    port = free_port()
+    env = service_env(QF_KEY="sk-embedded-test")
+    server = Proc("provider", quotaflow("mock-provider", "--port", str(port), "--rpm", "6000",
+                                        "--tpm", "1000000", "--api-key-env", "QF_KEY"),
+                  env, tmp_path)
+    try:
+        server.wait_http(f"http://127.0.0.1:{port}/healthz")
+        (tmp_path / "d.toml").write_text(
+            f'[deployments.http]\nprovider = "openai"\nbase_url = "http://127.0.0.1:{port}/v1"\n'
+            'model = "served-model"\napi_key_env = "QF_KEY"\nrpm = 6000\ntpm = 1000000\n'
+            '[routes]\n"*" = "http"\n')
+        write_jsonl(tmp_path / "in.jsonl", [chat_line(f"r{i}") for i in range(30)])
+        # When the file is run in-process against it
+        result = subprocess.run(
+            quotaflow("run", "in.jsonl", "-o", "out.jsonl"), cwd=tmp_path, capture_output=True,
+            text=True, timeout=120,
+            env={**env, "QUOTAFLOW_DATABASE_URL": f"sqlite:///{tmp_path / 'e.db'}",
+                 "QUOTAFLOW_DEPLOYMENTS_FILE": str(tmp_path / "d.toml")})
+        stats = httpx.get(f"http://127.0.0.1:{port}/stats").json()
+    finally:
+        server.stop()
+    # Then every request went over HTTP once, with the deployment's model
+    assert result.returncode == 0, result.stderr
+    assert "SIMULATED" not in result.stderr  # a deployments file was given
+    lines = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert [line["custom_id"] for line in lines] == [f"r{i}" for i in range(30)]
+    assert {line["response"]["body"]["model"] for line in lines} == {"served-model"}
+    assert stats["admitted"] == 30 and stats["duplicate_bodies"] == 0
