@@ -7,7 +7,6 @@ concurrently, through the same execution code the Celery workers use.
 
 import asyncio
 from collections.abc import Callable
-from datetime import timedelta
 from pathlib import Path
 from typing import IO
 
@@ -18,7 +17,7 @@ from quotaflow.constants import MOCK_PROVIDER
 from quotaflow.db import session_factory, upgrade
 from quotaflow.execution import BatchExecutor
 from quotaflow.jobs import BatchRef
-from quotaflow.retries import RetryPolicy
+from quotaflow.ratelimit import LocalLimiter
 
 
 class CollectingDispatcher:
@@ -49,8 +48,8 @@ def run_file(settings: Settings, input_path: Path, output: IO[str], errors_path:
     with input_path.open("rb") as handle:
         job = jobs.create_job(sessions, handle, settings=settings, deployments=deployments,
                               dispatcher=dispatcher, queue=queue, filename=input_path.name)
-    executor = BatchExecutor(sessions, deployments, timedelta(seconds=settings.lease_seconds),
-                             RetryPolicy(max_attempts=settings.provider_max_attempts))
+    # In-process: one process holds the whole budget, so the in-process limiter is exact.
+    executor = BatchExecutor(sessions, deployments, LocalLimiter(), settings, defer=False)
     with sessions() as session:
         pending = jobs.job_object(session, jobs.get_job(session, job.id))["request_counts"]
     with request_progress() as progress:
@@ -72,6 +71,7 @@ async def _run_batches(executor: BatchExecutor, batches: list[BatchRef], concurr
 
     async def one(ref: BatchRef) -> None:
         async with semaphore:
-            await executor.run_async(ref, on_item)
+            while (report := await executor.run_async(ref, on_item)).retry_in is not None:
+                await asyncio.sleep(report.retry_in)
 
     await asyncio.gather(*(one(ref) for ref in batches))

@@ -31,13 +31,25 @@ class Deployment(BaseModel):
     api_key_env: str | None = None
     rpm: int = Field(gt=0)
     tpm: int = Field(gt=0)
+    # The window the provider enforces its per-minute limits over: 60 for a
+    # minute, 1 for providers that enforce per second (OpenAI says it may).
+    burst_seconds: float = Field(default=60.0, gt=0, le=60)
+    # Counted at admission when a request sets no max_tokens; keep it at or
+    # above the provider's own default so quotaflow never under-counts.
+    default_max_tokens: int = Field(default=1024, gt=0)
+    # Refund unused max_tokens after the call, as providers that bill real usage do.
+    reconcile_usage: bool = True
     timeout_s: float = Field(default=60.0, gt=0)
     max_concurrency: int = Field(default=16, gt=0)
 
     @model_validator(mode="after")
-    def _http_needs_url(self) -> "Deployment":
+    def _check(self) -> "Deployment":
         if self.provider == "openai" and not self.base_url:
             raise ValueError("provider 'openai' needs base_url (e.g. http://127.0.0.1:8000/v1)")
+        if self.rpm * self.burst_seconds / 60 < 1:
+            raise ValueError(
+                f"rpm {self.rpm} x burst_seconds {self.burst_seconds:g} / 60 holds less than "
+                "one request, so nothing could ever be sent; raise rpm or burst_seconds")
         return self
 
     def api_key(self) -> str | None:
@@ -81,7 +93,8 @@ class Deployments(BaseModel):
 
 def builtin_deployments() -> Deployments:
     """What quotaflow runs on with no deployments file: the simulated mock provider."""
-    mock = Deployment(name=MOCK_PROVIDER, provider="mock", model="mock", rpm=10_000, tpm=10_000_000)
+    mock = Deployment(name=MOCK_PROVIDER, provider="mock", model="mock",
+                      rpm=1_000_000, tpm=1_000_000_000)
     return Deployments(deployments={mock.name: mock}, routes={"*": mock.name})
 
 
@@ -114,6 +127,8 @@ class Settings(BaseSettings):
 
     database_url: str = "sqlite:///quotaflow.db"
     broker_url: str | None = None
+    # The limiter's Redis; defaults to the broker's. Unset both: in-process limiter.
+    redis_url: str | None = None
     deployments_file: Path | None = None
     api_url: str = "http://127.0.0.1:8000"
     api_host: str = "127.0.0.1"
@@ -135,6 +150,15 @@ class Settings(BaseSettings):
     visibility_timeout: int = Field(default=3600, gt=60)
     task_time_limit: int = Field(default=900, gt=0)
 
+    # Priority floors: the share of each bucket a queue must leave for higher
+    # priorities (design.md, "The limiter").
+    floor_realtime: float = Field(default=0.0, ge=0, lt=1)
+    floor_standard: float = Field(default=0.05, ge=0, lt=1)
+    floor_bulk: float = Field(default=0.20, ge=0, lt=1)
+    # A batch told to wait longer than this goes back to the queue with that
+    # countdown instead of holding a worker.
+    max_inline_wait_s: float = Field(default=5.0, ge=0)
+
     flower_basic_auth: str | None = None
     flower_port: int = 5555
 
@@ -151,6 +175,19 @@ class Settings(BaseSettings):
 
     def load_deployments(self) -> Deployments:
         return load_deployments(self.deployments_file)
+
+    @property
+    def limiter_url(self) -> str | None:
+        return self.redis_url or self.broker_url
+
+    def floor_for(self, queue: str) -> float:
+        return {"realtime": self.floor_realtime, "standard": self.floor_standard,
+                "bulk": self.floor_bulk}[queue]
+
+    @property
+    def max_countdown_s(self) -> float:
+        """The longest a batch may be deferred: well inside Redis's visibility timeout."""
+        return max(1.0, self.visibility_timeout - self.task_time_limit - 60)
 
 
 @lru_cache

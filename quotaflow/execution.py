@@ -1,31 +1,44 @@
-"""Run one batch of a job: claim -> call -> store -> finish.
+"""Run one batch of a job: claim -> acquire budget -> call -> reconcile -> store -> finish.
 
 Each step is its own function so the Celery task and the embedded runner read
 the same way. Claims are conditional UPDATE ... RETURNING with a lease, so two
-workers never run one item at once; results are insert-or-ignore, so a batch
-that runs again after a crash adds no second result.
+workers never run one item at once; every call first takes its cost from the
+deployment's shared budget; results are insert-or-ignore, so a batch that
+runs again after a crash adds no second result.
 """
 
 import asyncio
 import logging
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
 from sqlalchemy import and_, exists, func, or_, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from quotaflow.config import Deployments
+from quotaflow.config import Deployment, Deployments, Settings
 from quotaflow.db import insert_ignore
-from quotaflow.errors import ConfigError, PermanentProviderError, ProviderError
+from quotaflow.errors import (
+    ConfigError,
+    PermanentProviderError,
+    ProviderError,
+    ServiceUnavailable,
+)
 from quotaflow.jobs import BatchRef, finish_if_done, new_request_id
 from quotaflow.models import Item, ItemStatus, Job, JobStatus, Result, utcnow
 from quotaflow.providers import Provider, ProviderResponse, make_provider
+from quotaflow.ratelimit import Budget, Limiter, RequestTooLarge, sleep_time
 from quotaflow.retries import RetryPolicy
+from quotaflow.tokens import admission_tokens
 
 log = logging.getLogger(__name__)
+
+# How long to wait before asking an unreachable limiter again.
+LIMITER_DOWN_BACKOFF_S = 5.0
+# Without Retry-After, a 429 keeps the whole deployment quiet this long.
+DEFAULT_429_PAUSE_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -51,7 +64,7 @@ Outcome = ProviderResponse | Failure
 
 @dataclass(frozen=True)
 class BatchReport:
-    """What one run of a batch did; retry_in is set when items are leased elsewhere."""
+    """What one run of a batch did; retry_in is set when some items must be run later."""
 
     claimed: int
     succeeded: int
@@ -80,6 +93,18 @@ def claim(sessions: sessionmaker[Session], ref: BatchRef, owner: str,
     return sorted((ClaimedItem(*row) for row in rows), key=lambda item: item.line_no)
 
 
+def release(sessions: sessionmaker[Session], job_id: str, owner: str,
+            items: list[ClaimedItem]) -> None:
+    """Give unstarted items back: they were claimed, but no budget was spent on them."""
+    with sessions.begin() as session:
+        session.execute(
+            update(Item)
+            .where(Item.job_id == job_id, Item.line_no.in_([i.line_no for i in items]),
+                   Item.lease_owner == owner, Item.status == ItemStatus.RUNNING)
+            .values(status=ItemStatus.PENDING, lease_owner=None, lease_expires_at=None,
+                    attempts=Item.attempts - 1))
+
+
 def leased_elsewhere_for(sessions: sessionmaker[Session], ref: BatchRef) -> float | None:
     """Seconds until the last foreign lease in the range runs out, or None if none is held."""
     with sessions() as session:
@@ -93,25 +118,6 @@ def leased_elsewhere_for(sessions: sessionmaker[Session], ref: BatchRef) -> floa
     if latest.tzinfo is None:  # SQLite hands datetimes back without their zone
         latest = latest.replace(tzinfo=utcnow().tzinfo)
     return max(1.0, (latest - utcnow()).total_seconds() + 1.0)
-
-
-async def call_with_retries(provider: Provider, url: str, body: dict[str, Any],
-                            policy: RetryPolicy) -> Outcome:
-    """One item's provider call: retry what is retryable, fail at once what is not."""
-    last: ProviderError | None = None
-    for attempt in range(1, policy.max_attempts + 1):
-        try:
-            return await provider.send(url, body)
-        except PermanentProviderError as exc:
-            return Failure("provider_error", f"{exc} (attempt {attempt}, not retried)",
-                           exc.status_code, exc.body)
-        except ProviderError as exc:
-            last = exc
-            if attempt < policy.max_attempts:
-                await asyncio.sleep(policy.delay(attempt, exc.retry_after))
-    assert last is not None
-    return Failure("provider_error", f"{last} (gave up after {policy.max_attempts} attempts)",
-                   last.status_code, last.body)
 
 
 def store(sessions: sessionmaker[Session], job_id: str, item: ClaimedItem,
@@ -146,18 +152,57 @@ def store(sessions: sessionmaker[Session], job_id: str, item: ClaimedItem,
     return succeeded
 
 
+@dataclass
+class _Admitted:
+    """An item with its request as sent and its admission cost in tokens."""
+
+    item: ClaimedItem
+    body: dict[str, Any]
+    cost: int
+
+
+@dataclass
+class _BatchRun:
+    """The state of one batch run: its job, claim owner, providers, and tallies."""
+
+    ref: BatchRef
+    owner: str
+    url: str
+    floor: float
+    on_item: Callable[[bool], None] | None
+    providers: dict[str, Provider] = field(default_factory=dict)
+    limits: dict[str, asyncio.Semaphore] = field(default_factory=dict)
+    counts: dict[bool, int] = field(default_factory=lambda: {True: 0, False: 0})
+    retry_in: float | None = None
+
+    def provider(self, deployment: Deployment) -> Provider:
+        if deployment.name not in self.providers:
+            self.providers[deployment.name] = make_provider(deployment)
+            self.limits[deployment.name] = asyncio.Semaphore(deployment.max_concurrency)
+        return self.providers[deployment.name]
+
+    def later(self, seconds: float) -> None:
+        self.retry_in = seconds if self.retry_in is None else min(self.retry_in, seconds)
+
+
 class BatchExecutor:
-    """Runs batches against the configured deployments; one per worker process."""
+    """Runs batches against the configured deployments; one per worker process.
+
+    `defer` says whether a long wait for budget may hand items back to the
+    queue (Celery) or must be slept through (the embedded runner).
+    """
 
     def __init__(self, sessions: sessionmaker[Session], deployments: Deployments,
-                 lease: timedelta, policy: RetryPolicy) -> None:
+                 limiter: Limiter, settings: Settings, defer: bool = True) -> None:
         self.sessions = sessions
         self.deployments = deployments
-        self.lease = lease
-        self.policy = policy
+        self.limiter = limiter
+        self.settings = settings
+        self.lease = timedelta(seconds=settings.lease_seconds)
+        self.policy = RetryPolicy(max_attempts=settings.provider_max_attempts)
+        self.max_inline_wait = settings.max_inline_wait_s if defer else float("inf")
 
-    def run(self, ref: BatchRef,
-            on_item: Callable[[bool], None] | None = None) -> BatchReport:
+    def run(self, ref: BatchRef, on_item: Callable[[bool], None] | None = None) -> BatchReport:
         return asyncio.run(self.run_async(ref, on_item))
 
     async def run_async(self, ref: BatchRef,
@@ -165,41 +210,136 @@ class BatchExecutor:
         owner = uuid.uuid4().hex
         items = claim(self.sessions, ref, owner, self.lease)
         with self.sessions() as session:
-            url = session.scalar(select(Job.endpoint).where(Job.id == ref.job_id)) or ""
-        providers: dict[str, Provider] = {}
-        limits: dict[str, asyncio.Semaphore] = {}
-        counts = {True: 0, False: 0}
-
-        async def process(item: ClaimedItem) -> None:
-            outcome = await self._call(item, url, providers, limits)
-            ok = store(self.sessions, ref.job_id, item, outcome)
-            counts[ok] += 1
-            if on_item is not None:
-                on_item(ok)
-
+            url, queue = session.execute(
+                select(Job.endpoint, Job.queue).where(Job.id == ref.job_id)).one()
+        run = _BatchRun(ref, owner, url, self.settings.floor_for(queue), on_item)
+        groups: dict[str, list[ClaimedItem]] = {}
+        for item in items:
+            deployment = self.deployments.for_model(item.body.get("model"))
+            if deployment is None:
+                self._finish(run, item, Failure(
+                    "no_deployment", f"no deployment serves model {item.body.get('model')!r}"))
+            else:
+                groups.setdefault(deployment.name, []).append(item)
         try:
-            await asyncio.gather(*(process(item) for item in items))
+            await asyncio.gather(*(self._run_group(run, self.deployments.deployments[name], group)
+                                   for name, group in groups.items()))
         finally:
-            for provider in providers.values():
+            for provider in run.providers.values():
                 await provider.aclose()
         finish_if_done(self.sessions, ref.job_id)
-        return BatchReport(len(items), counts[True], counts[False],
-                           leased_elsewhere_for(self.sessions, ref))
+        elsewhere = leased_elsewhere_for(self.sessions, ref)
+        if elsewhere is not None:
+            run.later(elsewhere)
+        return BatchReport(len(items), run.counts[True], run.counts[False], run.retry_in)
 
-    async def _call(self, item: ClaimedItem, url: str, providers: dict[str, Provider],
-                    limits: dict[str, asyncio.Semaphore]) -> Outcome:
-        deployment = self.deployments.for_model(item.body.get("model"))
-        if deployment is None:
-            return Failure("no_deployment",
-                           f"no deployment serves model {item.body.get('model')!r}")
+    def _finish(self, run: _BatchRun, item: ClaimedItem, outcome: Outcome) -> None:
+        ok = store(self.sessions, run.ref.job_id, item, outcome)
+        run.counts[ok] += 1
+        if run.on_item is not None:
+            run.on_item(ok)
+
+    async def _run_group(self, run: _BatchRun, deployment: Deployment,
+                         items: list[ClaimedItem]) -> None:
+        """Admit the group's items in order, as budget allows, and call each once admitted."""
+        budget = Budget.of(deployment)
         try:
-            provider = providers.get(deployment.name) or providers.setdefault(
-                deployment.name, make_provider(deployment))
-        except ConfigError as exc:
-            return Failure("configuration_error", str(exc))
-        semaphore = limits.setdefault(deployment.name,
-                                      asyncio.Semaphore(deployment.max_concurrency))
-        async with semaphore:
+            run.provider(deployment)
+        except ConfigError as exc:  # e.g. the key's environment variable is not set
+            for item in items:
+                self._finish(run, item, Failure("configuration_error", str(exc)))
+            return
+        waiting: list[_Admitted] = []
+        for item in items:
             body = {**item.body, "model": deployment.model}
-            return await call_with_retries(provider, url, body, self.policy)
+            cost = admission_tokens(run.url, body, deployment.default_max_tokens)
+            try:
+                budget.check_fits(cost)
+            except RequestTooLarge as exc:
+                self._finish(run, item, Failure("request_too_large", str(exc)))
+                continue
+            waiting.append(_Admitted(item, body, cost))
+        calls: list[asyncio.Task[None]] = []
+        while waiting:
+            try:
+                admission = self.limiter.acquire(budget, [a.cost for a in waiting], run.floor)
+            except ServiceUnavailable as exc:
+                log.warning("%s; giving %d items back to the queue", exc, len(waiting))
+                admission = None
+            admitted = waiting[:admission.admitted] if admission else []
+            waiting = waiting[len(admitted):]
+            calls += [asyncio.create_task(self._call(run, deployment, budget, a))
+                      for a in admitted]
+            if not waiting:
+                break
+            wait = admission.wait_s if admission else LIMITER_DOWN_BACKOFF_S
+            if admission is None or wait > self.max_inline_wait:
+                release(self.sessions, run.ref.job_id, run.owner, [a.item for a in waiting])
+                run.later(min(wait, self.settings.max_countdown_s))
+                break
+            await asyncio.sleep(sleep_time(wait))
+        await asyncio.gather(*calls)
 
+    async def _call(self, run: _BatchRun, deployment: Deployment, budget: Budget,
+                    admitted: _Admitted) -> None:
+        provider = run.provider(deployment)
+        async with run.limits[deployment.name]:
+            outcome = await self._attempts(run, provider, deployment, budget, admitted)
+        self._finish(run, admitted.item, outcome)
+
+    async def _attempts(self, run: _BatchRun, provider: Provider, deployment: Deployment,
+                        budget: Budget, admitted: _Admitted) -> Outcome:
+        """The first attempt is already paid for; every retry pays again before it goes."""
+        last: ProviderError | None = None
+        for attempt in range(1, self.policy.max_attempts + 1):
+            if attempt > 1:
+                await self._acquire_one(budget, admitted.cost, run.floor)
+            try:
+                response = await provider.send(run.url, admitted.body)
+            except PermanentProviderError as exc:
+                return Failure("provider_error", f"{exc} (attempt {attempt}, not retried)",
+                               exc.status_code, exc.body)
+            except ProviderError as exc:
+                last = exc
+                if exc.status_code == 429:
+                    self._feedback(self.limiter.drain, budget,
+                                   exc.retry_after or DEFAULT_429_PAUSE_S)
+                if attempt < self.policy.max_attempts:
+                    await asyncio.sleep(self.policy.delay(attempt, exc.retry_after))
+                continue
+            self._reconcile(deployment, budget, admitted.cost, response)
+            return response
+        assert last is not None
+        return Failure("provider_error",
+                       f"{last} (gave up after {self.policy.max_attempts} attempts)",
+                       last.status_code, last.body)
+
+    async def _acquire_one(self, budget: Budget, cost: int, floor: float) -> None:
+        while True:
+            try:
+                admission = self.limiter.acquire(budget, [cost], floor)
+            except ServiceUnavailable as exc:
+                log.warning("%s; retrying in %.0fs", exc, LIMITER_DOWN_BACKOFF_S)
+                await asyncio.sleep(LIMITER_DOWN_BACKOFF_S)
+                continue
+            if admission.admitted:
+                return
+            await asyncio.sleep(sleep_time(admission.wait_s))
+
+    def _reconcile(self, deployment: Deployment, budget: Budget, cost: int,
+                   response: ProviderResponse) -> None:
+        """Settle the admission estimate against real usage, then heed the provider's headers."""
+        used = response.prompt_tokens + response.completion_tokens
+        if deployment.reconcile_usage and used > 0:
+            self._feedback(self.limiter.adjust, budget, 0.0, float(cost - used))
+        if response.remaining_requests is not None or response.remaining_tokens is not None:
+            self._feedback(self.limiter.clamp, budget, response.remaining_requests,
+                           response.remaining_tokens)
+
+    @staticmethod
+    def _feedback(operation: Callable[..., None], *args: Any) -> None:
+        """Feedback is best effort: a limiter that is down must not fail a finished call."""
+        try:
+            operation(*args)
+        except ServiceUnavailable as exc:
+            log.warning("limiter feedback skipped: %s", exc)

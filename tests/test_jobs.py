@@ -16,7 +16,7 @@ from quotaflow.execution import BatchExecutor, claim, store
 from quotaflow.jobs import BatchRef
 from quotaflow.models import Item, Job, JobStatus, Result
 from quotaflow.providers.mock import MockProvider
-from quotaflow.retries import RetryPolicy
+from quotaflow.ratelimit import LocalLimiter
 from tests.factories import chat_line, jsonl
 
 
@@ -38,8 +38,7 @@ def create(sessions: sessionmaker[Session], settings: Settings, data: bytes,
 
 
 def executor(sessions: sessionmaker[Session], settings: Settings) -> BatchExecutor:
-    return BatchExecutor(sessions, settings.load_deployments(), timedelta(seconds=60),
-                         RetryPolicy(max_attempts=2))
+    return BatchExecutor(sessions, settings.load_deployments(), LocalLimiter(), settings)
 
 
 def row_counts(sessions: sessionmaker[Session]) -> tuple[int, int, int]:

@@ -13,6 +13,9 @@ class ProviderResponse:
     request_id: str | None
     prompt_tokens: int
     completion_tokens: int
+    # What the provider says is left of its limits (x-ratelimit-remaining-*), if it says.
+    remaining_requests: float | None = None
+    remaining_tokens: float | None = None
 
 
 class Provider(Protocol):

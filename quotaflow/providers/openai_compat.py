@@ -89,10 +89,19 @@ class OpenAICompatProvider:
             request_id=response.headers.get("x-request-id"),
             prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,
+            remaining_requests=_header_number(response.headers, "x-ratelimit-remaining-requests"),
+            remaining_tokens=_header_number(response.headers, "x-ratelimit-remaining-tokens"),
         )
 
     async def aclose(self) -> None:
         await self._client.aclose()
+
+
+def _header_number(headers: httpx.Headers, name: str) -> float | None:
+    try:
+        return float(headers[name])
+    except (KeyError, ValueError):
+        return None
 
 
 def _error_message(payload: Any) -> str | None:
