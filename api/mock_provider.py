@@ -78,6 +78,10 @@ class TokenBucket:
     def take(self, amount: float, now: float) -> None:
         self._level = self.level(now) - amount
 
+    def give(self, amount: float, now: float) -> None:
+        """Return tokens (or charge more, if negative), never above capacity."""
+        self._level = min(self.capacity, self.level(now) + amount)
+
     def until_full(self, now: float) -> float:
         """Seconds until the bucket is full again (OpenAI's x-ratelimit-reset-*)."""
         return max(0.0, (self.capacity - self.level(now)) / self.rate)
@@ -126,16 +130,28 @@ class RateLimits:
             never_fits = math.isinf(wait)
             if never_fits:
                 wait = max(self.requests.until_full(now), self.tokens.until_full(now))
-            return Decision(
-                admitted=admitted,
-                limited_by=None if admitted else limited_by,
-                wait_s=wait,
-                never_fits=never_fits,
-                remaining_requests=self.requests.level(now),
-                remaining_tokens=self.tokens.level(now),
-                reset_requests_s=self.requests.until_full(now),
-                reset_tokens_s=self.tokens.until_full(now),
-            )
+            return self._decision(now, admitted, None if admitted else limited_by, wait,
+                                  never_fits)
+
+    def settle(self, tokens: float) -> Decision:
+        """Charge real usage after the answer: refund the unused part of the admission cost."""
+        with self._lock:
+            now = self._clock()
+            self.tokens.give(tokens, now)
+            return self._decision(now, True, None, 0.0, False)
+
+    def _decision(self, now: float, admitted: bool, limited_by: str | None, wait: float,
+                  never_fits: bool) -> Decision:
+        return Decision(
+            admitted=admitted,
+            limited_by=limited_by,
+            wait_s=wait,
+            never_fits=never_fits,
+            remaining_requests=self.requests.level(now),
+            remaining_tokens=self.tokens.level(now),
+            reset_requests_s=self.requests.until_full(now),
+            reset_tokens_s=self.tokens.until_full(now),
+        )
 
 
 @dataclass
@@ -146,6 +162,7 @@ class Stats:
     admitted: int = 0
     rejected_429: int = 0
     tokens_admitted: int = 0
+    tokens_refunded: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
     first_admitted_at: float | None = None
@@ -251,8 +268,10 @@ class Judge:
         latency_ms: float,
         default_max_tokens: int,
         api_key: str | None,
+        reconcile: bool = True,
     ) -> None:
         self.rpm, self.tpm = rpm, tpm
+        self.reconcile = reconcile
         self.limits = limits
         self.latency_s = latency_ms / 1000
         self.default_max_tokens = default_max_tokens
@@ -286,6 +305,12 @@ class Judge:
             await asyncio.sleep(self.latency_s)
         answer = simulated_body(url, body)
         stats.record_usage(answer["usage"])
+        if self.reconcile:
+            # Bill real usage: the admission estimate's unused part goes back to the
+            # bucket, and the headers describe the buckets as they are now.
+            refund = cost - int(answer["usage"].get("total_tokens", cost))
+            stats.tokens_refunded += refund
+            headers = ratelimit_headers(self.rpm, self.tpm, self.limits.settle(refund))
         return _json(200, answer, headers)
 
     def _rate_limited(self, decision: Decision, cost: int, headers: dict[str, str]) -> JSONResponse:
@@ -342,11 +367,17 @@ def create_app(
     burst_seconds: float = 60,
     default_max_tokens: int = 256,
     api_key: str | None = None,
+    reconcile: bool = True,
 ) -> FastAPI:
-    """The mock provider app; its buckets start full. Serve it from one process."""
+    """The mock provider app; its buckets start full. Serve it from one process.
+
+    With `reconcile`, a request is admitted at its estimate (prompt + max_tokens)
+    and then billed its real usage, the unused part refunded; without, the
+    estimate is final.
+    """
     _validate(rpm, tpm, latency_ms, burst_seconds, default_max_tokens)
     limits = RateLimits(rpm, tpm, burst_seconds)
-    judge = Judge(rpm, tpm, limits, latency_ms, default_max_tokens, api_key)
+    judge = Judge(rpm, tpm, limits, latency_ms, default_max_tokens, api_key, reconcile)
     app = FastAPI(title="quotaflow mock provider (simulated)")
     app.state.judge = judge
     for url in ENDPOINTS:
@@ -411,4 +442,5 @@ def app_from_env() -> FastAPI:
         burst_seconds=_env("QUOTAFLOW_MOCK_BURST_SECONDS", float, 60.0),
         default_max_tokens=_env("QUOTAFLOW_MOCK_DEFAULT_MAX_TOKENS", int, 256),
         api_key=_env_api_key(),
+        reconcile=os.environ.get("QUOTAFLOW_MOCK_RECONCILE", "1") != "0",
     )

@@ -83,9 +83,11 @@ def register(cli: click.Group) -> None:
                   help="Window the limits are enforced over (OpenAI may use 1 s).")
     @click.option("--default-max-tokens", default=256, show_default=True, type=click.IntRange(1))
     @click.option("--api-key-env", default=None, help="Env var holding the key clients must send.")
+    @click.option("--reconcile/--no-reconcile", default=True, show_default=True,
+                  help="Bill real usage after each answer (refund unused max_tokens).")
     def mock_provider(host: str, port: int, rpm: int, tpm: int, latency_ms: float,
                       burst_seconds: float, default_max_tokens: int,
-                      api_key_env: str | None) -> None:
+                      api_key_env: str | None, reconcile: bool) -> None:
         """Serve a simulated OpenAI-compatible API that enforces RPM/TPM strictly (429s)."""
         import uvicorn
 
@@ -94,6 +96,7 @@ def register(cli: click.Group) -> None:
             "QUOTAFLOW_MOCK_LATENCY_MS": str(latency_ms),
             "QUOTAFLOW_MOCK_BURST_SECONDS": str(burst_seconds),
             "QUOTAFLOW_MOCK_DEFAULT_MAX_TOKENS": str(default_max_tokens),
+            "QUOTAFLOW_MOCK_RECONCILE": "1" if reconcile else "0",
         })
         if api_key_env:
             os.environ["QUOTAFLOW_MOCK_API_KEY_ENV"] = api_key_env

@@ -179,7 +179,7 @@ class LocalLimiter:
         now = self._clock()
         state = self._states.setdefault(
             budget.name, _State(budget.request_capacity, budget.token_capacity, now))
-        elapsed = max(0.0, now - state.ts)
+        elapsed = max(0.0, now - max(state.ts, state.bu))  # no refill during a 429 block
         state.r = min(budget.request_capacity, state.r + elapsed * budget.request_rate)
         state.t = min(budget.token_capacity, state.t + elapsed * budget.token_rate)
         state.ts = now

@@ -168,8 +168,9 @@ def test_burst_beyond_request_capacity_is_refused_until_retry_after(serve: Serve
 
 
 def test_token_bucket_limits_by_admission_cost(serve: Serve) -> None:
-    # Given 600 TPM with a 2 s burst: 20 tokens, refilling 10 a second; requests plentiful
-    client = serve(rpm=60_000, tpm=600, burst_seconds=2)
+    # Given 600 TPM with a 2 s burst: 20 tokens, refilling 10 a second; requests plentiful;
+    # admission cost is final (no refund of unused max_tokens)
+    client = serve(rpm=60_000, tpm=600, burst_seconds=2, reconcile=0)
     big = chat("hi", max_tokens=15)
     assert admission_tokens(CHAT, big, 256) == 16
 
@@ -195,6 +196,17 @@ def test_token_bucket_limits_by_admission_cost(serve: Serve) -> None:
     # The default max_tokens (256) counts too when the body sets none
     assert client.post(CHAT, json=chat("hi")).status_code == 429
     assert client.get("/stats").json()["tokens_admitted"] == 16 + 3
+
+
+def test_reconcile_refunds_unused_max_tokens_after_the_answer(serve: Serve) -> None:
+    # Given 20 tokens of burst and a request admitted at 16 that really uses 7
+    client = serve(rpm=60_000, tpm=600, burst_seconds=2)
+    answer = client.post(CHAT, json=chat("hi", max_tokens=15))
+    assert answer.status_code == 200
+    assert answer.json()["usage"]["total_tokens"] == 7
+    # Then the 9 unused tokens are back in the bucket, and the headers say so
+    assert answer.headers["x-ratelimit-remaining-tokens"] == "13"
+    assert client.get("/stats").json()["tokens_refunded"] == 9
 
 
 def test_answers_are_openai_shaped_and_simulated(serve: Serve) -> None:

@@ -21,7 +21,8 @@ then, by op:
            large request still fits a full bucket.
            -> {admitted_count, wait_seconds_for_the_next, r, t}
   adjust   ARGV[6] requests delta, ARGV[7] tokens delta (refund > 0, debt < 0)
-  drain    ARGV[6] seconds: empty both buckets and admit nothing for that long
+  drain    ARGV[6] seconds: empty both buckets and admit nothing for that long;
+           they start refilling, from empty, when the block ends
   clamp    ARGV[6] requests remaining, ARGV[7] tokens remaining ("" = unknown):
            lower the buckets to what the provider reports, never raise them
   peek     no extra arguments; refills but writes nothing
@@ -42,7 +43,8 @@ local r = tonumber(state[1]) or cap_r
 local t = tonumber(state[2]) or cap_t
 local ts = tonumber(state[3]) or now
 local bu = tonumber(state[4]) or 0
-local elapsed = math.max(0, now - ts)
+-- Nothing refills while a 429 block lasts: the bucket is empty when it ends.
+local elapsed = math.max(0, now - math.max(ts, bu))
 r = math.min(cap_r, r + elapsed * rate_r)
 t = math.min(cap_t, t + elapsed * rate_t)
 

@@ -1,0 +1,243 @@
+"""One suite, two limiters: the Redis Lua limiter and its in-process twin must agree.
+
+Times are real (Redis uses its own clock), so budgets are sized to make
+the expected waits either long and exact or short and cheap to sleep.
+"""
+
+import multiprocessing
+import shutil
+import subprocess
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from quotaflow.errors import ServiceUnavailable
+from quotaflow.ratelimit import (
+    Budget,
+    LocalLimiter,
+    RedisLimiter,
+    RequestTooLarge,
+    bucket_key,
+    sleep_time,
+)
+from tests.conftest import REDIS_URL
+from tests.procs import free_port
+
+
+@pytest.fixture(params=["redis", "local"])
+def limiter(request: pytest.FixtureRequest, redis_url: str) -> Iterator[object]:
+    if request.param == "local":
+        yield LocalLimiter()
+        return
+    shared = RedisLimiter(redis_url)
+    yield shared
+    shared.close()
+
+
+def budget(rpm: float = 60_000, tpm: float = 6_000, burst: float = 1.0) -> Budget:
+    return Budget(f"test-{uuid.uuid4().hex[:8]}", rpm, tpm, burst)
+
+
+def test_acquire_is_all_or_nothing_and_returns_the_exact_wait(limiter) -> None:
+    # Given 600 tokens of capacity refilling 10 a second, and requests to spare
+    tokens = budget(rpm=600, tpm=600, burst=60)
+    # When ten 100-token requests are asked for at once
+    admission = limiter.acquire(tokens, [100] * 10, 0.0)
+    # Then six fit, and the seventh fits in exactly 100 / 10 = 10 s
+    assert admission.admitted == 6
+    assert 9.9 < admission.wait_s <= 10.0
+
+
+def test_the_requests_bucket_binds_too(limiter) -> None:
+    requests = budget(rpm=3, tpm=1_000_000, burst=60)
+    admission = limiter.acquire(requests, [1] * 5, 0.0)
+    assert admission.admitted == 3
+    assert 19.9 < admission.wait_s <= 20.0
+
+
+def test_a_request_fits_once_its_wait_has_passed(limiter) -> None:
+    fast = budget(tpm=6_000)  # 100 tokens, refilling 100 a second
+    assert limiter.acquire(fast, [100], 0.0).admitted == 1
+    denied = limiter.acquire(fast, [50], 0.0)
+    assert denied.admitted == 0 and 0.45 < denied.wait_s <= 0.5
+    time.sleep(sleep_time(denied.wait_s))
+    assert limiter.acquire(fast, [50], 0.0).admitted == 1
+
+
+def test_floors_keep_headroom_for_higher_priorities(limiter) -> None:
+    fast = budget(rpm=60, tpm=6_000, burst=60)  # 6,000 tokens; 60 requests
+    # Bulk (floor 20%) stops at 1,200 tokens left
+    assert limiter.acquire(fast, [100] * 60, 0.20).admitted == 48
+    # Standard (floor 5%) may go down to 300
+    assert limiter.acquire(fast, [100] * 20, 0.05).admitted == 9
+    # Realtime (floor 0) takes the rest at once
+    realtime = limiter.acquire(fast, [100] * 3, 0.0)
+    assert realtime.admitted == 3 and realtime.wait_s == 0
+
+
+def test_a_large_request_still_fits_a_full_bucket_under_a_floor(limiter) -> None:
+    fast = budget(tpm=6_000)
+    assert limiter.acquire(fast, [90], 0.20).admitted == 1
+
+
+def test_a_request_larger_than_the_bucket_fails_at_once() -> None:
+    with pytest.raises(RequestTooLarge, match=r"needs 101 tokens .* at most 100 at once"):
+        budget(tpm=6_000).check_fits(101)
+
+
+def test_realtime_is_admitted_while_bulk_saturates_and_bulk_gets_the_refill_rate(limiter) -> None:
+    # Given bulk work saturating a 100 token/s deployment from one thread
+    fast = budget(tpm=6_000, burst=1.0)
+    bulk_tokens = []
+    stop = threading.Event()
+
+    def saturate() -> None:
+        while not stop.is_set():
+            admission = limiter.acquire(fast, [10], 0.20)
+            if admission.admitted:
+                bulk_tokens.append((time.monotonic(), 10))
+            else:
+                time.sleep(sleep_time(admission.wait_s))
+
+    worker = threading.Thread(target=saturate)
+    worker.start()
+    try:
+        time.sleep(0.5)
+        # When a realtime request arrives, it is admitted without waiting
+        assert limiter.acquire(fast, [10], 0.0).admitted == 1
+        time.sleep(2.0)
+    finally:
+        stop.set()
+        worker.join()
+    # Then bulk alone still got the whole refill rate (100 tokens/s) after its first burst
+    steady = [(at, n) for at, n in bulk_tokens if at > bulk_tokens[0][0] + 0.5]
+    rate = sum(n for _, n in steady) / (steady[-1][0] - steady[0][0])
+    assert 85 <= rate <= 110, rate
+
+
+def test_adjust_refunds_up_to_capacity_and_records_debt(limiter) -> None:
+    tokens = budget(rpm=600, tpm=600, burst=60)  # 600 tokens, 10 a second
+    assert limiter.acquire(tokens, [500], 0.0).admitted == 1
+    limiter.adjust(tokens, 0, 400)  # the call used 100 of its 500
+    assert 499 < limiter.levels(tokens).tokens <= 501
+    limiter.adjust(tokens, 0, 10_000)  # refunds never overfill
+    assert limiter.levels(tokens).tokens == pytest.approx(600)
+    limiter.adjust(tokens, 0, -900)  # a debt: the call used more than estimated
+    level = limiter.levels(tokens).tokens
+    assert -301 < level < -299
+    assert 59.9 < limiter.acquire(tokens, [300], 0.0).wait_s <= 60.0
+
+
+def test_drain_stops_everyone_until_retry_after(limiter) -> None:
+    fast = budget(tpm=6_000)
+    limiter.drain(fast, 0.5)
+    blocked = limiter.acquire(fast, [1], 0.0)
+    assert blocked.admitted == 0 and 0.4 < blocked.wait_s <= 0.5
+    assert limiter.levels(fast).tokens <= 0.1
+    time.sleep(blocked.wait_s + 0.05)
+    after = limiter.acquire(fast, [50], 0.0)
+    assert after.admitted == 0 and 0.3 < after.wait_s < 0.5  # it refills from empty
+
+
+def test_clamp_lowers_to_what_the_provider_reports_never_raises(limiter) -> None:
+    tokens = budget(rpm=600, tpm=600, burst=60)
+    limiter.clamp(tokens, None, 30)
+    assert limiter.levels(tokens).tokens == pytest.approx(30, abs=0.5)
+    limiter.clamp(tokens, 5, 10_000)
+    levels = limiter.levels(tokens)
+    assert levels.tokens == pytest.approx(30, abs=0.5)
+    assert levels.requests == pytest.approx(5, abs=0.1)
+    assert levels.utilisation(tokens) == pytest.approx(1 - 5 / 600, abs=0.01)
+
+
+def _hammer(url: str, name: str, seconds: float, out: multiprocessing.Queue) -> None:
+    shared = RedisLimiter(url)
+    spec = Budget(name, 60_000, 6_000, 1.0)
+    admitted = 0
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        admission = shared.acquire(spec, [10], 0.0)
+        admitted += admission.admitted
+        if not admission.admitted:
+            time.sleep(min(sleep_time(admission.wait_s), max(0.0, deadline - time.monotonic())))
+    out.put(admitted)
+
+
+def test_one_budget_across_processes_is_never_exceeded(redis_url: str) -> None:
+    # Given four processes hammering one 100 token/s deployment for 1.5 s
+    name, seconds = f"shared-{uuid.uuid4().hex[:8]}", 1.5
+    out: multiprocessing.Queue = multiprocessing.get_context("spawn").Queue()
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_hammer, args=(redis_url, name, seconds, out)) for _ in range(4)]
+    for proc in procs:
+        proc.start()
+    totals = [out.get(timeout=60) for _ in procs]
+    for proc in procs:
+        proc.join(10)
+    # Then together they got no more than the burst plus the refill, and nearly all of it
+    admitted_tokens = sum(totals) * 10
+    ceiling = 100 + 100 * (seconds + 1.0)  # slack for process start-up skew
+    assert admitted_tokens <= ceiling
+    assert admitted_tokens >= 100 + 100 * seconds * 0.8
+
+
+def test_bucket_key_is_hash_tagged_and_expires_when_full(redis_url: str) -> None:
+    shared = RedisLimiter(redis_url)
+    spec = budget(tpm=6_000)
+    shared.acquire(spec, [10], 0.0)
+    client = redis.Redis.from_url(REDIS_URL)
+    key = bucket_key(spec.name)
+    assert key.startswith("{") and key.endswith("}")
+    assert 0 < client.pttl(key) <= 2_000  # full again in 0.1 s, plus a second of grace
+    shared.close()
+
+
+@pytest.fixture
+def throwaway_redis(tmp_path: Path) -> Iterator[tuple[str, callable, callable]]:
+    """A redis-server of our own, which the test may stop and start again."""
+    binary = shutil.which("redis-server")
+    assert binary, "redis-server is installed by scripts/test"
+    port = free_port()
+    procs: list[subprocess.Popen] = []
+
+    def start() -> None:
+        procs.append(subprocess.Popen(
+            [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--dir", str(tmp_path)], stdout=subprocess.DEVNULL))
+        client = redis.Redis(port=port)
+        for _ in range(100):
+            try:
+                client.ping()
+                return
+            except redis.ConnectionError:
+                time.sleep(0.05)
+        raise TimeoutError("throwaway redis did not start")
+
+    def stop() -> None:
+        procs[-1].terminate()
+        procs[-1].wait(10)
+
+    start()
+    yield f"redis://127.0.0.1:{port}/0", start, stop
+    for proc in procs:
+        if proc.poll() is None:
+            proc.terminate()
+            proc.wait(10)
+
+
+def test_redis_down_is_a_clear_error_and_the_limiter_resumes(throwaway_redis) -> None:
+    url, start, stop = throwaway_redis
+    shared = RedisLimiter(url)
+    spec = budget()
+    assert shared.acquire(spec, [10], 0.0).admitted == 1
+    stop()
+    with pytest.raises(ServiceUnavailable, match=r"Redis is unreachable.*QUOTAFLOW_REDIS_URL"):
+        shared.acquire(spec, [10], 0.0)
+    start()
+    assert shared.acquire(spec, [10], 0.0).admitted == 1  # the script is loaded again
+    shared.close()
