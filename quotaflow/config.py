@@ -39,6 +39,9 @@ class Deployment(BaseModel):
     default_max_tokens: int = Field(default=1024, gt=0)
     # Refund unused max_tokens after the call, as providers that bill real usage do.
     reconcile_usage: bool = True
+    # Budget kept in hand, in seconds of refill: at least the time a request takes
+    # to reach the provider (a full provider bucket loses that refill).
+    safety_margin_s: float = Field(default=0.25, ge=0, le=10)
     timeout_s: float = Field(default=60.0, gt=0)
     max_concurrency: int = Field(default=16, gt=0)
 

@@ -39,6 +39,9 @@ log = logging.getLogger(__name__)
 LIMITER_DOWN_BACKOFF_S = 5.0
 # Without Retry-After, a 429 keeps the whole deployment quiet this long.
 DEFAULT_429_PAUSE_S = 1.0
+# A wait computed from the refill rate ignores refunds that other workers' calls
+# will bring back sooner; where usage is reconciled, look again this often.
+REFUND_POLL_S = 0.05
 
 
 @dataclass(frozen=True)
@@ -154,11 +157,12 @@ def store(sessions: sessionmaker[Session], job_id: str, item: ClaimedItem,
 
 @dataclass
 class _Admitted:
-    """An item with its request as sent and its admission cost in tokens."""
+    """An item with its request as sent, its admission cost, and its admission's slot."""
 
     item: ClaimedItem
     body: dict[str, Any]
     cost: int
+    slot: int = 0
 
 
 @dataclass
@@ -171,14 +175,12 @@ class _BatchRun:
     floor: float
     on_item: Callable[[bool], None] | None
     providers: dict[str, Provider] = field(default_factory=dict)
-    limits: dict[str, asyncio.Semaphore] = field(default_factory=dict)
     counts: dict[bool, int] = field(default_factory=lambda: {True: 0, False: 0})
     retry_in: float | None = None
 
     def provider(self, deployment: Deployment) -> Provider:
         if deployment.name not in self.providers:
             self.providers[deployment.name] = make_provider(deployment)
-            self.limits[deployment.name] = asyncio.Semaphore(deployment.max_concurrency)
         return self.providers[deployment.name]
 
     def later(self, seconds: float) -> None:
@@ -259,32 +261,40 @@ class BatchExecutor:
                 self._finish(run, item, Failure("request_too_large", str(exc)))
                 continue
             waiting.append(_Admitted(item, body, cost))
-        calls: list[asyncio.Task[None]] = []
+        calls: set[asyncio.Task[None]] = set()
         while waiting:
+            calls = {call for call in calls if not call.done()}
+            free = deployment.max_concurrency - len(calls)
+            if free <= 0:
+                # Admit only what can be sent at once: budget taken for a request that
+                # then queues here would be refill the provider never sees.
+                await asyncio.wait(calls, return_when=asyncio.FIRST_COMPLETED)
+                continue
+            asked = waiting[:free]
             try:
-                admission = self.limiter.acquire(budget, [a.cost for a in waiting], run.floor)
+                admission = self.limiter.acquire(budget, [a.cost for a in asked], run.floor)
             except ServiceUnavailable as exc:
                 log.warning("%s; giving %d items back to the queue", exc, len(waiting))
                 admission = None
-            admitted = waiting[:admission.admitted] if admission else []
+            admitted = asked[:admission.admitted] if admission else []
             waiting = waiting[len(admitted):]
-            calls += [asyncio.create_task(self._call(run, deployment, budget, a))
-                      for a in admitted]
-            if not waiting:
-                break
+            for entry in admitted:
+                entry.slot = admission.slot
+                calls.add(asyncio.create_task(self._call(run, deployment, budget, entry)))
+            if not waiting or (admission and admission.admitted == len(asked)):
+                continue
             wait = admission.wait_s if admission else LIMITER_DOWN_BACKOFF_S
             if admission is None or wait > self.max_inline_wait:
                 release(self.sessions, run.ref.job_id, run.owner, [a.item for a in waiting])
                 run.later(min(wait, self.settings.max_countdown_s))
                 break
-            await asyncio.sleep(sleep_time(wait))
+            await asyncio.sleep(_poll(deployment, wait))
         await asyncio.gather(*calls)
 
     async def _call(self, run: _BatchRun, deployment: Deployment, budget: Budget,
                     admitted: _Admitted) -> None:
-        provider = run.provider(deployment)
-        async with run.limits[deployment.name]:
-            outcome = await self._attempts(run, provider, deployment, budget, admitted)
+        outcome = await self._attempts(run, run.provider(deployment), deployment, budget,
+                                       admitted)
         self._finish(run, admitted.item, outcome)
 
     async def _attempts(self, run: _BatchRun, provider: Provider, deployment: Deployment,
@@ -293,7 +303,9 @@ class BatchExecutor:
         last: ProviderError | None = None
         for attempt in range(1, self.policy.max_attempts + 1):
             if attempt > 1:
-                await self._acquire_one(budget, admitted.cost, run.floor)
+                admitted.slot = await self._acquire_one(deployment, budget, admitted.cost,
+                                                        run.floor)
+            response: ProviderResponse | None = None
             try:
                 response = await provider.send(run.url, admitted.body)
             except PermanentProviderError as exc:
@@ -304,17 +316,21 @@ class BatchExecutor:
                 if exc.status_code == 429:
                     self._feedback(self.limiter.drain, budget,
                                    exc.retry_after or DEFAULT_429_PAUSE_S)
-                if attempt < self.policy.max_attempts:
-                    await asyncio.sleep(self.policy.delay(attempt, exc.retry_after))
-                continue
-            self._reconcile(deployment, budget, admitted.cost, response)
-            return response
+            finally:
+                # Every admitted attempt is settled once, whatever became of it; a
+                # failed call refunds nothing, since the provider may have counted it.
+                self._settle(deployment, budget, admitted, response)
+            if response is not None:
+                return response
+            if attempt < self.policy.max_attempts:
+                await asyncio.sleep(self.policy.delay(attempt, last.retry_after))
         assert last is not None
         return Failure("provider_error",
                        f"{last} (gave up after {self.policy.max_attempts} attempts)",
                        last.status_code, last.body)
 
-    async def _acquire_one(self, budget: Budget, cost: int, floor: float) -> None:
+    async def _acquire_one(self, deployment: Deployment, budget: Budget, cost: int,
+                           floor: float) -> int:
         while True:
             try:
                 admission = self.limiter.acquire(budget, [cost], floor)
@@ -323,18 +339,23 @@ class BatchExecutor:
                 await asyncio.sleep(LIMITER_DOWN_BACKOFF_S)
                 continue
             if admission.admitted:
-                return
-            await asyncio.sleep(sleep_time(admission.wait_s))
+                return admission.slot
+            await asyncio.sleep(_poll(deployment, admission.wait_s))
 
-    def _reconcile(self, deployment: Deployment, budget: Budget, cost: int,
-                   response: ProviderResponse) -> None:
+    def _settle(self, deployment: Deployment, budget: Budget, admitted: _Admitted,
+                response: ProviderResponse | None) -> None:
         """Settle the admission estimate against real usage, then heed the provider's headers."""
-        used = response.prompt_tokens + response.completion_tokens
-        if deployment.reconcile_usage and used > 0:
-            self._feedback(self.limiter.adjust, budget, 0.0, float(cost - used))
-        if response.remaining_requests is not None or response.remaining_tokens is not None:
-            self._feedback(self.limiter.clamp, budget, response.remaining_requests,
-                           response.remaining_tokens)
+        used = 0 if response is None else response.prompt_tokens + response.completion_tokens
+        refund = float(admitted.cost - used) if deployment.reconcile_usage and used > 0 else 0.0
+        self._feedback(self.limiter.settle, budget, admitted.slot, admitted.cost, refund)
+        if response is None:
+            return
+        # Where usage is reconciled, a token count in the headers races with the
+        # refunds of other calls (an older header would undo a newer refund), so
+        # only the requests bucket is clamped; 429s still drain both.
+        tokens = None if deployment.reconcile_usage else response.remaining_tokens
+        if response.remaining_requests is not None or tokens is not None:
+            self._feedback(self.limiter.clamp, budget, response.remaining_requests, tokens)
 
     @staticmethod
     def _feedback(operation: Callable[..., None], *args: Any) -> None:
@@ -343,3 +364,9 @@ class BatchExecutor:
             operation(*args)
         except ServiceUnavailable as exc:
             log.warning("limiter feedback skipped: %s", exc)
+
+
+def _poll(deployment: Deployment, wait_s: float) -> float:
+    """How long to sleep before asking the limiter again."""
+    pause = sleep_time(wait_s)
+    return min(pause, REFUND_POLL_S) if deployment.reconcile_usage else pause

@@ -17,7 +17,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
@@ -29,6 +29,7 @@ from quotaflow.errors import QuotaflowError, ServiceUnavailable
 
 SCRIPT = Path(__file__).with_name("lua") / "bucket.lua"
 EPS = 1e-9
+SLOT_S = 10  # calls in flight are tallied per 10 s slot of admission time
 
 
 class RequestTooLarge(QuotaflowError):
@@ -43,10 +44,18 @@ class Budget:
     rpm: float
     tpm: float
     burst_seconds: float = 60.0
+    # The longest a call can be in flight; an unsettled admission older than
+    # this is forgotten (its worker died).
+    flight_timeout_s: float = 300.0
+    # Refill kept in hand at admission: a provider whose bucket is full loses the
+    # refill of the time a request spends travelling to it (design.md, the limiter).
+    margin_s: float = 0.0
 
     @classmethod
     def of(cls, deployment: Deployment) -> "Budget":
-        return cls(deployment.name, deployment.rpm, deployment.tpm, deployment.burst_seconds)
+        return cls(deployment.name, deployment.rpm, deployment.tpm, deployment.burst_seconds,
+                   flight_timeout_s=4 * deployment.timeout_s + 60,
+                   margin_s=deployment.safety_margin_s)
 
     @property
     def request_rate(self) -> float:
@@ -74,15 +83,19 @@ class Budget:
 
     def args(self) -> list[str]:
         return [repr(self.request_rate), repr(self.request_capacity),
-                repr(self.token_rate), repr(self.token_capacity)]
+                repr(self.token_rate), repr(self.token_capacity), repr(self.flight_timeout_s)]
 
 
 @dataclass(frozen=True)
 class Admission:
-    """How many of the requests asked for were admitted, and the wait before the next fits."""
+    """How many of the requests asked for were admitted, and the wait before the next fits.
+
+    `slot` identifies the admission when it is settled.
+    """
 
     admitted: int
     wait_s: float
+    slot: int = 0
 
 
 @dataclass(frozen=True)
@@ -105,7 +118,8 @@ class Limiter(Protocol):
 
     def acquire(self, budget: Budget, costs: Sequence[int], floor: float) -> Admission: ...
 
-    def adjust(self, budget: Budget, requests: float, tokens: float) -> None: ...
+    def settle(self, budget: Budget, slot: int, cost: int, refund: float) -> None:
+        """Close one admitted call: it is no longer in flight; refund its unused tokens."""
 
     def drain(self, budget: Budget, seconds: float) -> None: ...
 
@@ -138,11 +152,12 @@ class RedisLimiter:
         return [float(value) for value in reply]
 
     def acquire(self, budget: Budget, costs: Sequence[int], floor: float) -> Admission:
-        admitted, wait, *_ = self._call(budget, "acquire", repr(floor), *map(str, costs))
-        return Admission(int(admitted), wait)
+        admitted, wait, _, _, _, slot = self._call(budget, "acquire", repr(floor),
+                                                   repr(budget.margin_s), *map(str, costs))
+        return Admission(int(admitted), wait, int(slot))
 
-    def adjust(self, budget: Budget, requests: float, tokens: float) -> None:
-        self._call(budget, "adjust", repr(float(requests)), repr(float(tokens)))
+    def settle(self, budget: Budget, slot: int, cost: int, refund: float) -> None:
+        self._call(budget, "settle", str(slot), str(cost), repr(float(refund)))
 
     def drain(self, budget: Budget, seconds: float) -> None:
         self._call(budget, "drain", repr(float(seconds)))
@@ -152,7 +167,7 @@ class RedisLimiter:
                    "" if tokens is None else repr(float(tokens)))
 
     def levels(self, budget: Budget) -> Levels:
-        _, _, r, t, blocked = self._call(budget, "peek")
+        _, _, r, t, blocked, _ = self._call(budget, "peek")
         return Levels(r, t, blocked)
 
     def close(self) -> None:
@@ -165,6 +180,7 @@ class _State:
     t: float
     ts: float
     bu: float = 0.0
+    flights: dict[int, list[float]] = field(default_factory=dict)  # slot -> [requests, tokens]
 
 
 class LocalLimiter:
@@ -175,50 +191,74 @@ class LocalLimiter:
         self._lock = threading.Lock()
         self._states: dict[str, _State] = {}
 
-    def _refilled(self, budget: Budget) -> tuple[_State, float]:
+    def _refilled(self, budget: Budget) -> tuple[_State, float, int]:
         now = self._clock()
+        slot = math.floor(now / SLOT_S)
         state = self._states.setdefault(
             budget.name, _State(budget.request_capacity, budget.token_capacity, now))
+        oldest = slot - math.ceil(budget.flight_timeout_s / SLOT_S)
+        for stale in [n for n in state.flights if n < oldest]:
+            del state.flights[stale]
         elapsed = max(0.0, now - max(state.ts, state.bu))  # no refill during a 429 block
         state.r = min(budget.request_capacity, state.r + elapsed * budget.request_rate)
         state.t = min(budget.token_capacity, state.t + elapsed * budget.token_rate)
         state.ts = now
-        return state, now
+        return state, now, slot
+
+    @staticmethod
+    def _in_flight(state: _State) -> tuple[float, float]:
+        return (sum(q for q, _ in state.flights.values()),
+                sum(f for _, f in state.flights.values()))
 
     def acquire(self, budget: Budget, costs: Sequence[int], floor: float) -> Admission:
         with self._lock:
-            state, now = self._refilled(budget)
+            state, now, slot = self._refilled(budget)
             if now < state.bu:
-                return Admission(0, state.bu - now)
-            admitted = 0
+                return Admission(0, state.bu - now, slot)
+            admitted, total, wait = 0, 0, 0.0
             for cost in costs:
-                floor_r = min(floor * budget.request_capacity, budget.request_capacity - 1)
-                floor_t = min(floor * budget.token_capacity, budget.token_capacity - cost)
-                if state.r - 1 >= floor_r - EPS and state.t - cost >= floor_t - EPS:
-                    state.r -= 1
-                    state.t -= cost
-                    admitted += 1
-                    continue
-                wait = max(0.0, (1 + floor_r - state.r) / budget.request_rate,
-                           (cost + floor_t - state.t) / budget.token_rate)
-                return Admission(admitted, wait)
-            return Admission(admitted, 0.0)
+                floor_r = min(floor * budget.request_capacity
+                              + budget.margin_s * budget.request_rate,
+                              budget.request_capacity - 1)
+                floor_t = min(floor * budget.token_capacity + budget.margin_s * budget.token_rate,
+                              budget.token_capacity - cost)
+                if state.r - 1 < floor_r - EPS or state.t - cost < floor_t - EPS:
+                    wait = max(0.0, (1 + floor_r - state.r) / budget.request_rate,
+                               (cost + floor_t - state.t) / budget.token_rate)
+                    break
+                state.r -= 1
+                state.t -= cost
+                admitted, total = admitted + 1, total + cost
+            if admitted:
+                flight = state.flights.setdefault(slot, [0.0, 0.0])
+                flight[0] += admitted
+                flight[1] += total
+            return Admission(admitted, wait, slot)
 
-    def adjust(self, budget: Budget, requests: float, tokens: float) -> None:
+    def settle(self, budget: Budget, slot: int, cost: int, refund: float) -> None:
         with self._lock:
-            state, _ = self._refilled(budget)
-            state.r = min(budget.request_capacity, state.r + requests)
-            state.t = min(budget.token_capacity, state.t + tokens)
+            state, _, _ = self._refilled(budget)
+            if slot in state.flights:
+                flight = state.flights[slot]
+                flight[0] -= 1
+                flight[1] -= cost
+                if flight[0] <= EPS:
+                    del state.flights[slot]
+            _, f = self._in_flight(state)
+            if refund < 0:
+                state.t += refund
+            else:
+                state.t = max(state.t, min(state.t + refund, budget.token_capacity - f))
 
     def drain(self, budget: Budget, seconds: float) -> None:
         with self._lock:
-            state, now = self._refilled(budget)
+            state, now, _ = self._refilled(budget)
             state.r, state.t = min(state.r, 0.0), min(state.t, 0.0)
             state.bu = max(state.bu, now + seconds)
 
     def clamp(self, budget: Budget, requests: float | None, tokens: float | None) -> None:
         with self._lock:
-            state, _ = self._refilled(budget)
+            state, _, _ = self._refilled(budget)
             if requests is not None:
                 state.r = min(state.r, requests)
             if tokens is not None:
@@ -226,7 +266,7 @@ class LocalLimiter:
 
     def levels(self, budget: Budget) -> Levels:
         with self._lock:
-            state, now = self._refilled(budget)
+            state, now, _ = self._refilled(budget)
             return Levels(state.r, state.t, max(0.0, state.bu - now))
 
 

@@ -39,8 +39,9 @@ def limiter(request: pytest.FixtureRequest, redis_url: str) -> Iterator[object]:
     shared.close()
 
 
-def budget(rpm: float = 60_000, tpm: float = 6_000, burst: float = 1.0) -> Budget:
-    return Budget(f"test-{uuid.uuid4().hex[:8]}", rpm, tpm, burst)
+def budget(rpm: float = 60_000, tpm: float = 6_000, burst: float = 1.0,
+           margin: float = 0.0) -> Budget:
+    return Budget(f"test-{uuid.uuid4().hex[:8]}", rpm, tpm, burst, margin_s=margin)
 
 
 def test_acquire_is_all_or_nothing_and_returns_the_exact_wait(limiter) -> None:
@@ -70,13 +71,13 @@ def test_a_request_fits_once_its_wait_has_passed(limiter) -> None:
 
 
 def test_floors_keep_headroom_for_higher_priorities(limiter) -> None:
-    fast = budget(rpm=60, tpm=6_000, burst=60)  # 6,000 tokens; 60 requests
-    # Bulk (floor 20%) stops at 1,200 tokens left
-    assert limiter.acquire(fast, [100] * 60, 0.20).admitted == 48
-    # Standard (floor 5%) may go down to 300
-    assert limiter.acquire(fast, [100] * 20, 0.05).admitted == 9
+    fast = budget(rpm=60_000, tpm=6_000, burst=60)  # 6,000 tokens
+    # Bulk (floor 20%) stops above 1,200 tokens left: 48 x 99 leaves 1,248
+    assert limiter.acquire(fast, [99] * 60, 0.20).admitted == 48
+    # Standard (floor 5%) may go down to 300: 9 more leave 357
+    assert limiter.acquire(fast, [99] * 20, 0.05).admitted == 9
     # Realtime (floor 0) takes the rest at once
-    realtime = limiter.acquire(fast, [100] * 3, 0.0)
+    realtime = limiter.acquire(fast, [99] * 3, 0.0)
     assert realtime.admitted == 3 and realtime.wait_s == 0
 
 
@@ -120,17 +121,44 @@ def test_realtime_is_admitted_while_bulk_saturates_and_bulk_gets_the_refill_rate
     assert 85 <= rate <= 110, rate
 
 
-def test_adjust_refunds_up_to_capacity_and_records_debt(limiter) -> None:
+def test_settle_refunds_below_capacity_minus_calls_in_flight_and_records_debt(limiter) -> None:
     tokens = budget(rpm=600, tpm=600, burst=60)  # 600 tokens, 10 a second
-    assert limiter.acquire(tokens, [500], 0.0).admitted == 1
-    limiter.adjust(tokens, 0, 400)  # the call used 100 of its 500
-    assert 499 < limiter.levels(tokens).tokens <= 501
-    limiter.adjust(tokens, 0, 10_000)  # refunds never overfill
+    first = limiter.acquire(tokens, [300], 0.0)
+    second = limiter.acquire(tokens, [200], 0.0)
+    limiter.settle(tokens, first.slot, 300, 250)  # the call used 50 of its 300
+    assert 349 < limiter.levels(tokens).tokens <= 351
+    third = limiter.acquire(tokens, [50], 0.0)
+    limiter.settle(tokens, third.slot, 50, 500)  # 200 are still in flight: up to 600 - 200
+    assert limiter.levels(tokens).tokens == pytest.approx(600 - 200, abs=1)
+    limiter.settle(tokens, second.slot, 200, 500)  # nothing in flight: up to capacity
     assert limiter.levels(tokens).tokens == pytest.approx(600)
-    limiter.adjust(tokens, 0, -900)  # a debt: the call used more than estimated
+    debtor = limiter.acquire(tokens, [100], 0.0)
+    limiter.settle(tokens, debtor.slot, 100, -800)  # a debt: it used 900, not 100
     level = limiter.levels(tokens).tokens
     assert -301 < level < -299
-    assert 59.9 < limiter.acquire(tokens, [300], 0.0).wait_s <= 60.0
+    assert 59.9 < limiter.acquire(tokens, [300], 0.0).wait_s <= 60.1
+
+
+def test_admission_keeps_the_safety_margin_in_hand(limiter) -> None:
+    fast = budget(tpm=6_000, margin=0.05)  # 100 tokens, 100 a second: 5 tokens of margin
+    assert limiter.acquire(fast, [95], 0.0).admitted == 1
+    denied = limiter.acquire(fast, [10], 0.0)
+    assert denied.admitted == 0 and 0.09 < denied.wait_s <= 0.1
+
+
+def test_an_admission_of_a_dead_worker_is_forgotten_after_the_flight_timeout() -> None:
+    now = [1000.0]
+    local = LocalLimiter(clock=lambda: now[0])
+    spec = Budget("leak", 600, 600, 60, flight_timeout_s=100)
+    local.acquire(spec, [500], 0.0)  # its worker dies: never settled
+    now[0] += 60  # the bucket refills; the lost call still counts as in flight
+    other = local.acquire(spec, [100], 0.0)
+    local.settle(spec, other.slot, 100, 100)
+    assert local.levels(spec).tokens == pytest.approx(500)  # refunds held under 600 - 500
+    now[0] += 120  # past the flight timeout: the dead admission is forgotten
+    again = local.acquire(spec, [100], 0.0)
+    local.settle(spec, again.slot, 100, 100)
+    assert local.levels(spec).tokens == pytest.approx(600)
 
 
 def test_drain_stops_everyone_until_retry_after(limiter) -> None:
@@ -188,11 +216,13 @@ def test_one_budget_across_processes_is_never_exceeded(redis_url: str) -> None:
 
 def test_bucket_key_is_hash_tagged_and_expires_when_full(redis_url: str) -> None:
     shared = RedisLimiter(redis_url)
-    spec = budget(tpm=6_000)
-    shared.acquire(spec, [10], 0.0)
+    spec = Budget(f"ttl-{uuid.uuid4().hex[:8]}", 60_000, 6_000, 1.0, flight_timeout_s=30)
+    admission = shared.acquire(spec, [10], 0.0)
     client = redis.Redis.from_url(REDIS_URL)
     key = bucket_key(spec.name)
     assert key.startswith("{") and key.endswith("}")
+    assert 30_000 < client.pttl(key) <= 42_000  # kept while a call is in flight
+    shared.settle(spec, admission.slot, 10, 0)
     assert 0 < client.pttl(key) <= 2_000  # full again in 0.1 s, plus a second of grace
     shared.close()
 

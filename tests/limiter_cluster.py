@@ -1,0 +1,173 @@
+"""Four real Celery workers, one strict mock provider per scenario, and the figures that
+prove the limiter: 429s, repeated requests, and utilisation.
+
+Used by tests/test_limiter_cluster.py (the proof) and bench/limiter.py (the table).
+utilisation = tokens the provider kept / (bucket capacity + TPM x minutes from the
+first admission to the last): the share of the most any client could have had.
+"""
+
+import io
+import json
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import redis
+
+from api.dispatch import CeleryDispatcher
+from quotaflow import jobs
+from quotaflow.config import Settings
+from quotaflow.constants import ENDPOINT_CHAT
+from quotaflow.db import session_factory
+from quotaflow.providers.mock import simulated_body
+from quotaflow.tokens import admission_tokens
+from tests.conftest import service_env
+from tests.procs import Proc, free_port, quotaflow
+
+WORKERS = 4
+CONCURRENCY = 2
+LATENCY_MS = 20
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    rpm: int
+    tpm: int
+    burst_seconds: float
+    max_tokens: int
+    reconcile: bool
+    target_seconds: float
+
+    @property
+    def capacity(self) -> float:
+        return self.tpm * self.burst_seconds / 60
+
+    def lines(self) -> list[dict]:
+        """Enough distinct requests to keep the budget busy for about target_seconds."""
+        sample = self.body(0)
+        cost = admission_tokens(ENDPOINT_CHAT, sample, 0)
+        used = simulated_body(ENDPOINT_CHAT, sample)["usage"]["total_tokens"]
+        per_item = used if self.reconcile else cost
+        count = math.ceil((self.capacity + self.tpm / 60 * self.target_seconds) / per_item)
+        return [{"custom_id": f"{self.name}-{i}", "method": "POST", "url": ENDPOINT_CHAT,
+                 "body": self.body(i)} for i in range(count)]
+
+    def body(self, i: int) -> dict:
+        return {"model": self.name, "max_tokens": self.max_tokens,
+                "messages": [{"role": "user", "content": f"question {i:05d} about the tides"}]}
+
+
+SCENARIOS = (
+    Scenario("per-minute", rpm=6_000, tpm=9_000, burst_seconds=60, max_tokens=100,
+             reconcile=False, target_seconds=30),
+    Scenario("reconciled", rpm=6_000, tpm=3_000, burst_seconds=60, max_tokens=400,
+             reconcile=True, target_seconds=30),
+    Scenario("per-second", rpm=600, tpm=9_000, burst_seconds=1, max_tokens=100,
+             reconcile=False, target_seconds=30),
+)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    scenario: Scenario
+    items: int
+    status: str
+    completed: int
+    seconds: float
+    rejected_429: int
+    duplicate_bodies: int
+    tokens_admitted: int
+    tokens_kept: int
+
+    @property
+    def utilisation(self) -> float:
+        """Tokens the provider kept over the most it could have admitted in the window."""
+        return self.tokens_kept / (self.scenario.capacity + self.scenario.tpm / 60 * self.seconds)
+
+    @property
+    def admitted_vs_ceiling(self) -> float:
+        """Tokens admitted at estimate over the same bound: above 1 only thanks to refunds."""
+        return self.tokens_admitted / (self.scenario.capacity
+                                       + self.scenario.tpm / 60 * self.seconds)
+
+
+class LimiterCluster:
+    """Start the providers and workers once; run each scenario as one job."""
+
+    def __init__(self, pg_url: str, redis_url: str, workdir: Path) -> None:
+        self.pg_url, self.redis_url, self.workdir = pg_url, redis_url, workdir
+        self.procs: list[Proc] = []
+        self.providers: dict[str, str] = {}
+
+    def __enter__(self) -> "LimiterCluster":
+        redis.Redis.from_url(self.redis_url).flushdb()
+        env = service_env()
+        deployments = []
+        try:
+            for scenario in SCENARIOS:
+                port = free_port()
+                self.providers[scenario.name] = f"http://127.0.0.1:{port}"
+                self.procs.append(Proc(f"provider-{scenario.name}", quotaflow(
+                    "mock-provider", "--port", str(port), "--rpm", str(scenario.rpm),
+                    "--tpm", str(scenario.tpm), "--burst-seconds", str(scenario.burst_seconds),
+                    "--latency-ms", str(LATENCY_MS),
+                    "--reconcile" if scenario.reconcile else "--no-reconcile"), env, self.workdir))
+                deployments.append(
+                    f'[deployments.{scenario.name}]\nprovider = "openai"\n'
+                    f'base_url = "http://127.0.0.1:{port}/v1"\nmodel = "{scenario.name}"\n'
+                    f"rpm = {scenario.rpm}\ntpm = {scenario.tpm}\n"
+                    f"burst_seconds = {scenario.burst_seconds}\n"
+                    f"reconcile_usage = {str(scenario.reconcile).lower()}\n")
+            self.deployments_file = self.workdir / "deployments.toml"
+            self.deployments_file.write_text("\n".join(deployments))
+            self.env = {**env, "QUOTAFLOW_DATABASE_URL": self.pg_url,
+                        "QUOTAFLOW_BROKER_URL": self.redis_url,
+                        "QUOTAFLOW_DEPLOYMENTS_FILE": str(self.deployments_file)}
+            workers = [Proc(f"worker{n}", quotaflow(
+                "worker", "--queues", "realtime,standard,bulk", "--concurrency", str(CONCURRENCY),
+                "--name", f"limiter{n}@qftest"), self.env, self.workdir) for n in range(WORKERS)]
+            self.procs += workers
+            for proc in self.procs[:len(SCENARIOS)]:
+                name = proc.name.removeprefix("provider-")
+                proc.wait_http(f"{self.providers[name]}/healthz")
+            for worker in workers:
+                worker.wait_until(lambda w=worker: " ready." in w.log())
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        for proc in reversed(self.procs):
+            proc.stop()
+
+    def run(self, scenario: Scenario, timeout: float = 240) -> Outcome:
+        settings = Settings(database_url=self.pg_url, broker_url=self.redis_url,
+                            deployments_file=self.deployments_file, batch_size=5,
+                            _env_file=None)
+        sessions = session_factory(self.pg_url)
+        lines = scenario.lines()
+        data = "".join(json.dumps(line) + "\n" for line in lines).encode()
+        job = jobs.create_job(sessions, io.BytesIO(data), settings=settings,
+                              deployments=settings.load_deployments(),
+                              dispatcher=CeleryDispatcher(self.redis_url), queue="realtime")
+        deadline = time.monotonic() + timeout
+        while True:
+            with sessions() as session:
+                view = jobs.job_object(session, jobs.get_job(session, job.id))
+            if view["status"] not in ("in_progress", "validating"):
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{scenario.name}: {view['request_counts']}")
+            time.sleep(0.5)
+        stats = httpx.get(f"{self.providers[scenario.name]}/stats").json()
+        return Outcome(
+            scenario=scenario, items=len(lines), status=view["status"],
+            completed=view["request_counts"]["completed"],
+            seconds=stats["last_admitted_at"] - stats["first_admitted_at"],
+            rejected_429=stats["rejected_429"], duplicate_bodies=stats["duplicate_bodies"],
+            tokens_admitted=stats["tokens_admitted"],
+            tokens_kept=stats["tokens_admitted"] - stats["tokens_refunded"])
