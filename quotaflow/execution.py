@@ -284,7 +284,11 @@ class BatchExecutor:
             if not waiting or (admission and admission.admitted == len(asked)):
                 continue
             wait = admission.wait_s if admission else LIMITER_DOWN_BACKOFF_S
-            if admission is None or wait > self.max_inline_wait:
+            # Refunds of calls in flight will shorten a reconciling deployment's wait:
+            # keep polling rather than handing the batch back.
+            refunds_due = bool(admission and admission.tokens_in_flight > 0
+                               and deployment.reconcile_usage)
+            if admission is None or (wait > self.max_inline_wait and not refunds_due):
                 release(self.sessions, run.ref.job_id, run.owner, [a.item for a in waiting])
                 run.later(min(wait, self.settings.max_countdown_s))
                 break

@@ -90,12 +90,14 @@ class Budget:
 class Admission:
     """How many of the requests asked for were admitted, and the wait before the next fits.
 
-    `slot` identifies the admission when it is settled.
+    `slot` identifies the admission when it is settled; `tokens_in_flight` are
+    admitted and unsettled, i.e. refunds that may yet shorten the wait.
     """
 
     admitted: int
     wait_s: float
     slot: int = 0
+    tokens_in_flight: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -152,9 +154,9 @@ class RedisLimiter:
         return [float(value) for value in reply]
 
     def acquire(self, budget: Budget, costs: Sequence[int], floor: float) -> Admission:
-        admitted, wait, _, _, _, slot = self._call(budget, "acquire", repr(floor),
-                                                   repr(budget.margin_s), *map(str, costs))
-        return Admission(int(admitted), wait, int(slot))
+        admitted, wait, _, _, _, slot, flying = self._call(
+            budget, "acquire", repr(floor), repr(budget.margin_s), *map(str, costs))
+        return Admission(int(admitted), wait, int(slot), flying)
 
     def settle(self, budget: Budget, slot: int, cost: int, refund: float) -> None:
         self._call(budget, "settle", str(slot), str(cost), repr(float(refund)))
@@ -167,7 +169,7 @@ class RedisLimiter:
                    "" if tokens is None else repr(float(tokens)))
 
     def levels(self, budget: Budget) -> Levels:
-        _, _, r, t, blocked, _ = self._call(budget, "peek")
+        _, _, r, t, blocked, _, _ = self._call(budget, "peek")
         return Levels(r, t, blocked)
 
     def close(self) -> None:
@@ -214,7 +216,7 @@ class LocalLimiter:
         with self._lock:
             state, now, slot = self._refilled(budget)
             if now < state.bu:
-                return Admission(0, state.bu - now, slot)
+                return Admission(0, state.bu - now, slot, self._in_flight(state)[1])
             admitted, total, wait = 0, 0, 0.0
             for cost in costs:
                 floor_r = min(floor * budget.request_capacity
@@ -233,7 +235,7 @@ class LocalLimiter:
                 flight = state.flights.setdefault(slot, [0.0, 0.0])
                 flight[0] += admitted
                 flight[1] += total
-            return Admission(admitted, wait, slot)
+            return Admission(admitted, wait, slot, self._in_flight(state)[1])
 
     def settle(self, budget: Budget, slot: int, cost: int, refund: float) -> None:
         with self._lock:

@@ -28,7 +28,8 @@ then, by op:
            per request over both buckets. The floor never exceeds capacity - cost, so
            a large request still fits a full bucket. The margin is the refill a
            provider's full bucket loses while a request travels to it.
-           -> {admitted, wait_seconds_for_the_next, r, t, blocked_seconds, slot}
+           -> {admitted, wait_seconds_for_the_next, r, t, blocked_seconds, slot,
+               tokens_in_flight}
   settle   ARGV[7] slot the call was admitted in, ARGV[8] its admitted cost,
            ARGV[9] tokens to refund (unused estimate; < 0 for a debt; 0 when the
            deployment does not reconcile)
@@ -37,7 +38,8 @@ then, by op:
   clamp    ARGV[7] requests remaining, ARGV[8] tokens remaining ("" = unknown):
            lower the buckets to what the provider reports, never raise them
   peek     refills and reports; writes nothing
-Every op returns {admitted, wait_seconds, r, t, blocked_seconds, slot} as strings.
+Every op returns {admitted, wait_seconds, r, t, blocked_seconds, slot, tokens_in_flight}
+as strings.
 --]]
 
 local key = KEYS[1]
@@ -140,4 +142,5 @@ if op ~= 'peek' then
   redis.call('PEXPIRE', key, math.ceil(keep * 1000) + 1000)
 end
 return {tostring(admitted), string.format(fmt, wait), string.format(fmt, r),
-        string.format(fmt, t), string.format(fmt, blocked), tostring(slot)}
+        string.format(fmt, t), string.format(fmt, blocked), tostring(slot),
+        string.format(fmt, f)}
