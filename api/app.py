@@ -13,10 +13,18 @@ from sqlalchemy import text
 from sqlalchemy.orm import Session, sessionmaker
 
 from api import errors
-from api.deps import DeploymentsDep, DispatcherDep, SessionDep, SessionsDep, SettingsDep
+from api.deps import (
+    DeploymentsDep,
+    DispatcherDep,
+    LimiterDep,
+    SessionDep,
+    SessionsDep,
+    SettingsDep,
+)
 from quotaflow import __version__, jobs
 from quotaflow.constants import DEFAULT_QUEUE
-from quotaflow.errors import QuotaflowError
+from quotaflow.errors import DeploymentNotFound, QuotaflowError
+from quotaflow.ratelimit import describe
 
 JSONL = "application/jsonl"
 
@@ -72,6 +80,20 @@ def create_app() -> FastAPI:
     @app.get("/jobs/{job_id}/errors", response_class=StreamingResponse)
     def error_lines(job_id: str, sessions: SessionsDep) -> StreamingResponse:
         return _stream(sessions, job_id, errors=True)
+
+    @app.get("/limits")
+    def limits(deployments: DeploymentsDep, limiter: LimiterDep) -> dict[str, Any]:
+        """Every deployment's limits, current bucket levels and utilisation."""
+        data = [describe(d, limiter) for d in deployments.deployments.values()]
+        return {"object": "list", "data": data}
+
+    @app.get("/limits/{name}")
+    def deployment_limits(name: str, deployments: DeploymentsDep,
+                          limiter: LimiterDep) -> dict[str, Any]:
+        if name not in deployments.deployments:
+            raise DeploymentNotFound(f"no deployment named {name!r}; known: "
+                                     f"{', '.join(sorted(deployments.deployments))}")
+        return describe(deployments.deployments[name], limiter)
 
     return app
 

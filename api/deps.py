@@ -11,6 +11,7 @@ from quotaflow.config import Deployments, Settings, get_settings
 from quotaflow.db import session_factory
 from quotaflow.errors import ConfigError
 from quotaflow.jobs import Dispatcher
+from quotaflow.ratelimit import Limiter, make_limiter
 
 
 def sessions() -> sessionmaker[Session]:
@@ -20,6 +21,11 @@ def sessions() -> sessionmaker[Session]:
 @lru_cache
 def deployments() -> Deployments:
     return get_settings().load_deployments()
+
+
+@lru_cache
+def limiter() -> Limiter:
+    return make_limiter(get_settings().limiter_url)
 
 
 @lru_cache
@@ -40,3 +46,4 @@ SessionsDep = Annotated[sessionmaker[Session], Depends(sessions)]
 SessionDep = Annotated[Session, Depends(session)]
 DeploymentsDep = Annotated[Deployments, Depends(deployments)]
 DispatcherDep = Annotated[Dispatcher, Depends(dispatcher)]
+LimiterDep = Annotated[Limiter, Depends(limiter)]

@@ -5,6 +5,7 @@ from fastapi.responses import JSONResponse
 
 from quotaflow.errors import (
     ConfigError,
+    DeploymentNotFound,
     InputFileError,
     JobNotFound,
     JobStateError,
@@ -14,6 +15,7 @@ from quotaflow.errors import (
 
 STATUS_BY_ERROR: list[tuple[type[QuotaflowError], int]] = [
     (JobNotFound, 404),
+    (DeploymentNotFound, 404),
     (InputFileError, 400),
     (JobStateError, 409),
     (ServiceUnavailable, 503),

@@ -6,7 +6,11 @@ from typing import Any
 
 import httpx
 
-from quotaflow.errors import JobNotFound, QuotaflowError, ServiceUnavailable
+from quotaflow.errors import QuotaflowError, ServiceUnavailable
+
+
+class NotFound(QuotaflowError):
+    """The API has no such job or deployment."""
 
 
 class ApiClient:
@@ -39,6 +43,11 @@ class ApiClient:
     def cancel_job(self, job_id: str) -> dict[str, Any]:
         return self._request("POST", f"/jobs/{job_id}/cancel").json()
 
+    def limits(self, name: str | None) -> list[dict[str, Any]]:
+        if name:
+            return [self._request("GET", f"/limits/{name}").json()]
+        return self._request("GET", "/limits").json()["data"]
+
     def stream_lines(self, job_id: str, errors: bool) -> Iterator[bytes]:
         path = f"/jobs/{job_id}/{'errors' if errors else 'results'}"
         try:
@@ -62,7 +71,7 @@ def _raise_for_error(response: httpx.Response) -> None:
     lines = [f"  line {d['line']}: {d['message']}" for d in error.get("data", [])[:20]]
     text = "\n".join([message, *lines])
     if response.status_code == 404:
-        raise JobNotFound(text)
+        raise NotFound(text)
     if response.status_code >= 500:
         raise ServiceUnavailable(f"the quotaflow API failed (HTTP {response.status_code}): {text}")
     raise QuotaflowError(text)

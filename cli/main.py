@@ -8,6 +8,9 @@ from pathlib import Path
 from typing import IO
 
 import click
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
 
 from cli.client import ApiClient
 from cli.embedded import run_file
@@ -19,6 +22,7 @@ from quotaflow.models import JobStatus
 
 QUEUE_OPTION = click.option("--queue", type=click.Choice(QUEUES), default=DEFAULT_QUEUE,
                             show_default=True, help="Priority class of the job.")
+stdout = Console(soft_wrap=True)
 FINAL = (JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.EXPIRED, JobStatus.CANCELLED)
 
 
@@ -131,6 +135,33 @@ def list_jobs(limit: int) -> None:
         counts = job["request_counts"]
         click.echo(f"{job['id']}  {job['status']:<11} {job['queue']:<8} "
                    f"{counts['completed'] + counts['failed']}/{counts['total']}")
+
+
+@cli.command()
+@click.option("--deployment", default=None, help="Only this deployment.")
+@click.option("--watch", is_flag=True, help="Refresh every second until interrupted.")
+def limits(deployment: str | None, watch: bool) -> None:
+    """Show each deployment's limits, current level and utilisation."""
+    api = client()
+    if not watch:
+        stdout.print(limits_table(api.limits(deployment)))
+        return
+    with Live(limits_table(api.limits(deployment)), console=stdout, auto_refresh=False) as live:
+        while True:
+            time.sleep(1.0)
+            live.update(limits_table(api.limits(deployment)), refresh=True)
+
+
+def limits_table(rows: list[dict]) -> Table:
+    table = Table("deployment", "model", "rpm", "tpm", "burst s", "requests left",
+                  "tokens left", "blocked s", "utilisation")
+    for row in rows:
+        table.add_row(row["deployment"], row["model"], f"{row['rpm']:,}", f"{row['tpm']:,}",
+                      f"{row['burst_seconds']:g}",
+                      f"{row['requests_available']:,.1f} / {row['request_capacity']:,.0f}",
+                      f"{row['tokens_available']:,.0f} / {row['token_capacity']:,.0f}",
+                      f"{row['blocked_for_s']:.1f}", f"{row['utilisation']:.0%}")
+    return table
 
 
 from cli import services  # noqa: E402  (registers the service commands on `cli`)

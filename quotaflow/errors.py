@@ -4,6 +4,7 @@
     ├── ConfigError            settings or deployments file are unusable
     ├── InputFileError         an uploaded JSONL file is rejected as a whole
     ├── JobNotFound            no job with that id
+    ├── DeploymentNotFound     no deployment with that name
     ├── JobStateError          the job is in a state that forbids the action
     ├── ProviderError          a provider call failed
     │   ├── RetryableProviderError   429, 5xx, timeouts, connection errors
@@ -52,6 +53,10 @@ class InputFileError(QuotaflowError):
 
 class JobNotFound(QuotaflowError):
     """No job has the given id."""
+
+
+class DeploymentNotFound(QuotaflowError):
+    """No deployment in the deployments file has the given name."""
 
 
 class JobStateError(QuotaflowError):

@@ -277,6 +277,26 @@ def sleep_time(wait_s: float) -> float:
     return 0.0 if wait_s <= 0 else wait_s + 0.001 if math.isfinite(wait_s) else wait_s
 
 
+def describe(deployment: Deployment, limiter: Limiter) -> dict[str, object]:
+    """A deployment's limits and how full its buckets are now, for `quotaflow limits`."""
+    budget = Budget.of(deployment)
+    levels = limiter.levels(budget)
+    return {
+        "deployment": deployment.name,
+        "provider": deployment.provider,
+        "model": deployment.model,
+        "rpm": deployment.rpm,
+        "tpm": deployment.tpm,
+        "burst_seconds": deployment.burst_seconds,
+        "requests_available": round(levels.requests, 2),
+        "tokens_available": round(levels.tokens, 1),
+        "request_capacity": budget.request_capacity,
+        "token_capacity": budget.token_capacity,
+        "blocked_for_s": round(levels.blocked_s, 3),
+        "utilisation": round(levels.utilisation(budget), 4),
+    }
+
+
 def make_limiter(settings_url: str | None) -> Limiter:
     """The shared Redis limiter when a Redis URL is configured, else the in-process twin."""
     return RedisLimiter(settings_url) if settings_url else LocalLimiter()

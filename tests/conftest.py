@@ -5,7 +5,10 @@ touch anything else on the servers.
 """
 
 import os
-from collections.abc import Iterator
+import shutil
+import subprocess
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psycopg
@@ -17,6 +20,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from quotaflow.config import Settings
 from quotaflow.db import get_engine, session_factory, upgrade
+from tests.procs import free_port
 
 PG_URL = os.environ.get("QUOTAFLOW_TEST_DATABASE_URL",
                         "postgresql+psycopg://postgres@127.0.0.1:5432/quotaflow_test")
@@ -60,6 +64,39 @@ def redis_url() -> str:
 @pytest.fixture
 def settings(pg_url: str) -> Settings:
     return Settings(database_url=pg_url, broker_url=REDIS_URL, _env_file=None)
+
+
+@pytest.fixture
+def throwaway_redis(tmp_path: Path) -> Iterator[tuple[str, Callable[[], None], Callable[[], None]]]:
+    """A redis-server of our own, which the test may stop and start again."""
+    binary = shutil.which("redis-server")
+    assert binary, "redis-server is installed by scripts/test"
+    port = free_port()
+    procs: list[subprocess.Popen] = []
+
+    def start() -> None:
+        procs.append(subprocess.Popen(
+            [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--dir", str(tmp_path)], stdout=subprocess.DEVNULL))
+        client = redis.Redis(port=port)
+        for _ in range(100):
+            try:
+                client.ping()
+                return
+            except redis.ConnectionError:
+                time.sleep(0.05)
+        raise TimeoutError("throwaway redis did not start")
+
+    def stop() -> None:
+        procs[-1].terminate()
+        procs[-1].wait(10)
+
+    start()
+    yield f"redis://127.0.0.1:{port}/0", start, stop
+    for proc in procs:
+        if proc.poll() is None:
+            proc.terminate()
+            proc.wait(10)
 
 
 def service_env(**extra: str) -> dict[str, str]:

@@ -165,6 +165,21 @@ def test_openapi_docs_are_served(cluster: Cluster) -> None:
     assert httpx.get(f"{cluster.api_url}/docs").status_code == 200
 
 
+def test_limits_show_each_deployment_over_rest_and_cli(cluster: Cluster) -> None:
+    data = httpx.get(f"{cluster.api_url}/limits").json()["data"]
+    assert {row["deployment"] for row in data} == {"mock-http", "slow-http"}
+    row = httpx.get(f"{cluster.api_url}/limits/mock-http").json()
+    assert row["rpm"] == 60000 and row["token_capacity"] == 50000000
+    assert 0 <= row["utilisation"] <= 1
+    assert 0 <= row["tokens_available"] <= row["token_capacity"]
+    shown = cluster.cli("limits")
+    assert shown.returncode == 0, shown.stderr
+    assert "mock-http" in shown.stdout and "slow-http" in shown.stdout
+    missing = cluster.cli("limits", "--deployment", "nope")
+    assert missing.returncode == 1
+    assert "no deployment named 'nope'; known: mock-http, slow-http" in missing.stderr
+
+
 def test_unknown_job_is_a_clear_404(cluster: Cluster) -> None:
     assert httpx.get(f"{cluster.api_url}/jobs/batch_nope").status_code == 404
     result = cluster.cli("status", "batch_nope")

@@ -12,11 +12,11 @@ from sqlalchemy.orm import Session, sessionmaker
 from quotaflow import jobs
 from quotaflow.config import Settings
 from quotaflow.errors import InputFileError, JobStateError
-from quotaflow.execution import BatchExecutor, claim, store
+from quotaflow.execution import LIMITER_DOWN_BACKOFF_S, BatchExecutor, claim, store
 from quotaflow.jobs import BatchRef
 from quotaflow.models import Item, Job, JobStatus, Result
 from quotaflow.providers.mock import MockProvider
-from quotaflow.ratelimit import LocalLimiter
+from quotaflow.ratelimit import LocalLimiter, RedisLimiter
 from tests.factories import chat_line, jsonl
 
 
@@ -190,3 +190,27 @@ def test_finished_job_cannot_be_cancelled(pg_sessions, settings) -> None:
     executor(pg_sessions, settings).run(BatchRef(job.id, 1, 1))
     with pytest.raises(JobStateError, match="is completed and can no longer be cancelled"):
         jobs.cancel_job(pg_sessions, job.id)
+
+
+def test_limiter_down_gives_the_batch_back_and_it_resumes(pg_sessions, settings,
+                                                           throwaway_redis) -> None:
+    # Given a job whose workers share a limiter on a Redis that then goes away
+    url, start, stop = throwaway_redis
+    dispatcher = Collect()
+    job = create(pg_sessions, settings, jsonl([chat_line(f"r{i}") for i in range(5)]), dispatcher)
+    [ref] = dispatcher.batches
+    run = BatchExecutor(pg_sessions, settings.load_deployments(), RedisLimiter(url), settings)
+    stop()
+    # When its batch runs, nothing is sent: the items go back and the batch asks to wait
+    report = run.run(ref)
+    assert report.claimed == 5 and report.succeeded == report.failed == 0
+    assert report.retry_in == LIMITER_DOWN_BACKOFF_S
+    with pg_sessions() as session:
+        items = session.scalars(select(Item).where(Item.job_id == job.id)).all()
+        assert {(i.status, i.attempts) for i in items} == {("pending", 0)}
+        assert session.scalar(select(func.count()).select_from(Result)) == 0
+    # Then, once Redis is back, the same batch completes
+    start()
+    assert run.run(ref).succeeded == 5
+    with pg_sessions() as session:
+        assert jobs.get_job(session, job.id).status == JobStatus.COMPLETED

@@ -5,13 +5,10 @@ the expected waits either long and exact or short and cheap to sleep.
 """
 
 import multiprocessing
-import shutil
-import subprocess
 import threading
 import time
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import redis
@@ -26,7 +23,6 @@ from quotaflow.ratelimit import (
     sleep_time,
 )
 from tests.conftest import REDIS_URL
-from tests.procs import free_port
 
 
 @pytest.fixture(params=["redis", "local"])
@@ -225,39 +221,6 @@ def test_bucket_key_is_hash_tagged_and_expires_when_full(redis_url: str) -> None
     shared.settle(spec, admission.slot, 10, 0)
     assert 0 < client.pttl(key) <= 2_000  # full again in 0.1 s, plus a second of grace
     shared.close()
-
-
-@pytest.fixture
-def throwaway_redis(tmp_path: Path) -> Iterator[tuple[str, callable, callable]]:
-    """A redis-server of our own, which the test may stop and start again."""
-    binary = shutil.which("redis-server")
-    assert binary, "redis-server is installed by scripts/test"
-    port = free_port()
-    procs: list[subprocess.Popen] = []
-
-    def start() -> None:
-        procs.append(subprocess.Popen(
-            [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", str(tmp_path)], stdout=subprocess.DEVNULL))
-        client = redis.Redis(port=port)
-        for _ in range(100):
-            try:
-                client.ping()
-                return
-            except redis.ConnectionError:
-                time.sleep(0.05)
-        raise TimeoutError("throwaway redis did not start")
-
-    def stop() -> None:
-        procs[-1].terminate()
-        procs[-1].wait(10)
-
-    start()
-    yield f"redis://127.0.0.1:{port}/0", start, stop
-    for proc in procs:
-        if proc.poll() is None:
-            proc.terminate()
-            proc.wait(10)
 
 
 def test_redis_down_is_a_clear_error_and_the_limiter_resumes(throwaway_redis) -> None:

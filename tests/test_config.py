@@ -1,0 +1,73 @@
+"""Settings and deployments files: unusable values are refused with a message that says why."""
+
+from pathlib import Path
+
+import pytest
+
+from quotaflow.config import Settings, load_deployments
+from quotaflow.errors import ConfigError
+
+VALID = '''
+[deployments.main]
+provider = "openai"
+base_url = "http://127.0.0.1:9/v1"
+model = "m"
+rpm = 60
+tpm = 1000
+'''
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "deployments.toml"
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    (("rpm = 60", "rpm = 0"), "rpm\n  Input should be greater than 0"),
+    (("tpm = 1000", "tpm = -5"), "tpm\n  Input should be greater than 0"),
+    (("rpm = 60\n", ""), "rpm\n  Field required"),
+    (("tpm = 1000", 'tpm = "lots"'), "tpm\n  Input should be a valid integer"),
+    (("rpm = 60", "rpm = 30\nburst_seconds = 1"), "holds less than one request"),
+    (('base_url = "http://127.0.0.1:9/v1"\n', ""), "provider 'openai' needs base_url"),
+    (('provider = "openai"', 'provider = "azure"'), "Input should be 'openai' or 'mock'"),
+])
+def test_bad_limits_are_refused(tmp_path: Path, change: tuple[str, str], message: str) -> None:
+    path = write(tmp_path, VALID.replace(*change))
+    with pytest.raises(ConfigError, match="is invalid") as error:
+        load_deployments(path)
+    assert message in str(error.value)
+
+
+def test_route_to_an_unknown_deployment_is_refused(tmp_path: Path) -> None:
+    path = write(tmp_path, VALID + '[routes]\n"gpt" = "elsewhere"\n')
+    with pytest.raises(ConfigError, match="route 'gpt' names unknown deployment 'elsewhere'"):
+        load_deployments(path)
+
+
+def test_unreadable_files_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_deployments(tmp_path / "missing.toml")
+    with pytest.raises(ConfigError, match="is not valid TOML"):
+        load_deployments(write(tmp_path, "[deployments.x\n"))
+    with pytest.raises(ConfigError, match=r"has no \[deployments.NAME\] tables"):
+        load_deployments(write(tmp_path, "[routes]\n"))
+
+
+def test_api_key_is_read_from_the_environment_only(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    path = write(tmp_path, VALID.replace('model = "m"', 'model = "m"\napi_key_env = "QF_K"'))
+    deployment = load_deployments(path).deployments["main"]
+    monkeypatch.delenv("QF_K", raising=False)
+    with pytest.raises(ConfigError, match=r"reads its API key from \$QF_K, which is not set"):
+        deployment.api_key()
+    monkeypatch.setenv("QF_K", "sk-secret")
+    assert deployment.api_key() == "sk-secret"
+    assert "sk-secret" not in repr(deployment)
+
+
+def test_unsafe_settings_are_refused() -> None:
+    with pytest.raises(ValueError, match="must be below visibility_timeout"):
+        Settings(visibility_timeout=600, task_time_limit=900, _env_file=None)
+    with pytest.raises(ValueError, match="floor_bulk"):
+        Settings(floor_bulk=1.5, _env_file=None)
