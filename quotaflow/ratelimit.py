@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Protocol
 
@@ -81,9 +82,12 @@ class Budget:
                 f"(tpm {self.tpm:g} x burst_seconds {self.burst_seconds:g} / 60); "
                 "lower max_tokens or shorten the prompt")
 
-    def args(self) -> list[str]:
-        return [repr(self.request_rate), repr(self.request_capacity),
-                repr(self.token_rate), repr(self.token_capacity), repr(self.flight_timeout_s)]
+    @cached_property
+    def packed(self) -> str:
+        """The budget as bucket.lua's ARGV[2] reads it, built once."""
+        return " ".join(repr(float(n)) for n in (
+            self.request_rate, self.request_capacity, self.token_rate, self.token_capacity,
+            self.flight_timeout_s))
 
 
 @dataclass(frozen=True)
@@ -145,13 +149,13 @@ class RedisLimiter:
 
     def _call(self, budget: Budget, op: str, *extra: str) -> list[float]:
         try:
-            reply = self._script(keys=[bucket_key(budget.name)], args=[op, *budget.args(), *extra])
+            reply = self._script(keys=[bucket_key(budget.name)], args=[op, budget.packed, *extra])
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             raise ServiceUnavailable(
                 f"the limiter's Redis is unreachable ({exc.__class__.__name__}); check "
                 "QUOTAFLOW_REDIS_URL and that Redis is running — work waits until it is back"
             ) from exc
-        return [float(value) for value in reply]
+        return [float(value) for value in reply.split()]
 
     def acquire(self, budget: Budget, costs: Sequence[int], floor: float) -> Admission:
         admitted, wait, _, _, _, slot, flying = self._call(

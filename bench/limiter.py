@@ -1,0 +1,99 @@
+"""Limiter benchmark: (a) acquire throughput against one local Redis, next to the
+`limits` library's moving-window limiter and a bare EVALSHA of a no-op script (the
+ceiling); (b) utilisation and 429s of the four-worker runs of tests/limiter_cluster.py.
+
+    python -m bench.limiter            # both parts (about 3 minutes)
+    python -m bench.limiter --part a   # acquire throughput only
+
+Needs the local Redis and PostgreSQL that scripts/test sets up; uses Redis db 14
+and a database of its own, quotaflow_bench.
+"""
+
+import argparse
+import os
+import platform
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import redis
+from limits import RateLimitItemPerMinute
+from limits.storage import RedisStorage
+from limits.strategies import MovingWindowRateLimiter
+
+from quotaflow.db import upgrade
+from quotaflow.ratelimit import Budget, RedisLimiter
+
+REDIS_URL = os.environ.get("QUOTAFLOW_BENCH_REDIS_URL", "redis://127.0.0.1:6379/14")
+PG_URL = os.environ.get("QUOTAFLOW_BENCH_DATABASE_URL",
+                        "postgresql+psycopg://postgres@127.0.0.1:5432/quotaflow_bench")
+CALLS = 20_000
+
+
+def per_second(call: Callable[[], object], calls: int = CALLS) -> float:
+    for _ in range(500):  # warm the connection and the script cache
+        call()
+    start = time.perf_counter()
+    for _ in range(calls):
+        call()
+    return calls / (time.perf_counter() - start)
+
+
+def part_a() -> list[tuple[str, float]]:
+    client = redis.Redis.from_url(REDIS_URL)
+    client.flushdb()
+    noop = client.register_script("return 1")
+    ours = RedisLimiter(REDIS_URL)
+    # Limits so large nothing is ever refused: this measures the cost of a decision.
+    budget = Budget(f"bench-{uuid.uuid4().hex[:6]}", 10**9, 10**12, 60)
+    window = MovingWindowRateLimiter(RedisStorage(REDIS_URL))
+    item = RateLimitItemPerMinute(10**9)
+    rows = [
+        ("bare EVALSHA of a no-op script (ceiling)", per_second(lambda: noop(keys=["x"]))),
+        ("quotaflow acquire (requests + tokens, Lua)",
+         per_second(lambda: ours.acquire(budget, [100], 0.0))),
+        ("limits MovingWindowRateLimiter.hit",
+         per_second(lambda: window.hit(item, "bench"), calls=CALLS // 4)),
+    ]
+    client.flushdb()
+    return rows
+
+
+def part_b() -> list:
+    from tests.conftest import _recreate_database
+    from tests.limiter_cluster import SCENARIOS, LimiterCluster
+
+    _recreate_database(PG_URL)
+    upgrade(PG_URL)
+    with LimiterCluster(PG_URL, REDIS_URL, Path(tempfile.mkdtemp(prefix="qf-bench-"))) as cluster:
+        return [cluster.run(scenario) for scenario in SCENARIOS]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--part", choices=["a", "b", "all"], default="all")
+    part = parser.parse_args().part
+    print(f"machine: {platform.node()} {platform.machine()}, {os.cpu_count()} cores, "
+          f"Python {platform.python_version()}, Redis {redis.Redis.from_url(REDIS_URL).info()['redis_version']}")
+    if part in ("a", "all"):
+        rows = part_a()
+        ceiling = rows[0][1]
+        print("\n(a) decisions per second, one client, sequential")
+        print(f"{'limiter':<46} {'ops/s':>10} {'of ceiling':>11}")
+        for name, rate in rows:
+            print(f"{name:<46} {rate:>10,.0f} {rate / ceiling:>10.0%}")
+    if part in ("b", "all"):
+        print("\n(b) 4 Celery workers x 2 slots, one deployment, strict mock provider")
+        print(f"{'scenario':<12} {'burst s':>7} {'reconcile':>9} {'items':>6} {'seconds':>8} "
+              f"{'429s':>5} {'repeats':>7} {'utilisation':>11} {'admitted/ceiling':>16}")
+        for o in part_b():
+            s = o.scenario
+            print(f"{s.name:<12} {s.burst_seconds:>7g} {s.reconcile!s:>9} {o.items:>6} "
+                  f"{o.seconds:>8.1f} {o.rejected_429:>5} {o.duplicate_bodies:>7} "
+                  f"{o.utilisation:>11.3f} {o.admitted_vs_ceiling:>16.2f}")
+
+
+if __name__ == "__main__":
+    main()
