@@ -214,3 +214,41 @@ def test_limiter_down_gives_the_batch_back_and_it_resumes(pg_sessions, settings,
     assert run.run(ref).succeeded == 5
     with pg_sessions() as session:
         assert jobs.get_job(session, job.id).status == JobStatus.COMPLETED
+
+
+def small_deployment(settings, tmp_path, tpm: int) -> None:
+    (tmp_path / "d.toml").write_text(
+        f'[deployments.small]\nprovider = "mock"\nmodel = "small"\nrpm = 6000\ntpm = {tpm}\n'
+        'reconcile_usage = false\nsafety_margin_s = 0\n[routes]\n"*" = "small"\n')
+    settings.deployments_file = tmp_path / "d.toml"
+
+
+def test_request_larger_than_the_bucket_fails_at_once(pg_sessions, settings, tmp_path) -> None:
+    small_deployment(settings, tmp_path, tpm=600)  # 600 tokens of capacity
+    dispatcher = Collect()
+    job = create(pg_sessions, settings, jsonl([chat_line("fits", max_tokens=100),
+                                               chat_line("huge", max_tokens=5000)]), dispatcher)
+    report = executor(pg_sessions, settings).run(dispatcher.batches[0])
+    assert (report.succeeded, report.failed, report.retry_in) == (1, 1, None)
+    with pg_sessions() as session:
+        [error] = [json.loads(line) for line in jobs.iter_output(session, job.id, errors=True)]
+    assert error["custom_id"] == "huge" and error["error"]["code"] == "request_too_large"
+    assert "admits at most 600 at once" in error["error"]["message"]
+
+
+def test_a_long_wait_gives_the_rest_back_to_the_queue(pg_sessions, settings, tmp_path) -> None:
+    # Given a deployment whose bucket holds two 253-token requests
+    small_deployment(settings, tmp_path, tpm=600)  # 600 tokens, refilling 10 a second
+    settings.batch_size = 5
+    dispatcher = Collect()
+    job = create(pg_sessions, settings,
+                 jsonl([chat_line(f"r{i}", max_tokens=250) for i in range(5)]), dispatcher)
+    # When the (bulk) batch runs: one fits at once, the next after a short inline wait
+    # (bulk keeps 20% of the bucket), and the third would wait another 253 / 10 s
+    report = executor(pg_sessions, settings).run(dispatcher.batches[0])
+    # Then the rest go back to pending and the batch asks to be retried when they fit
+    assert report.succeeded == 2
+    assert report.retry_in is not None and 20 < report.retry_in < 27
+    with pg_sessions() as session:
+        statuses = sorted(session.scalars(select(Item.status).where(Item.job_id == job.id)))
+    assert statuses == ["pending", "pending", "pending", "succeeded", "succeeded"]
