@@ -75,8 +75,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--part", choices=["a", "b", "all"], default="all")
     part = parser.parse_args().part
+    redis_version = redis.Redis.from_url(REDIS_URL).info()["redis_version"]
     print(f"machine: {platform.node()} {platform.machine()}, {os.cpu_count()} cores, "
-          f"Python {platform.python_version()}, Redis {redis.Redis.from_url(REDIS_URL).info()['redis_version']}")
+          f"Python {platform.python_version()}, Redis {redis_version}")
     if part in ("a", "all"):
         rows = part_a()
         ceiling = rows[0][1]

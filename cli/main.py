@@ -144,23 +144,38 @@ def limits(deployment: str | None, watch: bool) -> None:
     """Show each deployment's limits, current level and utilisation."""
     api = client()
     if not watch:
-        stdout.print(limits_table(api.limits(deployment)))
+        rows = limit_rows(api.limits(deployment))
+        if stdout.is_terminal:
+            stdout.print(limits_table(rows))
+        else:  # piped: plain columns nothing gets cut from
+            widths = [max(len(row[i]) for row in [LIMIT_COLUMNS, *rows])
+                      for i in range(len(LIMIT_COLUMNS))]
+            for row in [LIMIT_COLUMNS, *rows]:
+                click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)))
         return
-    with Live(limits_table(api.limits(deployment)), console=stdout, auto_refresh=False) as live:
+    with Live(limits_table(limit_rows(api.limits(deployment))), console=stdout,
+              auto_refresh=False) as live:
         while True:
             time.sleep(1.0)
-            live.update(limits_table(api.limits(deployment)), refresh=True)
+            live.update(limits_table(limit_rows(api.limits(deployment))), refresh=True)
 
 
-def limits_table(rows: list[dict]) -> Table:
-    table = Table("deployment", "model", "rpm", "tpm", "burst s", "requests left",
-                  "tokens left", "blocked s", "utilisation")
+LIMIT_COLUMNS = ("deployment", "model", "rpm", "tpm", "burst s", "requests left",
+                 "tokens left", "blocked s", "utilisation")
+
+
+def limit_rows(limits: list[dict]) -> list[tuple[str, ...]]:
+    return [(row["deployment"], row["model"], f"{row['rpm']:,}", f"{row['tpm']:,}",
+             f"{row['burst_seconds']:g}",
+             f"{row['requests_available']:,.1f} / {row['request_capacity']:,.0f}",
+             f"{row['tokens_available']:,.0f} / {row['token_capacity']:,.0f}",
+             f"{row['blocked_for_s']:.1f}", f"{row['utilisation']:.0%}") for row in limits]
+
+
+def limits_table(rows: list[tuple[str, ...]]) -> Table:
+    table = Table(*LIMIT_COLUMNS)
     for row in rows:
-        table.add_row(row["deployment"], row["model"], f"{row['rpm']:,}", f"{row['tpm']:,}",
-                      f"{row['burst_seconds']:g}",
-                      f"{row['requests_available']:,.1f} / {row['request_capacity']:,.0f}",
-                      f"{row['tokens_available']:,.0f} / {row['token_capacity']:,.0f}",
-                      f"{row['blocked_for_s']:.1f}", f"{row['utilisation']:.0%}")
+        table.add_row(*row)
     return table
 
 

@@ -15,7 +15,7 @@ from typing import Literal
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from quotaflow.constants import MOCK_PROVIDER
+from quotaflow.constants import MOCK_PROVIDER, QUEUE_BULK, QUEUE_REALTIME, QUEUE_STANDARD
 from quotaflow.errors import ConfigError
 
 ProviderKind = Literal["openai", "mock"]
@@ -184,8 +184,8 @@ class Settings(BaseSettings):
         return self.redis_url or self.broker_url
 
     def floor_for(self, queue: str) -> float:
-        return {"realtime": self.floor_realtime, "standard": self.floor_standard,
-                "bulk": self.floor_bulk}[queue]
+        return {QUEUE_REALTIME: self.floor_realtime, QUEUE_STANDARD: self.floor_standard,
+                QUEUE_BULK: self.floor_bulk}[queue]
 
     @property
     def max_countdown_s(self) -> float:

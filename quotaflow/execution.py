@@ -1,10 +1,8 @@
-"""Run one batch of a job: claim -> acquire budget -> call -> reconcile -> store -> finish.
+"""Run one batch of a job: claim -> acquire budget -> call -> settle -> store -> finish.
 
-Each step is its own function so the Celery task and the embedded runner read
-the same way. Claims are conditional UPDATE ... RETURNING with a lease, so two
-workers never run one item at once; every call first takes its cost from the
-deployment's shared budget; results are insert-or-ignore, so a batch that
-runs again after a crash adds no second result.
+The Celery task and the embedded runner both come through BatchExecutor.
+Every call first takes its cost from the deployment's shared budget and is
+settled against real usage afterwards; claiming and storing live in leases.py.
 """
 
 import asyncio
@@ -15,19 +13,27 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import and_, exists, func, or_, select, update
+from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from quotaflow.config import Deployment, Deployments, Settings
-from quotaflow.db import insert_ignore
 from quotaflow.errors import (
     ConfigError,
     PermanentProviderError,
     ProviderError,
     ServiceUnavailable,
 )
-from quotaflow.jobs import BatchRef, finish_if_done, new_request_id
-from quotaflow.models import Item, ItemStatus, Job, JobStatus, Result, utcnow
+from quotaflow.jobs import BatchRef, finish_if_done
+from quotaflow.leases import (
+    ClaimedItem,
+    Failure,
+    Outcome,
+    claim,
+    leased_elsewhere_for,
+    release,
+    store,
+)
+from quotaflow.models import Job
 from quotaflow.providers import Provider, ProviderResponse, make_provider
 from quotaflow.ratelimit import Budget, Limiter, RequestTooLarge, sleep_time
 from quotaflow.retries import RetryPolicy
@@ -45,27 +51,6 @@ REFUND_POLL_S = 0.05
 
 
 @dataclass(frozen=True)
-class ClaimedItem:
-    line_no: int
-    custom_id: str | None
-    body: dict[str, Any]
-    attempts: int
-
-
-@dataclass(frozen=True)
-class Failure:
-    """Why an item failed, as its error line will say."""
-
-    code: str
-    message: str
-    status_code: int | None = None
-    body: dict[str, Any] | None = None
-
-
-Outcome = ProviderResponse | Failure
-
-
-@dataclass(frozen=True)
 class BatchReport:
     """What one run of a batch did; retry_in is set when some items must be run later."""
 
@@ -73,86 +58,6 @@ class BatchReport:
     succeeded: int
     failed: int
     retry_in: float | None = None
-
-
-def claim(sessions: sessionmaker[Session], ref: BatchRef, owner: str,
-          lease: timedelta) -> list[ClaimedItem]:
-    """Take the batch's pending items (and items whose lease ran out) for this worker."""
-    now = utcnow()
-    job_running = exists().where(Job.id == ref.job_id, Job.status == JobStatus.IN_PROGRESS)
-    statement = (
-        update(Item)
-        .where(Item.job_id == ref.job_id,
-               Item.line_no.between(ref.first_line, ref.last_line),
-               or_(Item.status == ItemStatus.PENDING,
-                   and_(Item.status == ItemStatus.RUNNING, Item.lease_expires_at < now)),
-               job_running)
-        .values(status=ItemStatus.RUNNING, attempts=Item.attempts + 1,
-                lease_owner=owner, lease_expires_at=now + lease)
-        .returning(Item.line_no, Item.custom_id, Item.body, Item.attempts)
-    )
-    with sessions.begin() as session:
-        rows = session.execute(statement).all()
-    return sorted((ClaimedItem(*row) for row in rows), key=lambda item: item.line_no)
-
-
-def release(sessions: sessionmaker[Session], job_id: str, owner: str,
-            items: list[ClaimedItem]) -> None:
-    """Give unstarted items back: they were claimed, but no budget was spent on them."""
-    with sessions.begin() as session:
-        session.execute(
-            update(Item)
-            .where(Item.job_id == job_id, Item.line_no.in_([i.line_no for i in items]),
-                   Item.lease_owner == owner, Item.status == ItemStatus.RUNNING)
-            .values(status=ItemStatus.PENDING, lease_owner=None, lease_expires_at=None,
-                    attempts=Item.attempts - 1))
-
-
-def leased_elsewhere_for(sessions: sessionmaker[Session], ref: BatchRef) -> float | None:
-    """Seconds until the last foreign lease in the range runs out, or None if none is held."""
-    with sessions() as session:
-        latest = session.scalar(
-            select(func.max(Item.lease_expires_at))
-            .where(Item.job_id == ref.job_id,
-                   Item.line_no.between(ref.first_line, ref.last_line),
-                   Item.status == ItemStatus.RUNNING))
-    if latest is None:
-        return None
-    if latest.tzinfo is None:  # SQLite hands datetimes back without their zone
-        latest = latest.replace(tzinfo=utcnow().tzinfo)
-    return max(1.0, (latest - utcnow()).total_seconds() + 1.0)
-
-
-def store(sessions: sessionmaker[Session], job_id: str, item: ClaimedItem,
-          outcome: Outcome) -> bool:
-    """Write the item's one result and close the item; True when it succeeded.
-
-    The result row is insert-or-ignore: if another worker stored first, its
-    result stands and the item's status follows the stored row.
-    """
-    if isinstance(outcome, Failure):
-        values = dict(status_code=outcome.status_code, response=outcome.body,
-                      error={"code": outcome.code, "line": item.line_no,
-                             "message": outcome.message},
-                      prompt_tokens=0, completion_tokens=0)
-    else:
-        values = dict(status_code=outcome.status_code, response=outcome.body, error=None,
-                      prompt_tokens=outcome.prompt_tokens,
-                      completion_tokens=outcome.completion_tokens)
-    with sessions.begin() as session:
-        session.execute(insert_ignore(session, Result.__table__).values(
-            job_id=job_id, line_no=item.line_no, custom_id=item.custom_id,
-            request_id=new_request_id(), created_at=utcnow(), **values))
-        stored_error = session.scalar(select(Result.error).where(
-            Result.job_id == job_id, Result.line_no == item.line_no))
-        succeeded = stored_error is None
-        session.execute(
-            update(Item)
-            .where(Item.job_id == job_id, Item.line_no == item.line_no,
-                   Item.status.in_(ItemStatus.OPEN))
-            .values(status=ItemStatus.SUCCEEDED if succeeded else ItemStatus.FAILED,
-                    lease_owner=None, lease_expires_at=None))
-    return succeeded
 
 
 @dataclass

@@ -12,8 +12,9 @@ from sqlalchemy.orm import Session, sessionmaker
 from quotaflow import jobs
 from quotaflow.config import Settings
 from quotaflow.errors import InputFileError, JobStateError
-from quotaflow.execution import LIMITER_DOWN_BACKOFF_S, BatchExecutor, claim, store
+from quotaflow.execution import LIMITER_DOWN_BACKOFF_S, BatchExecutor
 from quotaflow.jobs import BatchRef
+from quotaflow.leases import claim, store
 from quotaflow.models import Item, Job, JobStatus, Result
 from quotaflow.providers.mock import MockProvider
 from quotaflow.ratelimit import LocalLimiter, RedisLimiter

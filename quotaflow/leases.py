@@ -1,0 +1,120 @@
+"""An item's way through a worker: claimed under a lease, given back, or closed with its result.
+
+Claims are conditional UPDATE ... RETURNING with a lease, so two workers never
+run one item at once and a dead worker's items are claimed again once its
+lease runs out. Results are insert-or-ignore, so a batch that runs twice
+still leaves one result per item.
+"""
+
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import and_, exists, func, or_, select, update
+from sqlalchemy.orm import Session, sessionmaker
+
+from quotaflow.db import insert_ignore
+from quotaflow.jobs import BatchRef, new_request_id
+from quotaflow.models import Item, ItemStatus, Job, JobStatus, Result, utcnow
+from quotaflow.providers import ProviderResponse
+
+
+@dataclass(frozen=True)
+class ClaimedItem:
+    line_no: int
+    custom_id: str | None
+    body: dict[str, Any]
+    attempts: int
+
+
+@dataclass(frozen=True)
+class Failure:
+    """Why an item failed, as its error line will say."""
+
+    code: str
+    message: str
+    status_code: int | None = None
+    body: dict[str, Any] | None = None
+
+
+Outcome = ProviderResponse | Failure
+
+
+def claim(sessions: sessionmaker[Session], ref: BatchRef, owner: str,
+          lease: timedelta) -> list[ClaimedItem]:
+    """Take the batch's pending items (and items whose lease ran out) for this worker."""
+    now = utcnow()
+    job_running = exists().where(Job.id == ref.job_id, Job.status == JobStatus.IN_PROGRESS)
+    statement = (
+        update(Item)
+        .where(Item.job_id == ref.job_id,
+               Item.line_no.between(ref.first_line, ref.last_line),
+               or_(Item.status == ItemStatus.PENDING,
+                   and_(Item.status == ItemStatus.RUNNING, Item.lease_expires_at < now)),
+               job_running)
+        .values(status=ItemStatus.RUNNING, attempts=Item.attempts + 1,
+                lease_owner=owner, lease_expires_at=now + lease)
+        .returning(Item.line_no, Item.custom_id, Item.body, Item.attempts)
+    )
+    with sessions.begin() as session:
+        rows = session.execute(statement).all()
+    return sorted((ClaimedItem(*row) for row in rows), key=lambda item: item.line_no)
+
+
+def release(sessions: sessionmaker[Session], job_id: str, owner: str,
+            items: list[ClaimedItem]) -> None:
+    """Give unstarted items back: they were claimed, but no budget was spent on them."""
+    with sessions.begin() as session:
+        session.execute(
+            update(Item)
+            .where(Item.job_id == job_id, Item.line_no.in_([i.line_no for i in items]),
+                   Item.lease_owner == owner, Item.status == ItemStatus.RUNNING)
+            .values(status=ItemStatus.PENDING, lease_owner=None, lease_expires_at=None,
+                    attempts=Item.attempts - 1))
+
+
+def leased_elsewhere_for(sessions: sessionmaker[Session], ref: BatchRef) -> float | None:
+    """Seconds until the last foreign lease in the range runs out, or None if none is held."""
+    with sessions() as session:
+        latest = session.scalar(
+            select(func.max(Item.lease_expires_at))
+            .where(Item.job_id == ref.job_id,
+                   Item.line_no.between(ref.first_line, ref.last_line),
+                   Item.status == ItemStatus.RUNNING))
+    if latest is None:
+        return None
+    if latest.tzinfo is None:  # SQLite hands datetimes back without their zone
+        latest = latest.replace(tzinfo=utcnow().tzinfo)
+    return max(1.0, (latest - utcnow()).total_seconds() + 1.0)
+
+
+def store(sessions: sessionmaker[Session], job_id: str, item: ClaimedItem,
+          outcome: Outcome) -> bool:
+    """Write the item's one result and close the item; True when it succeeded.
+
+    The result row is insert-or-ignore: if another worker stored first, its
+    result stands and the item's status follows the stored row.
+    """
+    if isinstance(outcome, Failure):
+        values = dict(status_code=outcome.status_code, response=outcome.body,
+                      error={"code": outcome.code, "line": item.line_no,
+                             "message": outcome.message},
+                      prompt_tokens=0, completion_tokens=0)
+    else:
+        values = dict(status_code=outcome.status_code, response=outcome.body, error=None,
+                      prompt_tokens=outcome.prompt_tokens,
+                      completion_tokens=outcome.completion_tokens)
+    with sessions.begin() as session:
+        session.execute(insert_ignore(session, Result.__table__).values(
+            job_id=job_id, line_no=item.line_no, custom_id=item.custom_id,
+            request_id=new_request_id(), created_at=utcnow(), **values))
+        stored_error = session.scalar(select(Result.error).where(
+            Result.job_id == job_id, Result.line_no == item.line_no))
+        succeeded = stored_error is None
+        session.execute(
+            update(Item)
+            .where(Item.job_id == job_id, Item.line_no == item.line_no,
+                   Item.status.in_(ItemStatus.OPEN))
+            .values(status=ItemStatus.SUCCEEDED if succeeded else ItemStatus.FAILED,
+                    lease_owner=None, lease_expires_at=None))
+    return succeeded
