@@ -147,6 +147,8 @@ class Settings(BaseSettings):
     max_lines: int = Field(default=50_000, gt=0)
 
     lease_seconds: int = Field(default=300, gt=0)
+    # How often the workers look for expired leases of dead workers.
+    reap_interval_s: float = Field(default=30.0, gt=0)
     provider_max_attempts: int = Field(default=5, gt=0)
     # Celery's Redis transport redelivers unacked messages after visibility_timeout;
     # the task limit stays well under it so a running batch is never delivered twice.

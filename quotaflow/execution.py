@@ -31,6 +31,7 @@ from quotaflow.leases import (
     claim,
     leased_elsewhere_for,
     release,
+    renew,
     store,
 )
 from quotaflow.models import Job
@@ -128,10 +129,12 @@ class BatchExecutor:
                     "no_deployment", f"no deployment serves model {item.body.get('model')!r}"))
             else:
                 groups.setdefault(deployment.name, []).append(item)
+        keeper = asyncio.create_task(self._keep_leases(ref, owner))
         try:
             await asyncio.gather(*(self._run_group(run, self.deployments.deployments[name], group)
                                    for name, group in groups.items()))
         finally:
+            keeper.cancel()
             for provider in run.providers.values():
                 await provider.aclose()
         finish_if_done(self.sessions, ref.job_id)
@@ -139,6 +142,12 @@ class BatchExecutor:
         if elsewhere is not None:
             run.later(elsewhere)
         return BatchReport(len(items), run.counts[True], run.counts[False], run.retry_in)
+
+    async def _keep_leases(self, ref: BatchRef, owner: str) -> None:
+        """Renew this batch's leases at a third of their length while it runs."""
+        while True:
+            await asyncio.sleep(self.lease.total_seconds() / 3)
+            renew(self.sessions, ref.job_id, owner, self.lease)
 
     def _finish(self, run: _BatchRun, item: ClaimedItem, outcome: Outcome) -> None:
         ok = store(self.sessions, run.ref.job_id, item, outcome)

@@ -118,3 +118,13 @@ def store(sessions: sessionmaker[Session], job_id: str, item: ClaimedItem,
             .values(status=ItemStatus.SUCCEEDED if succeeded else ItemStatus.FAILED,
                     lease_owner=None, lease_expires_at=None))
     return succeeded
+
+
+def renew(sessions: sessionmaker[Session], job_id: str, owner: str, lease: timedelta) -> int:
+    """Extend this worker's leases: a live worker's items must never look abandoned."""
+    with sessions.begin() as session:
+        return session.execute(
+            update(Item)
+            .where(Item.job_id == job_id, Item.lease_owner == owner,
+                   Item.status == ItemStatus.RUNNING)
+            .values(lease_expires_at=utcnow() + lease)).rowcount

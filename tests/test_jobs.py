@@ -14,10 +14,11 @@ from quotaflow.config import Settings
 from quotaflow.errors import InputFileError, JobStateError
 from quotaflow.execution import LIMITER_DOWN_BACKOFF_S, BatchExecutor
 from quotaflow.jobs import BatchRef
-from quotaflow.leases import claim, store
+from quotaflow.leases import claim, renew, store
 from quotaflow.models import Item, Job, JobStatus, Result
 from quotaflow.providers.mock import MockProvider
 from quotaflow.ratelimit import LocalLimiter, RedisLimiter
+from quotaflow.reaper import reap_expired_leases
 from tests.factories import chat_line, jsonl
 
 
@@ -253,3 +254,34 @@ def test_a_long_wait_gives_the_rest_back_to_the_queue(pg_sessions, settings, tmp
     with pg_sessions() as session:
         statuses = sorted(session.scalars(select(Item.status).where(Item.job_id == job.id)))
     assert statuses == ["pending", "pending", "pending", "succeeded", "succeeded"]
+
+
+def test_reaper_requeues_only_expired_leases(pg_sessions, settings) -> None:
+    # Given one batch claimed by a dead worker (lease over) and one by a live worker
+    settings.batch_size = 3
+    first = Collect()
+    job = create(pg_sessions, settings, jsonl([chat_line(f"r{i}") for i in range(6)]), first)
+    dead, live = first.batches
+    claim(pg_sessions, dead, "dead-worker", timedelta(seconds=-1))
+    claim(pg_sessions, live, "live-worker", timedelta(seconds=60))
+    # When the reaper runs
+    again = Collect()
+    assert reap_expired_leases(pg_sessions, again, batch_size=10) == 3
+    # Then only the dead worker's items are pending again, in one new message on the job's queue
+    assert again.queues == ["bulk"]
+    assert again.batches == [BatchRef(job.id, 1, 3)]
+    with pg_sessions() as session:
+        statuses = dict(session.execute(select(Item.line_no, Item.status)
+                                        .where(Item.job_id == job.id)).all())
+    assert statuses == {1: "pending", 2: "pending", 3: "pending",
+                        4: "running", 5: "running", 6: "running"}
+    assert reap_expired_leases(pg_sessions, Collect(), batch_size=10) == 0
+
+
+def test_a_running_batch_renews_its_leases(pg_sessions, settings) -> None:
+    job = create(pg_sessions, settings, jsonl([chat_line("r0")]))
+    [item] = claim(pg_sessions, BatchRef(job.id, 1, 1), "me", timedelta(seconds=1))
+    assert renew(pg_sessions, job.id, "me", timedelta(seconds=600)) == 1
+    assert renew(pg_sessions, job.id, "someone-else", timedelta(seconds=600)) == 0
+    assert reap_expired_leases(pg_sessions, Collect(), batch_size=10) == 0
+    assert item.line_no == 1

@@ -6,6 +6,8 @@ The task time limit stays below the Redis visibility timeout, so a batch that
 is still running is never handed to a second worker.
 """
 
+import logging
+
 from celery import Celery
 from kombu import Queue
 
@@ -19,7 +21,8 @@ def create_app() -> Celery:
     if not settings.broker_url:
         raise ConfigError("QUOTAFLOW_BROKER_URL is not set; workers need Redis, "
                           "e.g. QUOTAFLOW_BROKER_URL=redis://127.0.0.1:6379/0")
-    celery = Celery("quotaflow", broker=settings.broker_url, include=["workers.tasks"])
+    celery = Celery("quotaflow", broker=settings.broker_url,
+                    include=["workers.tasks", "workers.reaper"])
     celery.conf.update(
         task_queues=[Queue(name) for name in QUEUES],
         task_default_queue=DEFAULT_QUEUE,
@@ -39,5 +42,8 @@ def create_app() -> Celery:
     )
     return celery
 
+
+# One line per provider request drowns the worker log; failures are logged by quotaflow.
+logging.getLogger("httpx").setLevel(logging.WARNING)
 
 app = create_app()

@@ -1,0 +1,62 @@
+"""Every worker runs the reaper on a timer; a Redis lock lets one of them act per round.
+
+Running it inside the workers (not a separate beat process) means it survives
+the loss of any one worker.
+"""
+
+import logging
+import threading
+
+import redis
+from celery import Celery
+from celery.signals import worker_ready, worker_shutting_down
+
+from quotaflow.config import get_settings
+from quotaflow.constants import REDIS_PREFIX, TASK_PROCESS_BATCH
+from quotaflow.db import session_factory
+from quotaflow.jobs import BatchRef
+from quotaflow.reaper import reap_expired_leases
+from workers.app import app
+
+log = logging.getLogger(__name__)
+LOCK_KEY = f"{REDIS_PREFIX}:reaper:lock"
+_stop = threading.Event()
+
+
+class AppDispatcher:
+    """Sends batch messages by task name through the worker's own Celery app."""
+
+    def __init__(self, celery: Celery) -> None:
+        self._celery = celery
+
+    def dispatch(self, queue: str, batches: list[BatchRef]) -> None:
+        for ref in batches:
+            self._celery.send_task(TASK_PROCESS_BATCH,
+                                   args=[ref.job_id, ref.first_line, ref.last_line], queue=queue)
+
+
+def reap_forever() -> None:
+    settings = get_settings()
+    interval = settings.reap_interval_s
+    lock = redis.Redis.from_url(settings.limiter_url or settings.broker_url)
+    sessions = session_factory(settings.database_url)
+    dispatcher = AppDispatcher(app)
+    while not _stop.wait(interval):
+        try:
+            # One reaper per round, cluster-wide; the lock lapses by itself.
+            if lock.set(LOCK_KEY, "1", nx=True, px=int(interval * 1000 * 0.9)):
+                reaped = reap_expired_leases(sessions, dispatcher, settings.batch_size)
+                if reaped:
+                    log.warning("reaper: %d items of dead workers queued again", reaped)
+        except Exception:  # a Redis or Postgres outage must not end the reaper
+            log.exception("reaper round failed; trying again in %.0fs", interval)
+
+
+@worker_ready.connect
+def start_reaper(**_kwargs: object) -> None:
+    threading.Thread(target=reap_forever, name="quotaflow-reaper", daemon=True).start()
+
+
+@worker_shutting_down.connect
+def stop_reaper(**_kwargs: object) -> None:
+    _stop.set()
