@@ -35,8 +35,10 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 
+from api import mock_faults
+from api.mock_faults import Faults
 from quotaflow.constants import ENDPOINTS
 from quotaflow.errors import ConfigError
 from quotaflow.providers.mock import simulated_body
@@ -269,9 +271,11 @@ class Judge:
         default_max_tokens: int,
         api_key: str | None,
         reconcile: bool = True,
+        faults: Faults | None = None,
     ) -> None:
         self.rpm, self.tpm = rpm, tpm
         self.reconcile = reconcile
+        self.faults = faults or Faults()
         self.limits = limits
         self.latency_s = latency_ms / 1000
         self.default_max_tokens = default_max_tokens
@@ -284,7 +288,7 @@ class Judge:
         given = request.headers.get("authorization", "")
         return hmac.compare_digest(given.encode(), f"Bearer {self._api_key}".encode())
 
-    async def handle(self, url: str, request: Request) -> JSONResponse:
+    async def handle(self, url: str, request: Request) -> Response:
         self.stats.requests_total += 1
         if not self.authorized(request):
             message = "Incorrect or missing API key. Send 'Authorization: Bearer <key>'."
@@ -294,6 +298,10 @@ class Judge:
         if body is None or cost is None:
             message = "We could not parse the JSON body of your request (expected a JSON object)."
             return _json(400, error_body(message, "invalid_request_error", None))
+        fault = self.faults.draw()
+        if fault in mock_faults.BEFORE_ADMISSION:
+            return {"429": mock_faults.storm_429, "500": mock_faults.error_500,
+                    "reset": mock_faults.reset}[fault]()
         decision = self.limits.try_admit(cost)
         headers = ratelimit_headers(self.rpm, self.tpm, decision)
         if not decision.admitted:
@@ -303,6 +311,10 @@ class Judge:
         stats.record_admitted(body, cost)
         if self.latency_s > 0:
             await asyncio.sleep(self.latency_s)
+        if fault == "hang":
+            await mock_faults.hang()
+        if fault == "malformed":
+            return mock_faults.malformed()
         answer = simulated_body(url, body)
         stats.record_usage(answer["usage"])
         if self.reconcile:
@@ -368,6 +380,7 @@ def create_app(
     default_max_tokens: int = 256,
     api_key: str | None = None,
     reconcile: bool = True,
+    faults: Faults | None = None,
 ) -> FastAPI:
     """The mock provider app; its buckets start full. Serve it from one process.
 
@@ -377,7 +390,7 @@ def create_app(
     """
     _validate(rpm, tpm, latency_ms, burst_seconds, default_max_tokens)
     limits = RateLimits(rpm, tpm, burst_seconds)
-    judge = Judge(rpm, tpm, limits, latency_ms, default_max_tokens, api_key, reconcile)
+    judge = Judge(rpm, tpm, limits, latency_ms, default_max_tokens, api_key, reconcile, faults)
     app = FastAPI(title="quotaflow mock provider (simulated)")
     app.state.judge = judge
     for url in ENDPOINTS:
@@ -386,7 +399,7 @@ def create_app(
     # async on purpose: all state is touched from the event loop only, never a threadpool.
     @app.get("/stats")
     async def stats() -> dict[str, Any]:
-        return judge.stats.as_json()
+        return {**judge.stats.as_json(), "faults": dict(judge.faults.seen)}
 
     @app.post("/stats/reset")
     async def reset_stats() -> dict[str, Any]:
@@ -443,4 +456,12 @@ def app_from_env() -> FastAPI:
         default_max_tokens=_env("QUOTAFLOW_MOCK_DEFAULT_MAX_TOKENS", int, 256),
         api_key=_env_api_key(),
         reconcile=os.environ.get("QUOTAFLOW_MOCK_RECONCILE", "1") != "0",
+        faults=_env_faults(),
     )
+
+
+def _env_faults() -> Faults:
+    try:
+        return Faults.from_env()
+    except ValueError as exc:
+        raise ConfigError(f"mock provider: {exc}") from exc

@@ -85,9 +85,11 @@ def register(cli: click.Group) -> None:
     @click.option("--api-key-env", default=None, help="Env var holding the key clients must send.")
     @click.option("--reconcile/--no-reconcile", default=True, show_default=True,
                   help="Bill real usage after each answer (refund unused max_tokens).")
+    @click.option("--fault", "faults", multiple=True, metavar="KIND=FRACTION",
+                  help="Inject failures: 429, 500, reset, hang, malformed (e.g. --fault 500=0.05).")
     def mock_provider(host: str, port: int, rpm: int, tpm: int, latency_ms: float,
                       burst_seconds: float, default_max_tokens: int,
-                      api_key_env: str | None, reconcile: bool) -> None:
+                      api_key_env: str | None, reconcile: bool, faults: tuple[str, ...]) -> None:
         """Serve a simulated OpenAI-compatible API that enforces RPM/TPM strictly (429s)."""
         import uvicorn
 
@@ -100,5 +102,11 @@ def register(cli: click.Group) -> None:
         })
         if api_key_env:
             os.environ["QUOTAFLOW_MOCK_API_KEY_ENV"] = api_key_env
+        for fault in faults:
+            kind, _, fraction = fault.partition("=")
+            if kind not in ("429", "500", "reset", "hang", "malformed") or not fraction:
+                raise ConfigError(f"--fault {fault!r}: use KIND=FRACTION with KIND one of "
+                                  "429, 500, reset, hang, malformed")
+            os.environ[f"QUOTAFLOW_MOCK_FAULT_{kind.upper()}"] = fraction
         uvicorn.run("api.mock_provider:app_from_env", factory=True, host=host, port=port,
                     log_level="warning")

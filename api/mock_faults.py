@@ -1,0 +1,97 @@
+"""The mock provider's fault modes: the ways real providers fail, on demand.
+
+Each request draws at most one fault, by the configured fractions: a 429
+storm (refused although the budget has room), a 500, a connection reset
+(the response is cut off mid-body), a hang (never answers; the client's
+timeout must fire) or a malformed 200 (not JSON). Storms, 500s and resets
+happen before admission; hangs and malformed answers after, since the
+provider did take the request.
+"""
+
+import asyncio
+import os
+import random
+from collections import Counter
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+BEFORE_ADMISSION = ("429", "500", "reset")
+AFTER_ADMISSION = ("hang", "malformed")
+HANG_S = 3600.0
+
+
+@dataclass
+class Faults:
+    """Fractions (0..1) of requests that meet each fault; they must add up to at most 1."""
+
+    storm_429: float = 0.0
+    error_500: float = 0.0
+    reset: float = 0.0
+    hang: float = 0.0
+    malformed: float = 0.0
+    seen: Counter[str] = field(default_factory=Counter)
+    rng: random.Random = field(default_factory=random.Random)
+
+    def __post_init__(self) -> None:
+        fractions = self.fractions()
+        if any(not 0 <= f <= 1 for f in fractions.values()) or sum(fractions.values()) > 1:
+            raise ValueError(f"fault fractions must be within 0..1 and add up to at most 1: "
+                             f"{fractions}")
+
+    def fractions(self) -> dict[str, float]:
+        return {"429": self.storm_429, "500": self.error_500, "reset": self.reset,
+                "hang": self.hang, "malformed": self.malformed}
+
+    def draw(self) -> str | None:
+        """The fault this request meets, if any."""
+        roll = self.rng.random()
+        for name, fraction in self.fractions().items():
+            if roll < fraction:
+                self.seen[name] += 1
+                return name
+            roll -= fraction
+        return None
+
+    @classmethod
+    def from_env(cls) -> "Faults":
+        def fraction(name: str) -> float:
+            return float(os.environ.get(f"QUOTAFLOW_MOCK_FAULT_{name}", "0") or 0)
+
+        return cls(storm_429=fraction("429"), error_500=fraction("500"),
+                   reset=fraction("RESET"), hang=fraction("HANG"),
+                   malformed=fraction("MALFORMED"))
+
+
+def storm_429() -> JSONResponse:
+    return JSONResponse(
+        {"error": {"message": "The server is overloaded (simulated 429 storm).",
+                   "type": "requests", "param": None, "code": "rate_limit_exceeded"}},
+        status_code=429, headers={"retry-after": "1", "retry-after-ms": "1000"})
+
+
+def error_500() -> JSONResponse:
+    return JSONResponse(
+        {"error": {"message": "The server had an error (simulated).", "type": "server_error",
+                   "param": None, "code": None}}, status_code=500)
+
+
+def reset() -> StreamingResponse:
+    """Announce a body, send part of it, then drop the connection."""
+
+    async def cut_off() -> AsyncIterator[bytes]:
+        yield b'{"id": "chatcmpl-cut'
+        raise ConnectionResetError("simulated connection reset")
+
+    return StreamingResponse(cut_off(), media_type="application/json",
+                             headers={"content-length": "4096"})
+
+
+async def hang() -> None:
+    await asyncio.sleep(HANG_S)
+
+
+def malformed() -> Response:
+    return Response(b'{"choices": [ this is not json', status_code=200,
+                    media_type="application/json")
