@@ -73,6 +73,15 @@ def create_app() -> FastAPI:
         with sessions() as session:
             return jobs.job_object(session, jobs.get_job(session, job_id))
 
+    @app.post("/jobs/{job_id}/retry")
+    def retry_job(job_id: str, sessions: SessionsDep, settings: SettingsDep,
+                  dispatcher: DispatcherDep) -> dict[str, Any]:
+        """Queue a job's failed requests again (not its invalid lines)."""
+        retried = jobs.retry_failed(sessions, job_id, dispatcher, settings.batch_size)
+        with sessions() as session:
+            return {**jobs.job_object(session, jobs.get_job(session, job_id)),
+                    "retried": retried}
+
     @app.get("/jobs/{job_id}/results", response_class=StreamingResponse)
     def results(job_id: str, sessions: SessionsDep) -> StreamingResponse:
         return _stream(sessions, job_id, errors=False)

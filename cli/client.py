@@ -43,6 +43,9 @@ class ApiClient:
     def cancel_job(self, job_id: str) -> dict[str, Any]:
         return self._request("POST", f"/jobs/{job_id}/cancel").json()
 
+    def retry_job(self, job_id: str) -> dict[str, Any]:
+        return self._request("POST", f"/jobs/{job_id}/retry").json()
+
     def limits(self, name: str | None) -> list[dict[str, Any]]:
         if name:
             return [self._request("GET", f"/limits/{name}").json()]

@@ -127,6 +127,14 @@ def cancel(job_id: str) -> None:
     click.echo(f"{job['id']}  {job['status']}")
 
 
+@cli.command()
+@click.argument("job_id")
+def retry(job_id: str) -> None:
+    """Run a job's failed requests again (invalid lines are not retried)."""
+    job = client().retry_job(job_id)
+    click.echo(f"{job['id']}  {job['status']}  retrying {job['retried']} failed requests")
+
+
 @cli.command("jobs")
 @click.option("--limit", default=20, show_default=True, type=click.IntRange(1, 100))
 def list_jobs(limit: int) -> None:

@@ -146,6 +146,8 @@ class Settings(BaseSettings):
     max_line_bytes: int = Field(default=1024 * 1024, gt=0)
     max_lines: int = Field(default=50_000, gt=0)
 
+    # A job's completion window, as OpenAI's "24h": then unsent requests expire.
+    completion_window_s: int = Field(default=24 * 3600, gt=0)
     lease_seconds: int = Field(default=300, gt=0)
     # How often the workers look for expired leases of dead workers.
     reap_interval_s: float = Field(default=30.0, gt=0)

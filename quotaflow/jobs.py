@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import IO, Any, Protocol
 
-from sqlalchemy import exists, func, insert, select, update
+from sqlalchemy import delete, exists, func, insert, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from quotaflow.config import Deployments, Settings
@@ -20,7 +20,6 @@ from quotaflow.formats import BadLine, Request, dumps_line, output_line, parse_s
 from quotaflow.models import Item, ItemStatus, Job, JobStatus, Result, utcnow
 
 INSERT_CHUNK = 1000
-COMPLETION_WINDOW = timedelta(hours=24)
 
 
 @dataclass(frozen=True)
@@ -159,7 +158,7 @@ def create_job(
         now = utcnow()
         job = Job(id=job_id, status=JobStatus.VALIDATING, queue=queue, endpoint="",
                   input_filename=filename, total=0, metadata_=metadata, created_at=now,
-                  expires_at=now + COMPLETION_WINDOW)
+                  expires_at=now + timedelta(seconds=settings.completion_window_s))
         session.add(job)
         session.flush()
         for entry in parse_stream(reader, settings.max_line_bytes):
@@ -240,6 +239,7 @@ def job_object(session: Session, job: Job) -> dict[str, Any]:
             "failed": counts.get(ItemStatus.FAILED, 0),
             "pending": counts.get(ItemStatus.PENDING, 0) + counts.get(ItemStatus.RUNNING, 0),
             "cancelled": counts.get(ItemStatus.CANCELLED, 0),
+            "expired": counts.get(ItemStatus.EXPIRED, 0),
         },
         "usage": {"input_tokens": prompt, "output_tokens": completion,
                   "total_tokens": prompt + completion},
@@ -266,6 +266,51 @@ def cancel_job(sessions: sessionmaker[Session], job_id: str) -> Job:
     finish_if_done(sessions, job_id)
     with sessions() as session:
         return get_job(session, job_id)
+
+
+def retry_failed(sessions: sessionmaker[Session], job_id: str, dispatcher: Dispatcher,
+                 batch_size: int) -> int:
+    """Run a job's failed requests again; invalid lines are not retried (they would fail
+    the same way). Returns how many requests were queued again."""
+    with sessions.begin() as session:
+        job = get_job(session, job_id)
+        if job.status not in (JobStatus.IN_PROGRESS, JobStatus.COMPLETED):
+            raise JobStateError(f"job {job_id} is {job.status}; only in-progress or completed "
+                                "jobs can retry their failed requests")
+        lines = sorted(session.scalars(
+            update(Item)
+            .where(Item.job_id == job_id, Item.status == ItemStatus.FAILED,
+                   Item.body.is_not(None))
+            .values(status=ItemStatus.PENDING, lease_owner=None, lease_expires_at=None)
+            .returning(Item.line_no)).all())
+        if not lines:
+            return 0
+        session.execute(delete(Result).where(Result.job_id == job_id,
+                                             Result.line_no.in_(lines)))
+        job.status = JobStatus.IN_PROGRESS
+        job.finalizing_at = job.completed_at = None
+        queue = job.queue
+    dispatcher.dispatch(queue, batch_refs(job_id, lines, batch_size))
+    return len(lines)
+
+
+def expire_overdue(sessions: sessionmaker[Session]) -> list[str]:
+    """Jobs past their completion window: unsent requests expire, the job is `expired`.
+
+    Calls in flight finish and keep their results; partial results stay downloadable.
+    """
+    now = utcnow()
+    with sessions.begin() as session:
+        overdue = session.scalars(
+            update(Job)
+            .where(Job.status == JobStatus.IN_PROGRESS, Job.expires_at < now)
+            .values(status=JobStatus.EXPIRED, expired_at=now)
+            .returning(Job.id)).all()
+        if overdue:
+            session.execute(update(Item)
+                            .where(Item.job_id.in_(overdue), Item.status == ItemStatus.PENDING)
+                            .values(status=ItemStatus.EXPIRED))
+    return list(overdue)
 
 
 def finish_if_done(sessions: sessionmaker[Session], job_id: str) -> None:

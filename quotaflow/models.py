@@ -13,7 +13,8 @@ from sqlalchemy import JSON, DateTime, ForeignKey, Index, Integer, String, Uniqu
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-JsonType = JSON().with_variant(JSONB(), "postgresql")
+# SQL NULL for Python None, so "IS NULL" means "absent" (an invalid line has no body).
+JsonType = JSON(none_as_null=True).with_variant(JSONB(none_as_null=True), "postgresql")
 
 
 def utcnow() -> datetime:

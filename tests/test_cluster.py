@@ -138,6 +138,8 @@ def test_submitted_file_gets_exactly_one_matching_result_per_line(cluster: Clust
     assert "completed" in status.stdout and f"completed={count}" in status.stdout
     assert job_id in cluster.cli("jobs").stdout
     assert cluster.cli("errors", job_id).stdout == ""
+    retried = cluster.cli("retry", job_id)
+    assert retried.returncode == 0 and "retrying 0 failed requests" in retried.stdout
 
 
 def test_bad_file_is_refused_with_line_numbers_and_nothing_stored(cluster: Cluster) -> None:
@@ -211,6 +213,8 @@ def test_cancel_mid_run_keeps_partial_results(cluster: Cluster) -> None:
     ids = [json.loads(line)["custom_id"] for line in output + errors]
     assert sorted(ids) == sorted(f"slow-{i}" for i in range(1000))
     assert job["cancelled_at"] is not None
+    refused = cluster.cli("retry", job_id)
+    assert refused.returncode == 1 and "only in-progress or completed jobs" in refused.stderr
 
 
 def test_provider_key_is_never_stored_or_logged(cluster: Cluster, pg_url: str) -> None:

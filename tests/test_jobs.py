@@ -15,7 +15,7 @@ from quotaflow.errors import InputFileError, JobStateError
 from quotaflow.execution import LIMITER_DOWN_BACKOFF_S, BatchExecutor
 from quotaflow.jobs import BatchRef
 from quotaflow.leases import claim, renew, store
-from quotaflow.models import Item, Job, JobStatus, Result
+from quotaflow.models import Item, Job, JobStatus, Result, utcnow
 from quotaflow.providers.mock import MockProvider
 from quotaflow.ratelimit import LocalLimiter, RedisLimiter
 from quotaflow.reaper import reap_expired_leases
@@ -60,7 +60,7 @@ def test_job_is_stored_and_dispatched_in_batches(pg_sessions, settings) -> None:
         view = jobs.job_object(session, jobs.get_job(session, job.id))
     assert view["status"] == JobStatus.IN_PROGRESS
     assert view["request_counts"] == {"total": 25, "completed": 0, "failed": 0, "pending": 25,
-                                      "cancelled": 0}
+                                      "cancelled": 0, "expired": 0}
 
 
 def test_bad_lines_become_failed_items_and_good_lines_run(pg_sessions, settings) -> None:
@@ -285,3 +285,50 @@ def test_a_running_batch_renews_its_leases(pg_sessions, settings) -> None:
     assert renew(pg_sessions, job.id, "someone-else", timedelta(seconds=600)) == 0
     assert reap_expired_leases(pg_sessions, Collect(), batch_size=10) == 0
     assert item.line_no == 1
+
+
+def test_retry_runs_failed_requests_again_but_not_invalid_lines(pg_sessions, settings,
+                                                                 tmp_path) -> None:
+    # Given a completed job with one request the provider refused and one invalid line
+    small_deployment(settings, tmp_path, tpm=600)
+    first = Collect()
+    job = create(pg_sessions, settings, jsonl([chat_line("ok"), chat_line("big", max_tokens=900),
+                                               "not json"]), first)
+    executor(pg_sessions, settings).run(first.batches[0])
+    with pg_sessions() as session:
+        assert jobs.get_job(session, job.id).status == JobStatus.COMPLETED
+    # When its failed requests are retried against a larger deployment
+    small_deployment(settings, tmp_path, tpm=6000)
+    again = Collect()
+    assert jobs.retry_failed(pg_sessions, job.id, again, batch_size=10) == 1
+    assert again.batches == [BatchRef(job.id, 2, 2)]
+    with pg_sessions() as session:
+        assert jobs.get_job(session, job.id).status == JobStatus.IN_PROGRESS
+    executor(pg_sessions, settings).run(again.batches[0])
+    # Then the retried request succeeds, once; the invalid line stays failed
+    with pg_sessions() as session:
+        view = jobs.job_object(session, jobs.get_job(session, job.id))
+        output = [json.loads(line)["custom_id"] for line in jobs.iter_output(session, job.id,
+                                                                              errors=False)]
+    assert view["status"] == JobStatus.COMPLETED
+    assert output == ["ok", "big"]
+    assert view["request_counts"]["failed"] == 1
+
+
+def test_jobs_past_their_completion_window_expire(pg_sessions, settings) -> None:
+    settings.completion_window_s = 1
+    settings.batch_size = 2
+    dispatcher = Collect()
+    job = create(pg_sessions, settings, jsonl([chat_line(f"r{i}") for i in range(4)]), dispatcher)
+    executor(pg_sessions, settings).run(dispatcher.batches[0])
+    with pg_sessions.begin() as session:  # the window has passed
+        session.get(Job, job.id).expires_at = utcnow() - timedelta(seconds=1)
+    assert jobs.expire_overdue(pg_sessions) == [job.id]
+    assert executor(pg_sessions, settings).run(dispatcher.batches[1]).claimed == 0
+    with pg_sessions() as session:
+        view = jobs.job_object(session, jobs.get_job(session, job.id))
+        errors = [json.loads(line) for line in jobs.iter_output(session, job.id, errors=True)]
+    assert view["status"] == "expired" and view["expired_at"] is not None
+    assert view["request_counts"]["completed"] == 2 and view["request_counts"]["expired"] == 2
+    assert [e["error"]["code"] for e in errors] == ["batch_expired", "batch_expired"]
+    assert jobs.expire_overdue(pg_sessions) == []

@@ -14,7 +14,7 @@ from celery.signals import worker_ready, worker_shutting_down
 from quotaflow.config import get_settings
 from quotaflow.constants import REDIS_PREFIX, TASK_PROCESS_BATCH
 from quotaflow.db import session_factory
-from quotaflow.jobs import BatchRef
+from quotaflow.jobs import BatchRef, expire_overdue
 from quotaflow.reaper import reap_expired_leases
 from workers.app import app
 
@@ -48,6 +48,8 @@ def reap_forever() -> None:
                 reaped = reap_expired_leases(sessions, dispatcher, settings.batch_size)
                 if reaped:
                     log.warning("reaper: %d items of dead workers queued again", reaped)
+                for job_id in expire_overdue(sessions):
+                    log.warning("reaper: job %s passed its completion window: expired", job_id)
         except Exception:  # a Redis or Postgres outage must not end the reaper
             log.exception("reaper round failed; trying again in %.0fs", interval)
 
