@@ -77,7 +77,7 @@ def create_app() -> FastAPI:
     def retry_job(job_id: str, sessions: SessionsDep, settings: SettingsDep,
                   dispatcher: DispatcherDep) -> dict[str, Any]:
         """Queue a job's failed requests again (not its invalid lines)."""
-        retried = jobs.retry_failed(sessions, job_id, dispatcher, settings.batch_size)
+        retried = jobs.retry_failed(sessions, job_id, dispatcher, settings)
         with sessions() as session:
             return {**jobs.job_object(session, jobs.get_job(session, job_id)),
                     "retried": retried}

@@ -151,6 +151,10 @@ class Settings(BaseSettings):
     lease_seconds: int = Field(default=300, gt=0)
     # How often the workers look for expired leases of dead workers.
     reap_interval_s: float = Field(default=30.0, gt=0)
+    # How long a pending item may wait for its queue message before the reaper
+    # presumes the message lost (broker restarted empty, dispatch failed) and
+    # sends another. Like Redis's own redelivery, an hour by default.
+    queue_patience_s: float = Field(default=3600.0, gt=0)
     provider_max_attempts: int = Field(default=5, gt=0)
     # Celery's Redis transport redelivers unacked messages after visibility_timeout;
     # the task limit stays well under it so a running batch is never delivered twice.

@@ -34,7 +34,7 @@ from quotaflow.leases import (
     renew,
     store,
 )
-from quotaflow.models import Job
+from quotaflow.models import Job, utcnow
 from quotaflow.providers import Provider, ProviderResponse, make_provider
 from quotaflow.ratelimit import Budget, Limiter, RequestTooLarge, sleep_time
 from quotaflow.retries import RetryPolicy
@@ -203,8 +203,12 @@ class BatchExecutor:
             refunds_due = bool(admission and admission.tokens_in_flight > 0
                                and deployment.reconcile_usage)
             if admission is None or (wait > self.max_inline_wait and not refunds_due):
-                release(self.sessions, run.ref.job_id, run.owner, [a.item for a in waiting])
-                run.later(min(wait, self.settings.max_countdown_s))
+                countdown = min(wait, self.settings.max_countdown_s)
+                queued_until = utcnow() + timedelta(
+                    seconds=countdown + self.settings.queue_patience_s)
+                release(self.sessions, run.ref.job_id, run.owner, [a.item for a in waiting],
+                        queued_until)
+                run.later(countdown)
                 break
             await asyncio.sleep(_poll(deployment, wait))
         await asyncio.gather(*calls)

@@ -67,8 +67,10 @@ class _SizeLimitedReader:
 class _Ingest:
     """Accumulates one file's rows; raises InputFileError for file-level problems."""
 
-    def __init__(self, job_id: str, deployments: Deployments, max_lines: int) -> None:
+    def __init__(self, job_id: str, deployments: Deployments, max_lines: int,
+                 queued_until: datetime) -> None:
         self.job_id = job_id
+        self.queued_until = queued_until
         self.deployments = deployments
         self.max_lines = max_lines
         self.endpoint: str | None = None
@@ -96,7 +98,8 @@ class _Ingest:
             self.valid_lines.append(entry.line_no)
             self.items.append(dict(job_id=self.job_id, line_no=entry.line_no,
                                    custom_id=entry.custom_id, body=entry.body,
-                                   status=ItemStatus.PENDING, attempts=0))
+                                   status=ItemStatus.PENDING, attempts=0,
+                                   lease_expires_at=self.queued_until))
         else:
             self.items.append(dict(job_id=self.job_id, line_no=entry.line_no,
                                    custom_id=entry.custom_id, body=None,
@@ -151,7 +154,8 @@ def create_job(
     if queue not in QUEUES:
         raise JobStateError(f"unknown queue {queue!r}; choose one of {', '.join(QUEUES)}")
     job_id = f"batch_{uuid.uuid4().hex}"
-    ingest = _Ingest(job_id, deployments, settings.max_lines)
+    queued_until = utcnow() + timedelta(seconds=settings.queue_patience_s)
+    ingest = _Ingest(job_id, deployments, settings.max_lines, queued_until)
     reader = _SizeLimitedReader(stream, settings.max_file_bytes)
     problems: list[LineProblem] = []
     with sessions.begin() as session:
@@ -269,7 +273,7 @@ def cancel_job(sessions: sessionmaker[Session], job_id: str) -> Job:
 
 
 def retry_failed(sessions: sessionmaker[Session], job_id: str, dispatcher: Dispatcher,
-                 batch_size: int) -> int:
+                 settings: Settings) -> int:
     """Run a job's failed requests again; invalid lines are not retried (they would fail
     the same way). Returns how many requests were queued again."""
     with sessions.begin() as session:
@@ -281,7 +285,8 @@ def retry_failed(sessions: sessionmaker[Session], job_id: str, dispatcher: Dispa
             update(Item)
             .where(Item.job_id == job_id, Item.status == ItemStatus.FAILED,
                    Item.body.is_not(None))
-            .values(status=ItemStatus.PENDING, lease_owner=None, lease_expires_at=None)
+            .values(status=ItemStatus.PENDING, lease_owner=None,
+                    lease_expires_at=utcnow() + timedelta(seconds=settings.queue_patience_s))
             .returning(Item.line_no)).all())
         if not lines:
             return 0
@@ -290,7 +295,7 @@ def retry_failed(sessions: sessionmaker[Session], job_id: str, dispatcher: Dispa
         job.status = JobStatus.IN_PROGRESS
         job.finalizing_at = job.completed_at = None
         queue = job.queue
-    dispatcher.dispatch(queue, batch_refs(job_id, lines, batch_size))
+    dispatcher.dispatch(queue, batch_refs(job_id, lines, settings.batch_size))
     return len(lines)
 
 

@@ -7,7 +7,7 @@ still leaves one result per item.
 """
 
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import and_, exists, func, or_, select, update
@@ -62,14 +62,17 @@ def claim(sessions: sessionmaker[Session], ref: BatchRef, owner: str,
 
 
 def release(sessions: sessionmaker[Session], job_id: str, owner: str,
-            items: list[ClaimedItem]) -> None:
-    """Give unstarted items back: they were claimed, but no budget was spent on them."""
+            items: list[ClaimedItem], queued_until: datetime) -> None:
+    """Give unstarted items back: they were claimed, but no budget was spent on them.
+
+    `queued_until` is when their retry message, if it never comes, counts as lost.
+    """
     with sessions.begin() as session:
         session.execute(
             update(Item)
             .where(Item.job_id == job_id, Item.line_no.in_([i.line_no for i in items]),
                    Item.lease_owner == owner, Item.status == ItemStatus.RUNNING)
-            .values(status=ItemStatus.PENDING, lease_owner=None, lease_expires_at=None,
+            .values(status=ItemStatus.PENDING, lease_owner=None, lease_expires_at=queued_until,
                     attempts=Item.attempts - 1))
 
 

@@ -86,6 +86,8 @@ class Item(Base):
     status: Mapped[str] = mapped_column(String(16))
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     lease_owner: Mapped[str | None] = mapped_column(String(64))
+    # Running: when the claim's lease runs out. Pending: when its queue message
+    # is presumed lost and the reaper sends another.
     lease_expires_at: Mapped[datetime | None]
 
 

@@ -1,15 +1,18 @@
-"""The reaper: gives the items of dead workers back to the queue.
+"""The reaper: queues again what no worker will otherwise pick up.
 
-A worker killed outright (SIGKILL of the whole process, a lost machine) leaves
-its claimed items `running` under a lease nobody will renew, and its unacked
-Celery message only comes back after Redis's visibility timeout (an hour by
-default). Once a lease has run out, the reaper returns those items to
-`pending` and dispatches new batch messages for them, so the job finishes
-minutes, not hours, later. A message that arrives twice is harmless: claims
-are conditional and results insert-or-ignore.
+Two cases. A worker killed outright (SIGKILL, a lost machine) leaves its
+claimed items `running` under a lease nobody renews, and its unacked Celery
+message only comes back after Redis's visibility timeout (an hour by
+default): once the lease runs out, the items go back to `pending` with a new
+message. And a pending item whose message never came (Redis restarted empty,
+the broker was down when the job was dispatched) is sent again once it has
+waited longer than the queue patience. A message that arrives twice is
+harmless: claims are conditional and results insert-or-ignore.
 """
 
-from sqlalchemy import select, update
+from datetime import timedelta
+
+from sqlalchemy import and_, or_, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from quotaflow.jobs import Dispatcher, batch_refs
@@ -18,33 +21,34 @@ from quotaflow.models import Item, ItemStatus, Job, JobStatus, utcnow
 REAP_LIMIT = 10_000
 
 
-def reap_expired_leases(sessions: sessionmaker[Session], dispatcher: Dispatcher,
-                        batch_size: int) -> int:
-    """Return expired claims to pending and queue them again; how many items were reaped."""
+def reap(sessions: sessionmaker[Session], dispatcher: Dispatcher, batch_size: int,
+         patience: timedelta) -> int:
+    """Queue again the items of dead workers and of lost messages; how many were queued."""
     now = utcnow()
+    abandoned = or_(and_(Item.status == ItemStatus.RUNNING, Item.lease_expires_at < now),
+                    and_(Item.status == ItemStatus.PENDING, Item.lease_expires_at < now))
     with sessions.begin() as session:
-        expired = (select(Item.job_id, Item.line_no)
-                   .join(Job, Job.id == Item.job_id)
-                   .where(Item.status == ItemStatus.RUNNING, Item.lease_expires_at < now,
-                          Job.status == JobStatus.IN_PROGRESS)
-                   .limit(REAP_LIMIT))
-        rows = session.execute(expired).all()
+        rows = session.execute(
+            select(Item.job_id, Item.line_no)
+            .join(Job, Job.id == Item.job_id)
+            .where(abandoned, Job.status == JobStatus.IN_PROGRESS)
+            .limit(REAP_LIMIT)).all()
         by_job: dict[str, list[int]] = {}
         for job_id, line_no in rows:
             by_job.setdefault(job_id, []).append(line_no)
-        reaped: dict[str, list[int]] = {}
+        requeued: dict[str, list[int]] = {}
         for job_id, lines in by_job.items():
             returned = session.execute(
                 update(Item)
-                .where(Item.job_id == job_id, Item.line_no.in_(lines),
-                       Item.status == ItemStatus.RUNNING, Item.lease_expires_at < now)
-                .values(status=ItemStatus.PENDING, lease_owner=None, lease_expires_at=None)
+                .where(Item.job_id == job_id, Item.line_no.in_(lines), abandoned)
+                .values(status=ItemStatus.PENDING, lease_owner=None,
+                        lease_expires_at=now + patience)
                 .returning(Item.line_no)).scalars().all()
             if returned:
-                reaped[job_id] = sorted(returned)
+                requeued[job_id] = sorted(returned)
         queues = dict(session.execute(select(Job.id, Job.queue)
-                                      .where(Job.id.in_(list(reaped)))).all())
+                                      .where(Job.id.in_(list(requeued)))).all())
     # Dispatch after the commit: a worker must find the items pending when it claims.
-    for job_id, lines in reaped.items():
+    for job_id, lines in requeued.items():
         dispatcher.dispatch(queues[job_id], batch_refs(job_id, lines, batch_size))
-    return sum(len(lines) for lines in reaped.values())
+    return sum(len(lines) for lines in requeued.values())

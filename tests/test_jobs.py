@@ -6,7 +6,7 @@ import json
 from datetime import timedelta
 
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from quotaflow import jobs
@@ -18,8 +18,10 @@ from quotaflow.leases import claim, renew, store
 from quotaflow.models import Item, Job, JobStatus, Result, utcnow
 from quotaflow.providers.mock import MockProvider
 from quotaflow.ratelimit import LocalLimiter, RedisLimiter
-from quotaflow.reaper import reap_expired_leases
+from quotaflow.reaper import reap
 from tests.factories import chat_line, jsonl
+
+HOUR = timedelta(hours=1)
 
 
 class Collect:
@@ -266,7 +268,7 @@ def test_reaper_requeues_only_expired_leases(pg_sessions, settings) -> None:
     claim(pg_sessions, live, "live-worker", timedelta(seconds=60))
     # When the reaper runs
     again = Collect()
-    assert reap_expired_leases(pg_sessions, again, batch_size=10) == 3
+    assert reap(pg_sessions, again, batch_size=10, patience=HOUR) == 3
     # Then only the dead worker's items are pending again, in one new message on the job's queue
     assert again.queues == ["bulk"]
     assert again.batches == [BatchRef(job.id, 1, 3)]
@@ -275,7 +277,22 @@ def test_reaper_requeues_only_expired_leases(pg_sessions, settings) -> None:
                                         .where(Item.job_id == job.id)).all())
     assert statuses == {1: "pending", 2: "pending", 3: "pending",
                         4: "running", 5: "running", 6: "running"}
-    assert reap_expired_leases(pg_sessions, Collect(), batch_size=10) == 0
+    assert reap(pg_sessions, Collect(), batch_size=10, patience=HOUR) == 0
+
+
+def test_reaper_resends_pending_items_whose_message_was_lost(pg_sessions, settings) -> None:
+    # Given a job whose queue messages were lost (say, Redis restarted empty)
+    settings.queue_patience_s = 60
+    job = create(pg_sessions, settings, jsonl([chat_line(f"r{i}") for i in range(3)]))
+    assert reap(pg_sessions, Collect(), batch_size=10, patience=HOUR) == 0  # still patient
+    with pg_sessions.begin() as session:  # the patience has run out
+        session.execute(update(Item).where(Item.job_id == job.id)
+                        .values(lease_expires_at=utcnow() - timedelta(seconds=1)))
+    # When the reaper runs, the items are sent again, and not again until patience passes
+    again = Collect()
+    assert reap(pg_sessions, again, batch_size=10, patience=HOUR) == 3
+    assert again.batches == [BatchRef(job.id, 1, 3)]
+    assert reap(pg_sessions, Collect(), batch_size=10, patience=HOUR) == 0
 
 
 def test_a_running_batch_renews_its_leases(pg_sessions, settings) -> None:
@@ -283,7 +300,7 @@ def test_a_running_batch_renews_its_leases(pg_sessions, settings) -> None:
     [item] = claim(pg_sessions, BatchRef(job.id, 1, 1), "me", timedelta(seconds=1))
     assert renew(pg_sessions, job.id, "me", timedelta(seconds=600)) == 1
     assert renew(pg_sessions, job.id, "someone-else", timedelta(seconds=600)) == 0
-    assert reap_expired_leases(pg_sessions, Collect(), batch_size=10) == 0
+    assert reap(pg_sessions, Collect(), batch_size=10, patience=HOUR) == 0
     assert item.line_no == 1
 
 
@@ -300,7 +317,8 @@ def test_retry_runs_failed_requests_again_but_not_invalid_lines(pg_sessions, set
     # When its failed requests are retried against a larger deployment
     small_deployment(settings, tmp_path, tpm=6000)
     again = Collect()
-    assert jobs.retry_failed(pg_sessions, job.id, again, batch_size=10) == 1
+    settings.batch_size = 10
+    assert jobs.retry_failed(pg_sessions, job.id, again, settings) == 1
     assert again.batches == [BatchRef(job.id, 2, 2)]
     with pg_sessions() as session:
         assert jobs.get_job(session, job.id).status == JobStatus.IN_PROGRESS

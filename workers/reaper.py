@@ -6,6 +6,7 @@ the loss of any one worker.
 
 import logging
 import threading
+from datetime import timedelta
 
 import redis
 from celery import Celery
@@ -15,7 +16,7 @@ from quotaflow.config import get_settings
 from quotaflow.constants import REDIS_PREFIX, TASK_PROCESS_BATCH
 from quotaflow.db import session_factory
 from quotaflow.jobs import BatchRef, expire_overdue
-from quotaflow.reaper import reap_expired_leases
+from quotaflow.reaper import reap
 from workers.app import app
 
 log = logging.getLogger(__name__)
@@ -45,9 +46,11 @@ def reap_forever() -> None:
         try:
             # One reaper per round, cluster-wide; the lock lapses by itself.
             if lock.set(LOCK_KEY, "1", nx=True, px=int(interval * 1000 * 0.9)):
-                reaped = reap_expired_leases(sessions, dispatcher, settings.batch_size)
-                if reaped:
-                    log.warning("reaper: %d items of dead workers queued again", reaped)
+                requeued = reap(sessions, dispatcher, settings.batch_size,
+                                timedelta(seconds=settings.queue_patience_s))
+                if requeued:
+                    log.warning("reaper: %d items of dead workers or lost messages queued again",
+                                requeued)
                 for job_id in expire_overdue(sessions):
                     log.warning("reaper: job %s passed its completion window: expired", job_id)
         except Exception:  # a Redis or Postgres outage must not end the reaper
