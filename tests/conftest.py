@@ -20,12 +20,18 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from quotaflow.config import Settings
 from quotaflow.db import get_engine, session_factory, upgrade
-from tests.procs import free_port
+from tests.procs import Proc, free_port
 
 PG_URL = os.environ.get("QUOTAFLOW_TEST_DATABASE_URL",
                         "postgresql+psycopg://postgres@127.0.0.1:5432/quotaflow_test")
 REDIS_URL = os.environ.get("QUOTAFLOW_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def pytest_sessionfinish() -> None:
+    """No test leaves a process of ours behind, even one that failed before its cleanup."""
+    for proc in list(Proc.running):
+        proc.stop(timeout=5)
 
 
 def _recreate_database(url: str) -> None:

@@ -4,6 +4,7 @@ Every process is started here and ended here, by its own pid; the machine's
 shared services are never touched.
 """
 
+import contextlib
 import os
 import signal
 import socket
@@ -12,6 +13,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import ClassVar
 
 import httpx
 
@@ -23,7 +25,13 @@ def free_port() -> int:
 
 
 class Proc:
-    """A child process with its output in a log file, shown when a test fails to start it."""
+    """A child process with its output in a log file, shown when a test fails to start it.
+
+    Each runs in a process group of its own; `stop` ends the whole group, and
+    conftest stops any still running when the test session ends.
+    """
+
+    running: ClassVar[list["Proc"]] = []
 
     def __init__(self, name: str, argv: list[str], env: dict[str, str], log_dir: Path) -> None:
         self.name = name
@@ -31,6 +39,7 @@ class Proc:
         self._log = self.log_path.open("wb")
         self.popen = subprocess.Popen(argv, env=env, stdout=self._log, stderr=subprocess.STDOUT,
                                       start_new_session=True)
+        Proc.running.append(self)
 
     @property
     def pid(self) -> int:
@@ -57,17 +66,20 @@ class Proc:
         self.wait_until(lambda: httpx.get(url, timeout=2, **kwargs).status_code == 200, timeout)
 
     def stop(self, timeout: float = 20.0) -> None:
-        """SIGTERM the process group we started (celery's children included), then SIGKILL."""
+        """SIGTERM the process group we started, wait, then SIGKILL whatever is left of it
+        (a worker's pool children can outlive their parent)."""
         if self.popen.poll() is None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.popen.pid, signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 self.popen.wait(timeout)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.popen.pid, signal.SIGKILL)
-                self.popen.wait(10)
-            except ProcessLookupError:
-                pass
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.popen.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.popen.wait(10)
         self._log.close()
+        if self in Proc.running:
+            Proc.running.remove(self)
 
 
 def quotaflow(*args: str) -> list[str]:
