@@ -7,6 +7,7 @@ touch anything else on the servers.
 import os
 import shutil
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -103,6 +104,40 @@ def throwaway_redis(tmp_path: Path) -> Iterator[tuple[str, Callable[[], None], C
         if proc.poll() is None:
             proc.terminate()
             proc.wait(10)
+
+
+@pytest.fixture
+def throwaway_postgres() -> Iterator[tuple[str, Callable[[], None], Callable[[], None]]]:
+    """A PostgreSQL server of our own (initdb in a temp dir, another port), migrated; the
+    test may stop and start it. It runs as the postgres user, as PostgreSQL requires."""
+    binaries = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"))
+    assert binaries, "PostgreSQL's server binaries are installed by scripts/test"
+    bin_dir = binaries[-1].parent
+    data = Path(tempfile.mkdtemp(prefix="qf-pg-", dir="/tmp"))
+    shutil.chown(data, "postgres", "postgres")
+    port = free_port()
+
+    def as_postgres(*argv: str) -> None:
+        subprocess.run(["su", "postgres", "-c", " ".join(argv)], check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=120)
+
+    def start() -> None:
+        as_postgres(str(bin_dir / "pg_ctl"), "-D", str(data), "-l", str(data / "log"), "-w",
+                    "-o", f"'-p {port} -k {data} -c listen_addresses=127.0.0.1'", "start")
+
+    def stop() -> None:
+        as_postgres(str(bin_dir / "pg_ctl"), "-D", str(data), "-m", "fast", "-w", "stop")
+
+    as_postgres(str(bin_dir / "initdb"), "-D", str(data), "-A", "trust", "-U", "postgres")
+    start()
+    url = f"postgresql+psycopg://postgres@127.0.0.1:{port}/postgres"
+    upgrade(url)
+    try:
+        yield url, start, stop
+    finally:
+        if (data / "postmaster.pid").exists():
+            stop()
+        shutil.rmtree(data, ignore_errors=True)
 
 
 def service_env(**extra: str) -> dict[str, str]:
