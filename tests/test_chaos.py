@@ -23,7 +23,8 @@ from tests.procs import Proc, free_port, quotaflow
 
 
 def test_sigkilled_worker_loses_nothing(pg_url: str, pg_sessions, tmp_path: Path) -> None:
-    # Given a slow provider (1 s a request), two workers, short leases and a fast reaper
+    # Given a slow provider (1 s a request), two workers, short leases and patience, and a
+    # fast reaper
     redis.Redis.from_url(REDIS_URL).flushdb()
     port = free_port()
     procs = [Proc("provider", quotaflow("mock-provider", "--port", str(port), "--rpm", "60000",
@@ -34,7 +35,8 @@ def test_sigkilled_worker_loses_nothing(pg_url: str, pg_sessions, tmp_path: Path
         'model = "slow"\nrpm = 60000\ntpm = 10000000\n[routes]\n"*" = "slow"\n')
     env = service_env(QUOTAFLOW_DATABASE_URL=pg_url, QUOTAFLOW_BROKER_URL=REDIS_URL,
                       QUOTAFLOW_DEPLOYMENTS_FILE=str(tmp_path / "d.toml"),
-                      QUOTAFLOW_LEASE_SECONDS="4", QUOTAFLOW_REAP_INTERVAL_S="1")
+                      QUOTAFLOW_LEASE_SECONDS="4", QUOTAFLOW_QUEUE_PATIENCE_S="5",
+                      QUOTAFLOW_REAP_INTERVAL_S="1")
     try:
         procs[0].wait_http(f"http://127.0.0.1:{port}/healthz")
         workers = [Proc(f"worker{n}", quotaflow("worker", "--concurrency", "2", "--name",
@@ -43,8 +45,11 @@ def test_sigkilled_worker_loses_nothing(pg_url: str, pg_sessions, tmp_path: Path
         procs += workers
         for worker in workers:
             worker.wait_until(lambda w=worker: " ready." in w.log())
+        # A message the killed worker had received but not yet claimed is only found
+        # by the queue patience, so it is short here too.
         settings = Settings(database_url=pg_url, broker_url=REDIS_URL, batch_size=5,
-                            deployments_file=tmp_path / "d.toml", _env_file=None)
+                            queue_patience_s=5, deployments_file=tmp_path / "d.toml",
+                            _env_file=None)
         job = jobs.create_job(pg_sessions, io.BytesIO(jsonl([chat_line(f"c{i}")
                                                             for i in range(100)])),
                               settings=settings, deployments=settings.load_deployments(),

@@ -24,7 +24,8 @@ pytestmark = pytest.mark.timeout(240)
 
 
 def test_postgres_restart_loses_nothing(tmp_path: Path, throwaway_postgres) -> None:
-    # Given workers whose database is a PostgreSQL we may restart, short leases and patience
+    # Given workers whose database is a PostgreSQL we may restart, and short leases (lost
+    # messages would wait an hour: the job can only finish if batches retry by themselves)
     pg_url, start_pg, stop_pg = throwaway_postgres
     redis.Redis.from_url(REDIS_URL).flushdb()
     port = free_port()
@@ -36,7 +37,7 @@ def test_postgres_restart_loses_nothing(tmp_path: Path, throwaway_postgres) -> N
         'model = "slow"\nrpm = 60000\ntpm = 10000000\n[routes]\n"*" = "slow"\n')
     env = service_env(QUOTAFLOW_DATABASE_URL=pg_url, QUOTAFLOW_BROKER_URL=REDIS_URL,
                       QUOTAFLOW_DEPLOYMENTS_FILE=str(tmp_path / "d.toml"),
-                      QUOTAFLOW_LEASE_SECONDS="6", QUOTAFLOW_QUEUE_PATIENCE_S="10",
+                      QUOTAFLOW_LEASE_SECONDS="6",
                       QUOTAFLOW_REAP_INTERVAL_S="1")
     sessions = session_factory(pg_url)
     try:
@@ -47,7 +48,7 @@ def test_postgres_restart_loses_nothing(tmp_path: Path, throwaway_postgres) -> N
         for worker in procs[1:]:
             worker.wait_until(lambda w=worker: " ready." in w.log())
         settings = Settings(database_url=pg_url, broker_url=REDIS_URL, batch_size=5,
-                            queue_patience_s=10, deployments_file=tmp_path / "d.toml",
+                            deployments_file=tmp_path / "d.toml",
                             _env_file=None)
         job = jobs.create_job(sessions, io.BytesIO(jsonl([chat_line(f"p{i}")
                                                          for i in range(120)])),
@@ -62,7 +63,7 @@ def test_postgres_restart_loses_nothing(tmp_path: Path, throwaway_postgres) -> N
         time.sleep(2)
         start_pg()
         restarted_at = time.monotonic()
-        # Then the job completes: batches that failed on the database are queued again
+        # Then the job completes: batches that met the outage are retried with backoff
         while _status(sessions, job.id) == "in_progress":
             assert time.monotonic() - restarted_at < 120, (
                 f"{_done(sessions, job.id)} of 120 done 120 s after the restart")

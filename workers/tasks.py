@@ -6,7 +6,8 @@ from celery import Task
 
 from quotaflow.config import get_settings
 from quotaflow.constants import TASK_PROCESS_BATCH
-from quotaflow.db import session_factory
+from quotaflow.db import session_factory, translate_db_errors
+from quotaflow.errors import ServiceUnavailable
 from quotaflow.execution import BatchExecutor
 from quotaflow.jobs import BatchRef
 from quotaflow.ratelimit import make_limiter
@@ -21,9 +22,14 @@ def executor() -> BatchExecutor:
                          make_limiter(settings.limiter_url), settings)
 
 
-@app.task(name=TASK_PROCESS_BATCH, bind=True, max_retries=None)
+# Postgres or Redis unreachable: the batch is tried again with backoff instead of
+# failing (its items stay pending, or running under a lease the reaper reclaims).
+@app.task(name=TASK_PROCESS_BATCH, bind=True, max_retries=None,
+          autoretry_for=(ServiceUnavailable,), retry_backoff=2, retry_backoff_max=60,
+          retry_jitter=True)
 def process_batch(self: Task, job_id: str, first_line: int, last_line: int) -> dict[str, int]:
-    report = executor().run(BatchRef(job_id, first_line, last_line))
+    with translate_db_errors():
+        report = executor().run(BatchRef(job_id, first_line, last_line))
     if report.retry_in is not None:
         # Items wait for budget, or are leased by another worker (look again when
         # its lease runs out, in case that worker died).
