@@ -16,7 +16,7 @@ from quotaflow.config import Settings
 from quotaflow.models import Result
 from tests.conftest import REDIS_URL, service_env
 from tests.factories import chat_line, jsonl
-from tests.procs import Proc, free_port, quotaflow
+from tests.harness import deployment_file, start_provider, start_workers
 
 ITEMS = 2000
 ATTEMPTS = 5
@@ -29,27 +29,20 @@ def test_a_job_under_mixed_faults_loses_nothing(pg_url: str, pg_sessions, tmp_pa
     # Given a provider that fails about 13% of requests in every way providers fail (on the
     # realtime queue: after each 429 a bulk job would first wait for its 20% floor to refill)
     redis.Redis.from_url(REDIS_URL).flushdb()
-    port = free_port()
     fault_args = [arg for fault in FAULTS for arg in ("--fault", fault)]
-    procs = [Proc("provider", quotaflow("mock-provider", "--port", str(port), "--rpm", "600000",
-                                        "--tpm", "100000000", "--latency-ms", "5", *fault_args),
-                  service_env(), tmp_path)]
-    (tmp_path / "d.toml").write_text(
-        f'[deployments.flaky]\nprovider = "openai"\nbase_url = "http://127.0.0.1:{port}/v1"\n'
-        'model = "flaky"\nrpm = 600000\ntpm = 100000000\ntimeout_s = 1\nmax_concurrency = 100\n'
-        '[routes]\n"*" = "flaky"\n')
-    env = service_env(QUOTAFLOW_DATABASE_URL=pg_url, QUOTAFLOW_BROKER_URL=REDIS_URL,
-                      QUOTAFLOW_DEPLOYMENTS_FILE=str(tmp_path / "d.toml"),
-                      QUOTAFLOW_PROVIDER_MAX_ATTEMPTS=str(ATTEMPTS))
+    procs = []
     try:
-        procs[0].wait_http(f"http://127.0.0.1:{port}/healthz")
-        for n in (1, 2):
-            procs.append(Proc(f"worker{n}", quotaflow("worker", "--concurrency", "2", "--name",
-                                                      f"faults{n}@qftest"), env, tmp_path))
-        for worker in procs[1:]:
-            worker.wait_until(lambda w=worker: " ready." in w.log())
+        provider, provider_url = start_provider(tmp_path, "--rpm", "600000", "--tpm",
+                                                "100000000", "--latency-ms", "5", *fault_args)
+        procs.append(provider)
+        deployments = deployment_file(tmp_path, "flaky", provider_url,
+                                      "timeout_s = 1\nmax_concurrency = 100\n")
+        env = service_env(QUOTAFLOW_DATABASE_URL=pg_url, QUOTAFLOW_BROKER_URL=REDIS_URL,
+                          QUOTAFLOW_DEPLOYMENTS_FILE=str(deployments),
+                          QUOTAFLOW_PROVIDER_MAX_ATTEMPTS=str(ATTEMPTS))
+        procs += start_workers(env, tmp_path, "faults")
         settings = Settings(database_url=pg_url, broker_url=REDIS_URL, batch_size=100,
-                            deployments_file=tmp_path / "d.toml", _env_file=None)
+                            deployments_file=deployments, _env_file=None)
         data = jsonl([chat_line(f"f{i}") for i in range(ITEMS)])
         job = jobs.create_job(pg_sessions, io.BytesIO(data), settings=settings,
                               deployments=settings.load_deployments(),
@@ -63,7 +56,7 @@ def test_a_job_under_mixed_faults_loses_nothing(pg_url: str, pg_sessions, tmp_pa
                 break
             assert time.monotonic() < deadline, view["request_counts"]
             time.sleep(1)
-        stats = httpx.get(f"http://127.0.0.1:{port}/stats").json()
+        stats = httpx.get(f"{provider_url}/stats").json()
     finally:
         for proc in reversed(procs):
             proc.stop()
