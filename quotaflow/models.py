@@ -48,7 +48,9 @@ class ItemStatus:
     FAILED = "failed"
     CANCELLED = "cancelled"
     EXPIRED = "expired"
-    OPEN = (PENDING, RUNNING)
+    # An identical request earlier in the job is sent instead; its result is shared.
+    WAITING = "waiting"
+    OPEN = (PENDING, RUNNING, WAITING)
 
 
 class Job(Base):
@@ -70,6 +72,8 @@ class Job(Base):
     cancelled_at: Mapped[datetime | None]
     expired_at: Mapped[datetime | None]
     expires_at: Mapped[datetime | None]
+    # Tries per request at the provider; None: QUOTAFLOW_PROVIDER_MAX_ATTEMPTS.
+    max_attempts: Mapped[int | None] = mapped_column(Integer)
 
 
 class Item(Base):
@@ -77,6 +81,8 @@ class Item(Base):
     __table_args__ = (
         UniqueConstraint("job_id", "custom_id", name="uq_items_job_custom_id"),
         Index("ix_items_job_status", "job_id", "status"),
+        Index("ix_items_body_hash", "body_hash"),
+        Index("ix_items_job_duplicate_of", "job_id", "duplicate_of"),
     )
 
     job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
@@ -89,6 +95,10 @@ class Item(Base):
     # Running: when the claim's lease runs out. Pending: when its queue message
     # is presumed lost and the reaper sends another.
     lease_expires_at: Mapped[datetime | None]
+    # A digest of the request body: identical requests are sent once.
+    body_hash: Mapped[str | None] = mapped_column(String(64))
+    # The line whose call this item shares (status `waiting` until it has a result).
+    duplicate_of: Mapped[int | None] = mapped_column(Integer)
 
 
 class Result(Base):
