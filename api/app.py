@@ -46,10 +46,14 @@ def create_app() -> FastAPI:
         dispatcher: DispatcherDep,
         queue: Annotated[str, Form()] = DEFAULT_QUEUE,
         metadata: Annotated[str | None, Form(description="JSON object of strings")] = None,
+        max_attempts: Annotated[int | None, Form(
+            ge=1, le=jobs.MAX_ATTEMPTS_LIMIT,
+            description="Tries per request at the provider (default: "
+                        "QUOTAFLOW_PROVIDER_MAX_ATTEMPTS)")] = None,
     ) -> dict[str, Any]:
         job = jobs.create_job(sessions, file.file, settings=settings, deployments=deployments,
                               dispatcher=dispatcher, queue=queue, filename=file.filename,
-                              metadata=_metadata(metadata))
+                              metadata=_metadata(metadata), max_attempts=max_attempts)
         with sessions() as session:
             return jobs.job_object(session, jobs.get_job(session, job.id))
 

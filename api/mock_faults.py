@@ -55,6 +55,20 @@ class Faults:
         return None
 
     @classmethod
+    def from_fractions(cls, fractions: dict[str, float], seen: Counter[str] | None = None
+                       ) -> "Faults":
+        """From {"500": 0.1, "hang": 0.01, ...}, the names `--fault` and /stats use."""
+        names = {"429": "storm_429", "500": "error_500", "reset": "reset", "hang": "hang",
+                 "malformed": "malformed"}
+        unknown = set(fractions) - set(names)
+        if unknown:
+            raise ValueError(f"unknown fault {sorted(unknown)}; choose from {sorted(names)}")
+        faults = cls(**{names[name]: float(value) for name, value in fractions.items()})
+        if seen is not None:
+            faults.seen = seen
+        return faults
+
+    @classmethod
     def from_env(cls) -> "Faults":
         def fraction(name: str) -> float:
             return float(os.environ.get(f"QUOTAFLOW_MOCK_FAULT_{name}", "0") or 0)

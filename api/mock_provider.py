@@ -406,6 +406,15 @@ def create_app(
         judge.stats = Stats()
         return judge.stats.as_json()
 
+    @app.put("/faults")
+    async def set_faults(fractions: dict[str, float]) -> JSONResponse:
+        """Change the fault fractions while running: a deployment that starts failing."""
+        try:
+            judge.faults = Faults.from_fractions(fractions, judge.faults.seen)
+        except ValueError as exc:
+            return _json(422, error_body(str(exc), "invalid_request_error", None))
+        return _json(200, judge.faults.fractions())
+
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:
         return {"status": "ok"}

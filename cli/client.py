@@ -28,9 +28,12 @@ class ApiClient:
         _raise_for_error(response)
         return response
 
-    def create_job(self, path: Path, queue: str, metadata: str | None) -> dict[str, Any]:
+    def create_job(self, path: Path, queue: str, metadata: str | None,
+                   max_attempts: int | None = None) -> dict[str, Any]:
         with path.open("rb") as handle:
             data = {"queue": queue} | ({"metadata": metadata} if metadata else {})
+            if max_attempts is not None:
+                data["max_attempts"] = str(max_attempts)
             return self._request("POST", "/jobs", files={"file": (path.name, handle)},
                                  data=data).json()
 

@@ -63,9 +63,13 @@ def run(input_file: Path, output: IO[str], errors_path: Path | None, queue: str,
 @click.argument("input_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @QUEUE_OPTION
 @click.option("--metadata", help='JSON object of strings, e.g. \'{"team": "search"}\'.')
-def submit(input_file: Path, queue: str, metadata: str | None) -> None:
+@click.option("--max-attempts", type=click.IntRange(1, 20),
+              help="Tries per request at the provider (default: "
+                   "QUOTAFLOW_PROVIDER_MAX_ATTEMPTS).")
+def submit(input_file: Path, queue: str, metadata: str | None,
+           max_attempts: int | None) -> None:
     """Upload INPUT_FILE to the API as a new job and print its id."""
-    job = client().create_job(input_file, queue, metadata)
+    job = client().create_job(input_file, queue, metadata, max_attempts)
     click.echo(job["id"])
 
 

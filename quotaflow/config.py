@@ -10,7 +10,7 @@ import os
 import tomllib
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -44,6 +44,16 @@ class Deployment(BaseModel):
     safety_margin_s: float = Field(default=0.25, ge=0, le=10)
     timeout_s: float = Field(default=60.0, gt=0)
     max_concurrency: int = Field(default=16, gt=0)
+    # Routing (quotaflow/routing.py): among deployments equally used, one of weight 2
+    # is picked twice as often as one of weight 1.
+    weight: float = Field(default=1.0, gt=0)
+    # Deployments naming one quota share one upstream limit (one key or organisation
+    # behind several endpoints): they spend one budget, and a 429 quiets them all.
+    quota: str | None = None
+    # The circuit opens after this many failures in a row (5xx, timeouts, resets,
+    # malformed answers; never 429s) and lets one probe through after the cooldown.
+    circuit_failures: int = Field(default=5, gt=0)
+    circuit_cooldown_s: float = Field(default=30.0, gt=0)
 
     @model_validator(mode="after")
     def _check(self) -> "Deployment":
@@ -54,6 +64,11 @@ class Deployment(BaseModel):
                 f"rpm {self.rpm} x burst_seconds {self.burst_seconds:g} / 60 holds less than "
                 "one request, so nothing could ever be sent; raise rpm or burst_seconds")
         return self
+
+    @property
+    def budget_name(self) -> str:
+        """The limiter bucket this deployment spends: its quota's, or its own."""
+        return f"quota:{self.quota}" if self.quota else self.name
 
     def api_key(self) -> str | None:
         """The key from the environment, read at call time and never stored."""
@@ -68,37 +83,69 @@ class Deployment(BaseModel):
         return key
 
 
+class Route(BaseModel):
+    """Where a model's requests may go: a group, and an ordered fallback used only when
+    every deployment of the group is unavailable (cooling down or circuit open)."""
+
+    deployments: list[str] = Field(min_length=1)
+    fallback: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, value: Any) -> Any:
+        """A route may be written as one deployment name or a list of them."""
+        if isinstance(value, str):
+            return {"deployments": [value]}
+        if isinstance(value, list):
+            return {"deployments": value}
+        return value
+
+    @property
+    def names(self) -> list[str]:
+        return [*self.deployments, *self.fallback]
+
+
 class Deployments(BaseModel):
     """All deployments and the routes from a request's model to them."""
 
     deployments: dict[str, Deployment]
-    routes: dict[str, str]
+    routes: dict[str, Route]
 
     @model_validator(mode="after")
-    def _routes_point_at_deployments(self) -> "Deployments":
-        for model, target in self.routes.items():
-            if target not in self.deployments:
-                raise ValueError(f"route {model!r} names unknown deployment {target!r}")
+    def _check(self) -> "Deployments":
+        for model, route in self.routes.items():
+            for target in route.names:
+                if target not in self.deployments:
+                    raise ValueError(f"route {model!r} names unknown deployment {target!r}")
+        shared: dict[str, Deployment] = {}
+        for deployment in self.deployments.values():
+            if deployment.quota is None:
+                continue
+            first = shared.setdefault(deployment.quota, deployment)
+            limits = ("rpm", "tpm", "burst_seconds")
+            if any(getattr(first, n) != getattr(deployment, n) for n in limits):
+                raise ValueError(
+                    f"deployments {first.name!r} and {deployment.name!r} share quota "
+                    f"{deployment.quota!r} but differ in rpm/tpm/burst_seconds; a shared "
+                    "quota has one set of limits")
         return self
 
-    def for_model(self, model: str | None) -> Deployment | None:
-        """The deployment serving `model`: an explicit route, a same-named model, or '*'."""
+    def route_for(self, model: str | None) -> Route | None:
+        """A model's route: an explicit one, every deployment of that model, or '*'."""
         if model is not None:
             if model in self.routes:
-                return self.deployments[self.routes[model]]
-            for deployment in self.deployments.values():
-                if deployment.model == model:
-                    return deployment
-        if "*" in self.routes:
-            return self.deployments[self.routes["*"]]
-        return None
+                return self.routes[model]
+            same = [d.name for d in self.deployments.values() if d.model == model]
+            if same:
+                return Route(deployments=same)
+        return self.routes.get("*")
 
 
 def builtin_deployments() -> Deployments:
     """What quotaflow runs on with no deployments file: the simulated mock provider."""
     mock = Deployment(name=MOCK_PROVIDER, provider="mock", model="mock",
                       rpm=1_000_000, tpm=1_000_000_000)
-    return Deployments(deployments={mock.name: mock}, routes={"*": mock.name})
+    return Deployments(deployments={mock.name: mock}, routes={"*": Route(deployments=[mock.name])})
 
 
 def load_deployments(path: Path | None) -> Deployments:
@@ -155,7 +202,11 @@ class Settings(BaseSettings):
     # presumes the message lost (broker restarted empty, dispatch failed) and
     # sends another. Like Redis's own redelivery, an hour by default.
     queue_patience_s: float = Field(default=3600.0, gt=0)
-    provider_max_attempts: int = Field(default=5, gt=0)
+    # Tries per request at the provider, unless a job asks for another number.
+    provider_max_attempts: int = Field(default=5, gt=0, le=20)
+    # Identical requests (same endpoint and body) within a job are sent once and the
+    # answer shared. Turn off to sample one prompt several times with temperature > 0.
+    dedup: bool = True
     # Celery's Redis transport redelivers unacked messages after visibility_timeout;
     # the task limit stays well under it so a running batch is never delivered twice.
     visibility_timeout: int = Field(default=3600, gt=60)

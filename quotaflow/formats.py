@@ -10,6 +10,7 @@ is read line by line and never held whole.
 Out: OpenAI batch output and error lines.
 """
 
+import hashlib
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -202,9 +203,11 @@ def output_line(
     status_code: int | None,
     response: dict[str, Any] | None,
     error: dict[str, Any] | None,
+    shared_from: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """One line of an OpenAI batch output or error file."""
-    return {
+    """One line of an OpenAI batch output or error file; `shared_from` (quotaflow's own
+    key) names the identical request whose answer this line shares."""
+    line = {
         "id": request_id,
         "custom_id": custom_id,
         "response": None if status_code is None else {
@@ -214,6 +217,16 @@ def output_line(
         },
         "error": error,
     }
+    if shared_from is not None:
+        line["shared_from"] = shared_from
+    return line
+
+
+def request_digest(url: str, body: dict[str, Any]) -> str:
+    """Equal for identical requests (key order aside), which are then sent only once."""
+    canonical = json.dumps([url, body], sort_keys=True, separators=(",", ":"),
+                           ensure_ascii=False)
+    return hashlib.sha256(canonical.encode()).hexdigest()
 
 
 def dumps_line(obj: dict[str, Any]) -> str:

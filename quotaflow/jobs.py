@@ -16,10 +16,19 @@ from sqlalchemy.orm import Session, sessionmaker
 from quotaflow.config import Deployments, Settings
 from quotaflow.constants import QUEUES
 from quotaflow.errors import InputFileError, JobNotFound, JobStateError, LineProblem
-from quotaflow.formats import BadLine, Request, dumps_line, output_line, parse_stream
+from quotaflow.formats import (
+    BadLine,
+    Request,
+    dumps_line,
+    output_line,
+    parse_stream,
+    request_digest,
+)
 from quotaflow.models import Item, ItemStatus, Job, JobStatus, Result, utcnow
 
 INSERT_CHUNK = 1000
+# A job may ask for more tries per request than the default, within reason.
+MAX_ATTEMPTS_LIMIT = 20
 
 
 @dataclass(frozen=True)
@@ -68,8 +77,10 @@ class _Ingest:
     """Accumulates one file's rows; raises InputFileError for file-level problems."""
 
     def __init__(self, job_id: str, deployments: Deployments, max_lines: int,
-                 queued_until: datetime) -> None:
+                 queued_until: datetime, dedup: bool) -> None:
         self.job_id = job_id
+        self.dedup = dedup
+        self.first_of: dict[str, int] = {}  # request digest -> the line that is sent
         self.queued_until = queued_until
         self.deployments = deployments
         self.max_lines = max_lines
@@ -95,11 +106,7 @@ class _Ingest:
                     f"{entry.line_no}; each custom_id must be unique within a file",
                     [LineProblem(entry.line_no, f"duplicate custom_id {entry.custom_id!r}")])
         if isinstance(entry, Request):
-            self.valid_lines.append(entry.line_no)
-            self.items.append(dict(job_id=self.job_id, line_no=entry.line_no,
-                                   custom_id=entry.custom_id, body=entry.body,
-                                   status=ItemStatus.PENDING, attempts=0,
-                                   lease_expires_at=self.queued_until))
+            self._add_request(entry)
         else:
             self.items.append(dict(job_id=self.job_id, line_no=entry.line_no,
                                    custom_id=entry.custom_id, body=None,
@@ -111,6 +118,20 @@ class _Ingest:
                        "message": f"line {entry.line_no}: {entry.reason}"},
                 prompt_tokens=0, completion_tokens=0))
 
+    def _add_request(self, request: Request) -> None:
+        """A valid line: sent, or, when an identical request came earlier, waiting for
+        that one's answer."""
+        digest = request_digest(request.url, request.body)
+        first = self.first_of.setdefault(digest, request.line_no) if self.dedup else None
+        duplicate_of = first if first is not None and first != request.line_no else None
+        if duplicate_of is None:
+            self.valid_lines.append(request.line_no)
+        self.items.append(dict(
+            job_id=self.job_id, line_no=request.line_no, custom_id=request.custom_id,
+            body=request.body, body_hash=digest, duplicate_of=duplicate_of,
+            status=ItemStatus.PENDING if duplicate_of is None else ItemStatus.WAITING,
+            attempts=0, lease_expires_at=self.queued_until if duplicate_of is None else None))
+
     def _check_request(self, request: Request) -> Request | BadLine:
         if self.endpoint is None:
             self.endpoint = request.url
@@ -118,7 +139,7 @@ class _Ingest:
             return BadLine(request.line_no, request.custom_id,
                            f"url {request.url} differs from the job's endpoint {self.endpoint}; "
                            "all lines of one file must use the same endpoint")
-        if self.deployments.for_model(request.body.get("model")) is None:
+        if self.deployments.route_for(request.body.get("model")) is None:
             return BadLine(request.line_no, request.custom_id,
                            f"no deployment serves model {request.body.get('model')!r}; "
                            "add a route for it to the deployments file")
@@ -143,25 +164,31 @@ def create_job(
     queue: str,
     filename: str | None = None,
     metadata: dict[str, str] | None = None,
+    max_attempts: int | None = None,
 ) -> Job:
     """Store a JSONL file as a job and dispatch its batches, or store nothing at all.
 
     Lines that fail validation become failed items with their line number and
     reason; the job runs its good lines. A file-level problem (empty, too big,
     duplicate custom_id, no valid line) raises InputFileError inside the
-    transaction, so nothing of the file is written.
+    transaction, so nothing of the file is written. Identical requests are stored
+    once as sent and otherwise as waiting for that one's answer (QUOTAFLOW_DEDUP).
     """
     if queue not in QUEUES:
         raise JobStateError(f"unknown queue {queue!r}; choose one of {', '.join(QUEUES)}")
+    if max_attempts is not None and not 1 <= max_attempts <= MAX_ATTEMPTS_LIMIT:
+        raise JobStateError(f"max_attempts must be between 1 and {MAX_ATTEMPTS_LIMIT}, "
+                            f"got {max_attempts}")
     job_id = f"batch_{uuid.uuid4().hex}"
     queued_until = utcnow() + timedelta(seconds=settings.queue_patience_s)
-    ingest = _Ingest(job_id, deployments, settings.max_lines, queued_until)
+    ingest = _Ingest(job_id, deployments, settings.max_lines, queued_until, settings.dedup)
     reader = _SizeLimitedReader(stream, settings.max_file_bytes)
     problems: list[LineProblem] = []
     with sessions.begin() as session:
         now = utcnow()
         job = Job(id=job_id, status=JobStatus.VALIDATING, queue=queue, endpoint="",
                   input_filename=filename, total=0, metadata_=metadata, created_at=now,
+                  max_attempts=max_attempts,
                   expires_at=now + timedelta(seconds=settings.completion_window_s))
         session.add(job)
         session.flush()
@@ -241,13 +268,14 @@ def job_object(session: Session, job: Job) -> dict[str, Any]:
             "total": job.total,
             "completed": counts.get(ItemStatus.SUCCEEDED, 0),
             "failed": counts.get(ItemStatus.FAILED, 0),
-            "pending": counts.get(ItemStatus.PENDING, 0) + counts.get(ItemStatus.RUNNING, 0),
+            "pending": sum(counts.get(status, 0) for status in ItemStatus.OPEN),
             "cancelled": counts.get(ItemStatus.CANCELLED, 0),
             "expired": counts.get(ItemStatus.EXPIRED, 0),
         },
         "usage": {"input_tokens": prompt, "output_tokens": completion,
                   "total_tokens": prompt + completion},
         "metadata": job.metadata_,
+        "max_attempts": job.max_attempts,
         **{name: _unix(getattr(job, name)) for name in (
             "created_at", "in_progress_at", "finalizing_at", "completed_at", "failed_at",
             "cancelling_at", "cancelled_at", "expired_at", "expires_at")},
@@ -265,7 +293,8 @@ def cancel_job(sessions: sessionmaker[Session], job_id: str) -> Job:
         job.status = JobStatus.CANCELLING
         job.cancelling_at = utcnow()
         session.execute(update(Item)
-                        .where(Item.job_id == job_id, Item.status == ItemStatus.PENDING)
+                        .where(Item.job_id == job_id,
+                               Item.status.in_((ItemStatus.PENDING, ItemStatus.WAITING)))
                         .values(status=ItemStatus.CANCELLED))
     finish_if_done(sessions, job_id)
     with sessions() as session:
@@ -281,22 +310,28 @@ def retry_failed(sessions: sessionmaker[Session], job_id: str, dispatcher: Dispa
         if job.status not in (JobStatus.IN_PROGRESS, JobStatus.COMPLETED):
             raise JobStateError(f"job {job_id} is {job.status}; only in-progress or completed "
                                 "jobs can retry their failed requests")
+        failed = (Item.job_id == job_id, Item.status == ItemStatus.FAILED,
+                  Item.body.is_not(None))
+        # A failed duplicate waits for its original again rather than being sent itself.
         lines = sorted(session.scalars(
             update(Item)
-            .where(Item.job_id == job_id, Item.status == ItemStatus.FAILED,
-                   Item.body.is_not(None))
+            .where(*failed, Item.duplicate_of.is_(None))
             .values(status=ItemStatus.PENDING, lease_owner=None,
                     lease_expires_at=utcnow() + timedelta(seconds=settings.queue_patience_s))
             .returning(Item.line_no)).all())
-        if not lines:
+        waiting = session.scalars(
+            update(Item).where(*failed, Item.duplicate_of.is_not(None))
+            .values(status=ItemStatus.WAITING, lease_owner=None, lease_expires_at=None)
+            .returning(Item.line_no)).all()
+        if not lines and not waiting:
             return 0
         session.execute(delete(Result).where(Result.job_id == job_id,
-                                             Result.line_no.in_(lines)))
+                                             Result.line_no.in_([*lines, *waiting])))
         job.status = JobStatus.IN_PROGRESS
         job.finalizing_at = job.completed_at = None
         queue = job.queue
     dispatcher.dispatch(queue, batch_refs(job_id, lines, settings.batch_size))
-    return len(lines)
+    return len(lines) + len(waiting)
 
 
 def expire_overdue(sessions: sessionmaker[Session]) -> list[str]:
@@ -313,7 +348,8 @@ def expire_overdue(sessions: sessionmaker[Session]) -> list[str]:
             .returning(Job.id)).all()
         if overdue:
             session.execute(update(Item)
-                            .where(Item.job_id.in_(overdue), Item.status == ItemStatus.PENDING)
+                            .where(Item.job_id.in_(overdue),
+                                   Item.status.in_((ItemStatus.PENDING, ItemStatus.WAITING)))
                             .values(status=ItemStatus.EXPIRED))
     return list(overdue)
 
@@ -348,7 +384,8 @@ def iter_output(session: Session, job_id: str, errors: bool) -> Iterator[str]:
         if result is not None:
             if (result.error is None) != errors:
                 yield dumps_line(output_line(result.request_id, result.custom_id,
-                                             result.status_code, result.response, result.error))
+                                             result.status_code, result.response, result.error,
+                                             result.shared_from))
         elif errors and status in (ItemStatus.CANCELLED, ItemStatus.EXPIRED):
             code = "batch_cancelled" if status == ItemStatus.CANCELLED else "batch_expired"
             message = (f"line {line_no}: not sent because the job was "

@@ -35,6 +35,7 @@ class Failure:
     message: str
     status_code: int | None = None
     body: dict[str, Any] | None = None
+    attempts: int | None = None  # provider calls made, where any were
 
 
 Outcome = ProviderResponse | Failure
@@ -92,16 +93,19 @@ def leased_elsewhere_for(sessions: sessionmaker[Session], ref: BatchRef) -> floa
 
 
 def store(sessions: sessionmaker[Session], job_id: str, item: ClaimedItem,
-          outcome: Outcome) -> bool:
-    """Write the item's one result and close the item; True when it succeeded.
+          outcome: Outcome) -> tuple[bool, int]:
+    """Write the item's one result, close the item, and share the result with the
+    identical requests waiting for it; (succeeded, how many shared it).
 
     The result row is insert-or-ignore: if another worker stored first, its
     result stands and the item's status follows the stored row.
     """
     if isinstance(outcome, Failure):
-        values = dict(status_code=outcome.status_code, response=outcome.body,
-                      error={"code": outcome.code, "line": item.line_no,
-                             "message": outcome.message},
+        error: dict[str, Any] = {"code": outcome.code, "line": item.line_no,
+                                 "message": outcome.message}
+        if outcome.attempts is not None:
+            error["attempts"] = outcome.attempts
+        values = dict(status_code=outcome.status_code, response=outcome.body, error=error,
                       prompt_tokens=0, completion_tokens=0)
     else:
         values = dict(status_code=outcome.status_code, response=outcome.body, error=None,
@@ -111,16 +115,36 @@ def store(sessions: sessionmaker[Session], job_id: str, item: ClaimedItem,
         session.execute(insert_ignore(session, Result.__table__).values(
             job_id=job_id, line_no=item.line_no, custom_id=item.custom_id,
             request_id=new_request_id(), created_at=utcnow(), **values))
-        stored_error = session.scalar(select(Result.error).where(
-            Result.job_id == job_id, Result.line_no == item.line_no))
-        succeeded = stored_error is None
+        stored = session.execute(select(Result).where(
+            Result.job_id == job_id, Result.line_no == item.line_no)).scalar_one()
+        succeeded = stored.error is None
         session.execute(
             update(Item)
             .where(Item.job_id == job_id, Item.line_no == item.line_no,
                    Item.status.in_(ItemStatus.OPEN))
             .values(status=ItemStatus.SUCCEEDED if succeeded else ItemStatus.FAILED,
                     lease_owner=None, lease_expires_at=None))
-    return succeeded
+        shared = _share(session, job_id, stored)
+    return succeeded, shared
+
+
+def _share(session: Session, job_id: str, original: Result) -> int:
+    """Give the items waiting on `original`'s line the same answer; none is billed twice."""
+    twins = session.execute(
+        update(Item)
+        .where(Item.job_id == job_id, Item.duplicate_of == original.line_no,
+               Item.status == ItemStatus.WAITING)
+        .values(status=ItemStatus.SUCCEEDED if original.error is None else ItemStatus.FAILED)
+        .returning(Item.line_no, Item.custom_id)).all()
+    source = {"id": original.request_id, "custom_id": original.custom_id, "batch_id": job_id}
+    for line_no, custom_id in twins:
+        error = None if original.error is None else {**original.error, "line": line_no}
+        session.execute(insert_ignore(session, Result.__table__).values(
+            job_id=job_id, line_no=line_no, custom_id=custom_id,
+            request_id=new_request_id(), status_code=original.status_code,
+            response=original.response, error=error, prompt_tokens=0, completion_tokens=0,
+            shared_from=source, created_at=utcnow()))
+    return len(twins)
 
 
 def renew(sessions: sessionmaker[Session], job_id: str, owner: str, lease: timedelta) -> int:

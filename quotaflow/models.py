@@ -113,4 +113,7 @@ class Result(Base):
     error: Mapped[dict[str, Any] | None]
     prompt_tokens: Mapped[int] = mapped_column(Integer, default=0)
     completion_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    # Set when this answer is another request's, shared because the bodies are
+    # identical: {"id", "custom_id", "batch_id"} of the result that was sent.
+    shared_from: Mapped[dict[str, Any] | None]
     created_at: Mapped[datetime] = mapped_column(default=utcnow)

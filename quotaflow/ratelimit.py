@@ -54,7 +54,7 @@ class Budget:
 
     @classmethod
     def of(cls, deployment: Deployment) -> "Budget":
-        return cls(deployment.name, deployment.rpm, deployment.tpm, deployment.burst_seconds,
+        return cls(deployment.budget_name, deployment.rpm, deployment.tpm, deployment.burst_seconds,
                    flight_timeout_s=4 * deployment.timeout_s + 60,
                    margin_s=deployment.safety_margin_s)
 

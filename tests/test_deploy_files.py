@@ -42,8 +42,8 @@ def _subcommand(args: list[str]) -> list[str]:
 
 def test_example_deployments_file_loads() -> None:
     deployments = load_deployments(ROOT / "examples" / "deployments.toml")
-    assert deployments.for_model("gpt-4o-mini").name == "openai-mini"
-    assert deployments.for_model("something-else").name == "mock"
+    assert deployments.route_for("gpt-4o-mini").deployments == ["openai-mini"]
+    assert deployments.route_for("something-else").deployments == ["mock"]
 
 
 def test_dockerfile_installs_every_package() -> None:

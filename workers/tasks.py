@@ -4,6 +4,7 @@ from functools import lru_cache
 
 from celery import Task
 
+from quotaflow.circuit import make_breaker
 from quotaflow.config import get_settings
 from quotaflow.constants import TASK_PROCESS_BATCH
 from quotaflow.db import session_factory, translate_db_errors
@@ -19,7 +20,8 @@ def executor() -> BatchExecutor:
     """Built once per worker process, after the fork, so no pool is shared across processes."""
     settings = get_settings()
     return BatchExecutor(session_factory(settings.database_url), settings.load_deployments(),
-                         make_limiter(settings.limiter_url), settings)
+                         make_limiter(settings.limiter_url), settings,
+                         breaker=make_breaker(settings.limiter_url))
 
 
 # Postgres or Redis unreachable: the batch is tried again with backoff instead of
