@@ -35,8 +35,11 @@ def test_a_job_under_mixed_faults_loses_nothing(pg_url: str, pg_sessions, tmp_pa
         provider, provider_url = start_provider(tmp_path, "--rpm", "600000", "--tpm",
                                                 "100000000", "--latency-ms", "5", *fault_args)
         procs.append(provider)
+        # (a run of 10 failures in a row, which would open the circuit, is not among
+        # the faults studied here; tests/test_routing_cluster.py covers circuits)
         deployments = deployment_file(tmp_path, "flaky", provider_url,
-                                      "timeout_s = 1\nmax_concurrency = 100\n")
+                                      "timeout_s = 1\nmax_concurrency = 100\n"
+                                      "circuit_failures = 10\n")
         env = service_env(QUOTAFLOW_DATABASE_URL=pg_url, QUOTAFLOW_BROKER_URL=REDIS_URL,
                           QUOTAFLOW_DEPLOYMENTS_FILE=str(deployments),
                           QUOTAFLOW_PROVIDER_MAX_ATTEMPTS=str(ATTEMPTS))

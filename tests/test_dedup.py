@@ -1,0 +1,173 @@
+"""Identical requests within a job are sent once and share the answer; per-job retry limits."""
+
+import io
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from sqlalchemy import select
+
+from quotaflow import jobs
+from quotaflow.config import Settings
+from quotaflow.execution import BatchExecutor
+from quotaflow.jobs import BatchRef
+from quotaflow.models import Item
+from quotaflow.ratelimit import LocalLimiter
+from tests.factories import chat_line, jsonl
+from tests.harness import deployment_file, start_provider
+
+
+class Collect:
+    def __init__(self) -> None:
+        self.batches: list[BatchRef] = []
+
+    def dispatch(self, queue: str, batches: list[BatchRef]) -> None:
+        self.batches.extend(batches)
+
+
+@pytest.fixture
+def provider(tmp_path: Path) -> Iterator[str]:
+    proc, url = start_provider(tmp_path, "--rpm", "60000", "--tpm", "10000000")
+    try:
+        yield url
+    finally:
+        proc.stop()
+
+
+def submit(sessions, settings: Settings, lines: list[dict],
+           max_attempts: int | None = None) -> tuple[str, Collect]:
+    dispatcher = Collect()
+    job = jobs.create_job(sessions, io.BytesIO(jsonl(lines)), settings=settings,
+                          deployments=settings.load_deployments(), dispatcher=dispatcher,
+                          queue="realtime", max_attempts=max_attempts)
+    return job.id, dispatcher
+
+
+def run_all(sessions, settings: Settings, dispatcher: Collect) -> None:
+    executor = BatchExecutor(sessions, settings.load_deployments(), LocalLimiter(), settings,
+                             defer=False)
+    for ref in dispatcher.batches:
+        executor.run(ref)
+
+
+def outputs(sessions, job_id: str, errors: bool = False) -> dict[str, dict]:
+    with sessions() as session:
+        return {line["custom_id"]: line for line in map(
+            json.loads, jobs.iter_output(session, job_id, errors=errors))}
+
+
+def test_identical_requests_are_sent_once_and_share_the_answer(
+        pg_sessions, settings, tmp_path, provider: str) -> None:
+    # Given six lines, of which three ask the same thing and two another same thing
+    settings.deployments_file = deployment_file(tmp_path, "p", provider)
+    lines = [chat_line("a1", "same"), chat_line("b1", "other"), chat_line("a2", "same"),
+             chat_line("u", "unique"), chat_line("b2", "other"), chat_line("a3", "same")]
+    job_id, dispatcher = submit(pg_sessions, settings, lines)
+    # When the job runs
+    run_all(pg_sessions, settings, dispatcher)
+    # Then the provider was called three times, once per distinct request
+    stats = httpx.get(f"{provider}/stats").json()
+    assert (stats["admitted"], stats["max_calls_per_body"]) == (3, 1)
+    # And every line has its answer; the copies say whose call they share
+    out = outputs(pg_sessions, job_id)
+    assert set(out) == {"a1", "b1", "a2", "u", "b2", "a3"}
+    for copy, original in (("a2", "a1"), ("a3", "a1"), ("b2", "b1")):
+        assert out[copy]["shared_from"] == {"id": out[original]["id"], "custom_id": original,
+                                            "batch_id": job_id}
+        assert out[copy]["response"]["body"] == out[original]["response"]["body"]
+        assert out[copy]["id"] != out[original]["id"]
+    assert all("shared_from" not in out[cid] for cid in ("a1", "b1", "u"))
+    # And the job's usage counts each call once, and every line as completed
+    with pg_sessions() as session:
+        view = jobs.job_object(session, jobs.get_job(session, job_id))
+    assert view["status"] == "completed"
+    assert view["request_counts"]["completed"] == 6
+    assert view["usage"]["input_tokens"] == stats["prompt_tokens"]
+
+
+def test_without_dedup_every_line_is_sent(pg_sessions, settings, tmp_path, provider) -> None:
+    settings.deployments_file = deployment_file(tmp_path, "p", provider)
+    settings.dedup = False  # e.g. sampling one prompt several times at temperature 1
+    job_id, dispatcher = submit(pg_sessions, settings,
+                                [chat_line(f"s{i}", "same") for i in range(4)])
+    run_all(pg_sessions, settings, dispatcher)
+    assert httpx.get(f"{provider}/stats").json()["admitted"] == 4
+    assert all("shared_from" not in line for line in outputs(pg_sessions, job_id).values())
+
+
+def test_waiting_copies_are_cancelled_with_the_job(pg_sessions, settings) -> None:
+    job_id, _ = submit(pg_sessions, settings, [chat_line("x1", "same"),
+                                               chat_line("x2", "same")])
+    with pg_sessions() as session:
+        statuses = dict(session.execute(select(Item.custom_id, Item.status)
+                                        .where(Item.job_id == job_id)).all())
+    assert statuses == {"x1": "pending", "x2": "waiting"}
+    jobs.cancel_job(pg_sessions, job_id)
+    errors = outputs(pg_sessions, job_id, errors=True)
+    assert {cid: line["error"]["code"] for cid, line in errors.items()} == {
+        "x1": "batch_cancelled", "x2": "batch_cancelled"}
+    with pg_sessions() as session:
+        assert jobs.get_job(session, job_id).status == "cancelled"
+
+
+def test_a_job_sets_its_own_retry_limit_and_errors_say_what_happened(
+        pg_sessions, settings, tmp_path: Path) -> None:
+    # Given a provider that fails every request with a 500, and a job allowing 2 tries
+    proc, url = start_provider(tmp_path, "--rpm", "60000", "--tpm", "10000000",
+                               "--fault", "500=1")
+    try:
+        settings.deployments_file = deployment_file(tmp_path, "broken", url,
+                                                     "circuit_failures = 100\n")
+        settings.provider_max_attempts = 5
+        job_id, dispatcher = submit(pg_sessions, settings,
+                                    [chat_line("e1", "one"), chat_line("e2", "two"),
+                                     chat_line("e3", "one")], max_attempts=2)
+        run_all(pg_sessions, settings, dispatcher)
+        stats = httpx.get(f"{url}/stats").json()
+    finally:
+        proc.stop()
+    # Then each distinct request was tried exactly twice, and each error line says what
+    # happened, how many attempts were made, and the provider's last message
+    assert stats["requests_total"] == 4
+    errors = outputs(pg_sessions, job_id, errors=True)
+    assert set(errors) == {"e1", "e2", "e3"}
+    for line in errors.values():
+        error = line["error"]
+        assert error["code"] == "provider_error"
+        assert error["attempts"] == 2
+        assert "HTTP 500" in error["message"]
+        assert "The server had an error (simulated)" in error["message"]
+        assert "gave up after 2 attempts" in error["message"]
+    assert errors["e3"]["shared_from"]["custom_id"] == "e1"
+    with pg_sessions() as session:
+        assert jobs.job_object(session, jobs.get_job(session, job_id))["max_attempts"] == 2
+
+
+def test_retrying_a_failed_job_resends_originals_and_refills_their_copies(
+        pg_sessions, settings, tmp_path: Path) -> None:
+    proc, url = start_provider(tmp_path, "--rpm", "60000", "--tpm", "10000000",
+                               "--fault", "500=1")
+    try:
+        settings.deployments_file = deployment_file(tmp_path, "flaky", url,
+                                                     "circuit_failures = 100\n")
+        job_id, dispatcher = submit(pg_sessions, settings,
+                                    [chat_line("r1", "same"), chat_line("r2", "same")],
+                                    max_attempts=1)
+        run_all(pg_sessions, settings, dispatcher)
+        assert set(outputs(pg_sessions, job_id, errors=True)) == {"r1", "r2"}
+        # When the provider recovers and the failed requests are retried
+        httpx.put(f"{url}/faults", json={"500": 0}).raise_for_status()
+        again = Collect()
+        assert jobs.retry_failed(pg_sessions, job_id, again, settings) == 2
+        assert [(b.first_line, b.last_line) for b in again.batches] == [(1, 1)]
+        run_all(pg_sessions, settings, again)
+        stats = httpx.get(f"{url}/stats").json()
+    finally:
+        proc.stop()
+    # Then the one distinct request was sent once more, and both lines now succeed
+    assert (stats["requests_total"], stats["admitted"]) == (2, 1)  # a 500, then one success
+    out = outputs(pg_sessions, job_id)
+    assert set(out) == {"r1", "r2"}
+    assert out["r2"]["shared_from"]["custom_id"] == "r1"
