@@ -207,6 +207,9 @@ class Settings(BaseSettings):
     # Identical requests (same endpoint and body) within a job are sent once and the
     # answer shared. Turn off to sample one prompt several times with temperature > 0.
     dedup: bool = True
+    # Reuse an earlier job's successful answer to an identical request instead of
+    # calling again: a cache, for deterministic requests (quotaflow/reuse.py).
+    dedup_across_jobs: bool = False
     # Celery's Redis transport redelivers unacked messages after visibility_timeout;
     # the task limit stays well under it so a running batch is never delivered twice.
     visibility_timeout: int = Field(default=3600, gt=60)

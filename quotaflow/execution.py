@@ -43,6 +43,7 @@ from quotaflow.models import Job, utcnow
 from quotaflow.providers import Provider, ProviderResponse, make_provider
 from quotaflow.ratelimit import Budget, Limiter, RequestTooLarge, sleep_time
 from quotaflow.retries import RetryPolicy
+from quotaflow.reuse import earlier_answers
 from quotaflow.routing import Router
 from quotaflow.tokens import admission_tokens
 
@@ -140,9 +141,14 @@ class BatchExecutor:
                 .where(Job.id == ref.job_id)).one()
         policy = RetryPolicy(max_attempts=max_attempts or self.settings.provider_max_attempts)
         run = _BatchRun(ref, owner, url, self.settings.floor_for(queue), policy, on_item)
+        reused = (earlier_answers(self.sessions, ref.job_id, items)
+                  if self.settings.dedup_across_jobs else {})
         by_model: dict[str | None, list[ClaimedItem]] = {}
         for item in items:
-            by_model.setdefault(item.body.get("model"), []).append(item)
+            if item.line_no in reused:
+                self._finish(run, item, reused[item.line_no])
+            else:
+                by_model.setdefault(item.body.get("model"), []).append(item)
         keeper = asyncio.create_task(self._keep_leases(ref, owner))
         try:
             await asyncio.gather(*(self._run_model(run, model, group)

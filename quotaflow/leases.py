@@ -25,6 +25,7 @@ class ClaimedItem:
     custom_id: str | None
     body: dict[str, Any]
     attempts: int
+    body_hash: str | None = None
 
 
 @dataclass(frozen=True)
@@ -38,7 +39,16 @@ class Failure:
     attempts: int | None = None  # provider calls made, where any were
 
 
-Outcome = ProviderResponse | Failure
+@dataclass(frozen=True)
+class Shared:
+    """The answer an identical request got in an earlier job, reused instead of a call."""
+
+    status_code: int | None
+    body: dict[str, Any] | None
+    source: dict[str, Any]  # {"id", "custom_id", "batch_id"} of the call that was made
+
+
+Outcome = ProviderResponse | Failure | Shared
 
 
 def claim(sessions: sessionmaker[Session], ref: BatchRef, owner: str,
@@ -55,7 +65,7 @@ def claim(sessions: sessionmaker[Session], ref: BatchRef, owner: str,
                job_running)
         .values(status=ItemStatus.RUNNING, attempts=Item.attempts + 1,
                 lease_owner=owner, lease_expires_at=now + lease)
-        .returning(Item.line_no, Item.custom_id, Item.body, Item.attempts)
+        .returning(Item.line_no, Item.custom_id, Item.body, Item.attempts, Item.body_hash)
     )
     with sessions.begin() as session:
         rows = session.execute(statement).all()
@@ -107,6 +117,9 @@ def store(sessions: sessionmaker[Session], job_id: str, item: ClaimedItem,
             error["attempts"] = outcome.attempts
         values = dict(status_code=outcome.status_code, response=outcome.body, error=error,
                       prompt_tokens=0, completion_tokens=0)
+    elif isinstance(outcome, Shared):
+        values = dict(status_code=outcome.status_code, response=outcome.body, error=None,
+                      prompt_tokens=0, completion_tokens=0, shared_from=outcome.source)
     else:
         values = dict(status_code=outcome.status_code, response=outcome.body, error=None,
                       prompt_tokens=outcome.prompt_tokens,
@@ -136,7 +149,8 @@ def _share(session: Session, job_id: str, original: Result) -> int:
                Item.status == ItemStatus.WAITING)
         .values(status=ItemStatus.SUCCEEDED if original.error is None else ItemStatus.FAILED)
         .returning(Item.line_no, Item.custom_id)).all()
-    source = {"id": original.request_id, "custom_id": original.custom_id, "batch_id": job_id}
+    source = original.shared_from or {"id": original.request_id,
+                                      "custom_id": original.custom_id, "batch_id": job_id}
     for line_no, custom_id in twins:
         error = None if original.error is None else {**original.error, "line": line_no}
         session.execute(insert_ignore(session, Result.__table__).values(

@@ -171,3 +171,32 @@ def test_retrying_a_failed_job_resends_originals_and_refills_their_copies(
     out = outputs(pg_sessions, job_id)
     assert set(out) == {"r1", "r2"}
     assert out["r2"]["shared_from"]["custom_id"] == "r1"
+
+
+@pytest.mark.parametrize("across_jobs", [True, False])
+def test_a_later_job_may_reuse_an_earlier_jobs_answers(
+        pg_sessions, settings, tmp_path, provider: str, across_jobs: bool) -> None:
+    settings.deployments_file = deployment_file(tmp_path, "p", provider)
+    settings.dedup_across_jobs = across_jobs
+    first_id, first = submit(pg_sessions, settings, [chat_line("q1", "asked before")])
+    run_all(pg_sessions, settings, first)
+    # When a second job asks the same thing again, and something new
+    second_id, second = submit(pg_sessions, settings, [chat_line("again", "asked before"),
+                                                       chat_line("new", "never asked")])
+    run_all(pg_sessions, settings, second)
+    stats = httpx.get(f"{provider}/stats").json()
+    out = outputs(pg_sessions, second_id)
+    earlier = outputs(pg_sessions, first_id)["q1"]
+    if across_jobs:
+        # Then only the new request was sent; the repeated one carries the earlier answer
+        assert stats["admitted"] == 2
+        assert out["again"]["shared_from"] == {"id": earlier["id"], "custom_id": "q1",
+                                               "batch_id": first_id}
+        assert out["again"]["response"]["body"] == earlier["response"]["body"]
+        with pg_sessions() as session:
+            usage = jobs.job_object(session, jobs.get_job(session, second_id))["usage"]
+        assert usage["input_tokens"] == out["new"]["response"]["body"]["usage"]["prompt_tokens"]
+    else:
+        # Then (the default) every job calls for itself
+        assert stats["admitted"] == 3
+        assert "shared_from" not in out["again"]

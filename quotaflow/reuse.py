@@ -1,0 +1,39 @@
+"""Answers reused across jobs: a request identical to one an earlier job already got
+a successful answer for takes that answer instead of calling the provider again.
+
+Off by default (QUOTAFLOW_DEDUP_ACROSS_JOBS): a cache of answers suits
+deterministic requests (temperature 0, embeddings), not sampling. Within one
+job, identical requests are shared at ingest instead (jobs.py, leases.py).
+"""
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from quotaflow.leases import ClaimedItem, Shared
+from quotaflow.models import Item, Result
+
+# Earlier answers looked at per batch: enough to find one per request, bounded.
+LOOKUP_LIMIT = 1000
+
+
+def earlier_answers(sessions: sessionmaker[Session], job_id: str,
+                    items: list[ClaimedItem]) -> dict[int, Shared]:
+    """Line number -> a successful answer to the same request from another job."""
+    hashes = {item.body_hash for item in items if item.body_hash}
+    if not hashes:
+        return {}
+    with sessions() as session:
+        rows = session.execute(
+            select(Item.body_hash, Result.job_id, Result.custom_id, Result.request_id,
+                   Result.status_code, Result.response, Result.shared_from)
+            .join(Result, (Result.job_id == Item.job_id) & (Result.line_no == Item.line_no))
+            .where(Item.body_hash.in_(hashes), Item.job_id != job_id,
+                   Result.error.is_(None), Result.status_code.is_not(None))
+            .limit(LOOKUP_LIMIT)).all()
+    found: dict[str, Shared] = {}
+    for digest, batch_id, custom_id, request_id, status, response, shared_from in rows:
+        source = shared_from or {"id": request_id, "custom_id": custom_id,
+                                 "batch_id": batch_id}
+        found.setdefault(digest, Shared(status, response, source))
+    return {item.line_no: found[item.body_hash] for item in items
+            if item.body_hash in found}
