@@ -56,6 +56,8 @@ class Router:
         """
         waits: list[float] = []
         group = [n for n in route.deployments if n not in exclude]
+        if len(group) == 1 and not route.fallback:
+            return self._only(self.deployments.deployments[group[0]])
         if group:
             choice = self._best_of(group)
             if choice.deployment is not None:
@@ -76,6 +78,18 @@ class Router:
             return frozenset()
         return frozenset(d.name for d in self.deployments.deployments.values()
                          if d.quota == deployment.quota and d.name != deployment.name)
+
+    def _only(self, deployment: Deployment) -> Choice:
+        """A lone deployment needs no comparison: only its circuit can keep work from it
+        (a 429 block is the limiter's to enforce, which acquire reports as a wait)."""
+        circuit = self._circuit(deployment)
+        if circuit.state == CircuitState.PROBE_FREE:
+            if self._claim_probe(deployment):
+                return Choice(deployment, probe=True)
+            circuit = self._circuit(deployment)
+        if not circuit.usable:
+            return Choice(None, wait_s=circuit.wait_s)
+        return Choice(deployment)
 
     def _best_of(self, names: list[str]) -> Choice:
         scored: list[tuple[float, Deployment]] = []

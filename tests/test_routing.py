@@ -191,3 +191,18 @@ def test_bad_routes_are_refused_with_the_reason(tmp_path, tables: str, message: 
     path.write_text(tables)
     with pytest.raises(ConfigError, match=message):
         load_deployments(path)
+
+
+def test_a_lone_deployment_waits_out_its_open_circuit_then_gets_the_probe() -> None:
+    clock = Clock()
+    lone = deployment("lone")
+    chooser = router(lone, clock=clock)
+    assert chooser.choose(route_of(chooser)).deployment.name == "lone"
+    chooser.breaker.record_failure(lone)
+    closed_off = chooser.choose(route_of(chooser))
+    assert closed_off.deployment is None
+    assert closed_off.wait_s == pytest.approx(10.0)
+    clock.now += 10.5
+    probe = chooser.choose(route_of(chooser))
+    assert (probe.deployment.name, probe.probe) == ("lone", True)
+    assert chooser.choose(route_of(chooser)).deployment is None  # the probe is out
