@@ -1,6 +1,7 @@
 """What the multi-process tests share: a mock provider, a deployments file naming it,
 Celery workers, and reading a job's progress from the database (through restarts)."""
 
+import io
 import json
 import time
 from collections.abc import Callable
@@ -11,9 +12,12 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
+from api.dispatch import CeleryDispatcher
 from quotaflow import jobs
+from quotaflow.config import Settings
 from quotaflow.models import Result
 from tests.conftest import service_env
+from tests.factories import jsonl
 from tests.procs import Proc, free_port, quotaflow
 
 T = TypeVar("T")
@@ -79,6 +83,22 @@ def wait_until_finished(sessions: sessionmaker[Session], job_id: str, since: flo
             f"{results_stored(sessions, job_id)} of {total} done {timeout:.0f} s after the fault")
         time.sleep(0.5)
     return status
+
+
+def submit_and_finish(sessions: sessionmaker[Session], settings: Settings, lines: list[dict],
+                      timeout: float, queue: str = "realtime") -> dict:
+    """Queue a job of `lines` on Celery and wait for it to leave in_progress; its view."""
+    job = jobs.create_job(sessions, io.BytesIO(jsonl(lines)), settings=settings,
+                          deployments=settings.load_deployments(),
+                          dispatcher=CeleryDispatcher(settings.broker_url), queue=queue)
+    deadline = time.monotonic() + timeout
+    while True:
+        with sessions() as session:
+            view = jobs.job_object(session, jobs.get_job(session, job.id))
+        if view["status"] != "in_progress":
+            return view
+        assert time.monotonic() < deadline, view["request_counts"]
+        time.sleep(0.5)
 
 
 def one_result_per_line(sessions: sessionmaker[Session], job_id: str) -> tuple[int, int]:

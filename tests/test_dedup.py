@@ -36,6 +36,20 @@ def provider(tmp_path: Path) -> Iterator[str]:
         proc.stop()
 
 
+@pytest.fixture
+def failing(settings: Settings, tmp_path: Path) -> Iterator[str]:
+    """A provider answering 500 to everything (until told otherwise), as the deployment;
+    its circuit never opens here, so every try reaches it."""
+    proc, url = start_provider(tmp_path, "--rpm", "60000", "--tpm", "10000000",
+                               "--fault", "500=1")
+    settings.deployments_file = deployment_file(tmp_path, "broken", url,
+                                                "circuit_failures = 100\n")
+    try:
+        yield url
+    finally:
+        proc.stop()
+
+
 def submit(sessions, settings: Settings, lines: list[dict],
            max_attempts: int | None = None) -> tuple[str, Collect]:
     dispatcher = Collect()
@@ -113,21 +127,14 @@ def test_waiting_copies_are_cancelled_with_the_job(pg_sessions, settings) -> Non
 
 
 def test_a_job_sets_its_own_retry_limit_and_errors_say_what_happened(
-        pg_sessions, settings, tmp_path: Path) -> None:
+        pg_sessions, settings, failing: str) -> None:
     # Given a provider that fails every request with a 500, and a job allowing 2 tries
-    proc, url = start_provider(tmp_path, "--rpm", "60000", "--tpm", "10000000",
-                               "--fault", "500=1")
-    try:
-        settings.deployments_file = deployment_file(tmp_path, "broken", url,
-                                                     "circuit_failures = 100\n")
-        settings.provider_max_attempts = 5
-        job_id, dispatcher = submit(pg_sessions, settings,
-                                    [chat_line("e1", "one"), chat_line("e2", "two"),
-                                     chat_line("e3", "one")], max_attempts=2)
-        run_all(pg_sessions, settings, dispatcher)
-        stats = httpx.get(f"{url}/stats").json()
-    finally:
-        proc.stop()
+    settings.provider_max_attempts = 5
+    job_id, dispatcher = submit(pg_sessions, settings,
+                                [chat_line("e1", "one"), chat_line("e2", "two"),
+                                 chat_line("e3", "one")], max_attempts=2)
+    run_all(pg_sessions, settings, dispatcher)
+    stats = httpx.get(f"{failing}/stats").json()
     # Then each distinct request was tried exactly twice, and each error line says what
     # happened, how many attempts were made, and the provider's last message
     assert stats["requests_total"] == 4
@@ -146,26 +153,19 @@ def test_a_job_sets_its_own_retry_limit_and_errors_say_what_happened(
 
 
 def test_retrying_a_failed_job_resends_originals_and_refills_their_copies(
-        pg_sessions, settings, tmp_path: Path) -> None:
-    proc, url = start_provider(tmp_path, "--rpm", "60000", "--tpm", "10000000",
-                               "--fault", "500=1")
-    try:
-        settings.deployments_file = deployment_file(tmp_path, "flaky", url,
-                                                     "circuit_failures = 100\n")
-        job_id, dispatcher = submit(pg_sessions, settings,
-                                    [chat_line("r1", "same"), chat_line("r2", "same")],
-                                    max_attempts=1)
-        run_all(pg_sessions, settings, dispatcher)
-        assert set(outputs(pg_sessions, job_id, errors=True)) == {"r1", "r2"}
-        # When the provider recovers and the failed requests are retried
-        httpx.put(f"{url}/faults", json={"500": 0}).raise_for_status()
-        again = Collect()
-        assert jobs.retry_failed(pg_sessions, job_id, again, settings) == 2
-        assert [(b.first_line, b.last_line) for b in again.batches] == [(1, 1)]
-        run_all(pg_sessions, settings, again)
-        stats = httpx.get(f"{url}/stats").json()
-    finally:
-        proc.stop()
+        pg_sessions, settings, failing: str) -> None:
+    job_id, dispatcher = submit(pg_sessions, settings,
+                                [chat_line("r1", "same"), chat_line("r2", "same")],
+                                max_attempts=1)
+    run_all(pg_sessions, settings, dispatcher)
+    assert set(outputs(pg_sessions, job_id, errors=True)) == {"r1", "r2"}
+    # When the provider recovers and the failed requests are retried
+    httpx.put(f"{failing}/faults", json={"500": 0}).raise_for_status()
+    again = Collect()
+    assert jobs.retry_failed(pg_sessions, job_id, again, settings) == 2
+    assert [(b.first_line, b.last_line) for b in again.batches] == [(1, 1)]
+    run_all(pg_sessions, settings, again)
+    stats = httpx.get(f"{failing}/stats").json()
     # Then the one distinct request was sent once more, and both lines now succeed
     assert (stats["requests_total"], stats["admitted"]) == (2, 1)  # a 500, then one success
     out = outputs(pg_sessions, job_id)

@@ -1,8 +1,6 @@
 """Mixed provider faults: every item ends succeeded or failed with its reason, and none twice."""
 
-import io
 import json
-import time
 from pathlib import Path
 
 import httpx
@@ -10,13 +8,12 @@ import pytest
 import redis
 from sqlalchemy import func, select
 
-from api.dispatch import CeleryDispatcher
 from quotaflow import jobs
 from quotaflow.config import Settings
 from quotaflow.models import Result
 from tests.conftest import REDIS_URL, service_env
-from tests.factories import chat_line, jsonl
-from tests.harness import deployment_file, start_provider, start_workers
+from tests.factories import chat_line
+from tests.harness import deployment_file, start_provider, start_workers, submit_and_finish
 
 ITEMS = 2000
 ATTEMPTS = 5
@@ -46,19 +43,10 @@ def test_a_job_under_mixed_faults_loses_nothing(pg_url: str, pg_sessions, tmp_pa
         procs += start_workers(env, tmp_path, "faults")
         settings = Settings(database_url=pg_url, broker_url=REDIS_URL, batch_size=100,
                             deployments_file=deployments, _env_file=None)
-        data = jsonl([chat_line(f"f{i}") for i in range(ITEMS)])
-        job = jobs.create_job(pg_sessions, io.BytesIO(data), settings=settings,
-                              deployments=settings.load_deployments(),
-                              dispatcher=CeleryDispatcher(REDIS_URL), queue="realtime")
         # When the job runs to its end
-        deadline = time.monotonic() + 240
-        while True:
-            with pg_sessions() as session:
-                view = jobs.job_object(session, jobs.get_job(session, job.id))
-            if view["status"] != "in_progress":
-                break
-            assert time.monotonic() < deadline, view["request_counts"]
-            time.sleep(1)
+        view = submit_and_finish(pg_sessions, settings,
+                                 [chat_line(f"f{i}") for i in range(ITEMS)], timeout=240)
+        job_id = view["id"]
         stats = httpx.get(f"{provider_url}/stats").json()
     finally:
         for proc in reversed(procs):
@@ -70,9 +58,9 @@ def test_a_job_under_mixed_faults_loses_nothing(pg_url: str, pg_sessions, tmp_pa
     assert counts["completed"] >= ITEMS * 0.99
     with pg_sessions() as session:
         per_line = session.execute(select(func.count(), func.count(func.distinct(Result.line_no)))
-                                   .where(Result.job_id == job.id)).one()
-        errors = [json.loads(line) for line in jobs.iter_output(session, job.id, errors=True)]
-        output = [json.loads(line) for line in jobs.iter_output(session, job.id, errors=False)]
+                                   .where(Result.job_id == job_id)).one()
+        errors = [json.loads(line) for line in jobs.iter_output(session, job_id, errors=True)]
+        output = [json.loads(line) for line in jobs.iter_output(session, job_id, errors=False)]
     assert per_line == (ITEMS, ITEMS)
     assert sorted(line["custom_id"] for line in output + errors) == sorted(
         f"f{i}" for i in range(ITEMS))

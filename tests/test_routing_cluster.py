@@ -2,20 +2,22 @@
 budgets, a deployment that starts failing is circuit broken and the others take its share,
 and once it recovers a probe closes its circuit again."""
 
-import io
 import time
 from pathlib import Path
 
 import httpx
 import pytest
 
-from api.dispatch import CeleryDispatcher
-from quotaflow import jobs
 from quotaflow.circuit import CircuitState, RedisCircuitBreaker
 from quotaflow.config import Settings
 from tests.conftest import REDIS_URL, service_env
-from tests.factories import chat_line, jsonl
-from tests.harness import one_result_per_line, start_provider, start_workers
+from tests.factories import chat_line
+from tests.harness import (
+    one_result_per_line,
+    start_provider,
+    start_workers,
+    submit_and_finish,
+)
 
 RPM = {"a": 600, "b": 1200, "c": 1800}  # 10, 20 and 30 requests a second
 COOLDOWN_S = 2
@@ -33,21 +35,11 @@ def deployments_toml(urls: dict[str, str]) -> str:
 
 
 def run_job(sessions, settings: Settings, prefix: str, items: int) -> dict:
-    data = jsonl([chat_line(f"{prefix}{i}") for i in range(items)])
-    job = jobs.create_job(sessions, io.BytesIO(data), settings=settings,
-                          deployments=settings.load_deployments(),
-                          dispatcher=CeleryDispatcher(REDIS_URL), queue="realtime")
-    deadline = time.monotonic() + 120
-    while True:
-        with sessions() as session:
-            view = jobs.job_object(session, jobs.get_job(session, job.id))
-        if view["status"] != "in_progress":
-            break
-        assert time.monotonic() < deadline, view["request_counts"]
-        time.sleep(0.5)
+    view = submit_and_finish(sessions, settings,
+                             [chat_line(f"{prefix}{i}") for i in range(items)], timeout=120)
     assert view["status"] == "completed"
     assert view["request_counts"]["completed"] == items
-    assert one_result_per_line(sessions, job.id) == (items, items)
+    assert one_result_per_line(sessions, view["id"]) == (items, items)
     return view
 
 
