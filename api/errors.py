@@ -4,8 +4,12 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from quotaflow.errors import (
+    AuthenticationError,
     ConfigError,
     DeploymentNotFound,
+    EnqueuedTokenLimit,
+    FileNotFound,
+    FileTooLarge,
     InputFileError,
     JobNotFound,
     JobStateError,
@@ -15,6 +19,10 @@ from quotaflow.errors import (
 
 STATUS_BY_ERROR: list[tuple[type[QuotaflowError], int]] = [
     (JobNotFound, 404),
+    (FileNotFound, 404),
+    (AuthenticationError, 401),
+    (FileTooLarge, 413),
+    (EnqueuedTokenLimit, 400),
     (DeploymentNotFound, 404),
     (InputFileError, 400),
     (JobStateError, 409),
@@ -23,14 +31,23 @@ STATUS_BY_ERROR: list[tuple[type[QuotaflowError], int]] = [
     (QuotaflowError, 400),
 ]
 
+# OpenAI's error codes, so SDK users can branch on `error.code` as they do there.
+CODE_BY_ERROR: dict[type[QuotaflowError], str] = {
+    AuthenticationError: "invalid_api_key",
+    EnqueuedTokenLimit: "token_limit_exceeded",
+    FileTooLarge: "file_too_large",
+}
+
 
 async def quotaflow_error_handler(_request: Request, exc: Exception) -> JSONResponse:
     status = next(code for kind, code in STATUS_BY_ERROR if isinstance(exc, kind))
-    error: dict = {"message": str(exc), "type": exc.__class__.__name__}
+    error: dict = {"message": str(exc), "type": exc.__class__.__name__,
+                   "code": CODE_BY_ERROR.get(type(exc))}
     if isinstance(exc, InputFileError):
         error["message"] = exc.message
         error["data"] = [{"line": p.line_no, "message": p.reason} for p in exc.problems[:1000]]
-    return JSONResponse(status_code=status, content={"error": error})
+    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    return JSONResponse(status_code=status, content={"error": error}, headers=headers)
 
 
 def install(app: FastAPI) -> None:
