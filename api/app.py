@@ -16,8 +16,10 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from api import errors, v1
 from api.deps import (
+    AfterQuery,
     DeploymentsDep,
     DispatcherDep,
+    IdPath,
     LimiterDep,
     SessionDep,
     SessionsDep,
@@ -60,7 +62,8 @@ def create_app() -> FastAPI:
         with quotas.reserve(sessions, settings, tenant, estimate.tokens):
             job = jobs.create_job(sessions, file.file, settings=settings,
                                   deployments=deployments, dispatcher=dispatcher, queue=queue,
-                                  filename=file.filename, metadata=_metadata(metadata),
+                                  filename=_filename(file.filename),
+                                  metadata=_metadata(metadata),
                                   tenant=tenant, enqueued_tokens=estimate.tokens)
         with sessions() as session:
             return jobs.job_object(session, jobs.get_job(session, job.id))
@@ -68,7 +71,7 @@ def create_app() -> FastAPI:
     @app.get("/jobs")
     def list_jobs(session: SessionDep, tenant: TenantDep,
                   limit: Annotated[int, Query(ge=1, le=100)] = 20,
-                  after: str | None = None) -> dict[str, Any]:
+                  after: AfterQuery = None) -> dict[str, Any]:
         page = jobs.list_jobs(session, limit=limit + 1, after=after, tenant=tenant)
         data = [jobs.job_object(session, job) for job in page[:limit]]
         return {"object": "list", "data": data,
@@ -77,18 +80,18 @@ def create_app() -> FastAPI:
                 "has_more": len(page) > limit}
 
     @app.get("/jobs/{job_id}")
-    def get_job(job_id: str, session: SessionDep, tenant: TenantDep) -> dict[str, Any]:
+    def get_job(job_id: IdPath, session: SessionDep, tenant: TenantDep) -> dict[str, Any]:
         return jobs.job_object(session, jobs.get_job(session, job_id, tenant))
 
     @app.post("/jobs/{job_id}/cancel")
-    def cancel_job(job_id: str, sessions: SessionsDep, tenant: TenantDep) -> dict[str, Any]:
+    def cancel_job(job_id: IdPath, sessions: SessionsDep, tenant: TenantDep) -> dict[str, Any]:
         _own(sessions, job_id, tenant)
         jobs.cancel_job(sessions, job_id)
         with sessions() as session:
             return jobs.job_object(session, jobs.get_job(session, job_id))
 
     @app.post("/jobs/{job_id}/retry")
-    def retry_job(job_id: str, sessions: SessionsDep, settings: SettingsDep,
+    def retry_job(job_id: IdPath, sessions: SessionsDep, settings: SettingsDep,
                   dispatcher: DispatcherDep, tenant: TenantDep) -> dict[str, Any]:
         """Queue a job's failed requests again (not its invalid lines)."""
         _own(sessions, job_id, tenant)
@@ -98,12 +101,12 @@ def create_app() -> FastAPI:
                     "retried": retried}
 
     @app.get("/jobs/{job_id}/results", response_class=StreamingResponse)
-    def results(job_id: str, sessions: SessionsDep, tenant: TenantDep) -> StreamingResponse:
+    def results(job_id: IdPath, sessions: SessionsDep, tenant: TenantDep) -> StreamingResponse:
         _own(sessions, job_id, tenant)
         return _stream(sessions, job_id, errors=False)
 
     @app.get("/jobs/{job_id}/errors", response_class=StreamingResponse)
-    def error_lines(job_id: str, sessions: SessionsDep, tenant: TenantDep) -> StreamingResponse:
+    def error_lines(job_id: IdPath, sessions: SessionsDep, tenant: TenantDep) -> StreamingResponse:
         _own(sessions, job_id, tenant)
         return _stream(sessions, job_id, errors=True)
 
@@ -130,6 +133,10 @@ def _own(sessions: sessionmaker[Session], job_id: str, tenant: str) -> None:
         jobs.get_job(session, job_id, tenant)
 
 
+def _filename(name: str | None) -> str | None:
+    return None if name is None else name.replace("\x00", "")[:255]
+
+
 def _metadata(raw: str | None) -> dict[str, str] | None:
     if raw is None or not raw.strip():
         return None
@@ -139,6 +146,8 @@ def _metadata(raw: str | None) -> dict[str, str] | None:
         raise QuotaflowError(f"metadata must be a JSON object: {exc.msg}") from exc
     if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
         raise QuotaflowError("metadata must be a JSON object of string values")
+    if any("\x00" in key + text for key, text in value.items()):
+        raise QuotaflowError("metadata must not contain NUL characters")
     return value
 
 

@@ -3,7 +3,7 @@
 from functools import lru_cache
 from typing import Annotated
 
-from fastapi import Depends
+from fastapi import Depends, Path, Query
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -55,6 +55,13 @@ def tenant(credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(b
     with sessions()() as db_session:
         return tenant_for_key(db_session, credentials.credentials if credentials else None)
 
+
+# Ids quotaflow hands out (batch_..., file-..., key_...): anything else cannot name an
+# object, and is refused before it reaches the database (a NUL there is a server error).
+ID_PATTERN = r"^[A-Za-z0-9_.:-]{1,128}$"
+IdPath = Annotated[str, Path(pattern=ID_PATTERN)]
+AfterQuery = Annotated[str | None, Query(pattern=ID_PATTERN,
+                                         description="Id of the last object of the previous page")]
 
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 SessionsDep = Annotated[sessionmaker[Session], Depends(sessions)]

@@ -13,11 +13,22 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, Field
 from sqlalchemy.orm import Session, sessionmaker
 
-from api.deps import DeploymentsDep, DispatcherDep, SessionsDep, SettingsDep, TenantDep
+from api.deps import (
+    ID_PATTERN,
+    AfterQuery,
+    DeploymentsDep,
+    DispatcherDep,
+    IdPath,
+    SessionsDep,
+    SettingsDep,
+    TenantDep,
+)
 from quotaflow import batches, files, jobs
 from quotaflow.config import get_settings
 
 router = APIRouter(prefix="/v1", tags=["OpenAI-compatible"])
+# PostgreSQL text and JSONB cannot hold NUL characters.
+NO_NUL = r"^[^\x00]*$"
 # Room for the multipart envelope around a file at the size limit.
 FORM_OVERHEAD_BYTES = 64 * 1024
 
@@ -25,12 +36,12 @@ FORM_OVERHEAD_BYTES = 64 * 1024
 class CreateBatch(BaseModel):
     """POST /v1/batches, as the OpenAI SDK sends it."""
 
-    input_file_id: str = Field(max_length=64)
+    input_file_id: str = Field(pattern=ID_PATTERN)
     endpoint: str = Field(max_length=64)
     completion_window: str = Field(default="24h", max_length=16)
     # OpenAI: at most 16 pairs, keys up to 64 and values up to 512 characters.
-    metadata: dict[Annotated[str, Field(max_length=64)],
-                   Annotated[str, Field(max_length=512)]] | None = Field(
+    metadata: dict[Annotated[str, Field(max_length=64, pattern=NO_NUL)],
+                   Annotated[str, Field(max_length=512, pattern=NO_NUL)]] | None = Field(
         default=None, max_length=16)
 
 
@@ -59,7 +70,7 @@ def list_files(
     sessions: SessionsDep, tenant: TenantDep,
     purpose: str | None = None,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 10_000,
-    after: str | None = None,
+    after: AfterQuery = None,
     order: Literal["asc", "desc"] = "desc",
 ) -> dict[str, Any]:
     """The tenant's uploads, newest first (batch output files are not listed)."""
@@ -70,7 +81,7 @@ def list_files(
 
 
 @router.get("/files/{file_id}")
-def get_file(file_id: str, sessions: SessionsDep, tenant: TenantDep) -> dict[str, Any]:
+def get_file(file_id: IdPath, sessions: SessionsDep, tenant: TenantDep) -> dict[str, Any]:
     with sessions() as session:
         virtual = files.virtual_file(session, file_id, tenant)
         if virtual is not None:
@@ -79,7 +90,7 @@ def get_file(file_id: str, sessions: SessionsDep, tenant: TenantDep) -> dict[str
 
 
 @router.get("/files/{file_id}/content", response_class=StreamingResponse)
-def file_content(file_id: str, sessions: SessionsDep, tenant: TenantDep) -> StreamingResponse:
+def file_content(file_id: IdPath, sessions: SessionsDep, tenant: TenantDep) -> StreamingResponse:
     """The file's bytes; a batch's output or error file in input order (partial while it runs)."""
     with sessions() as session:  # 404 before the stream starts
         virtual = files.virtual_file(session, file_id, tenant)
@@ -102,7 +113,7 @@ def _chunks(sessions: sessionmaker[Session], file_id: str) -> Iterator[bytes]:
 
 
 @router.delete("/files/{file_id}")
-def delete_file(file_id: str, sessions: SessionsDep, tenant: TenantDep) -> dict[str, Any]:
+def delete_file(file_id: IdPath, sessions: SessionsDep, tenant: TenantDep) -> dict[str, Any]:
     files.delete_file(sessions, file_id, tenant)
     return {"id": file_id, "object": "file", "deleted": True}
 
@@ -129,7 +140,7 @@ def create_batch(
 @router.get("/batches")
 def list_batches(
     sessions: SessionsDep, tenant: TenantDep,
-    after: str | None = None, limit: Annotated[int, Query(ge=1, le=100)] = 20,
+    after: AfterQuery = None, limit: Annotated[int, Query(ge=1, le=100)] = 20,
 ) -> dict[str, Any]:
     with sessions() as session:
         page = jobs.list_jobs(session, limit=limit + 1, after=after, tenant=tenant)
@@ -138,13 +149,13 @@ def list_batches(
 
 
 @router.get("/batches/{batch_id}")
-def get_batch(batch_id: str, sessions: SessionsDep, tenant: TenantDep) -> dict[str, Any]:
+def get_batch(batch_id: IdPath, sessions: SessionsDep, tenant: TenantDep) -> dict[str, Any]:
     with sessions() as session:
         return batches.batch_object(session, jobs.get_job(session, batch_id, tenant))
 
 
 @router.post("/batches/{batch_id}/cancel")
-def cancel_batch(batch_id: str, sessions: SessionsDep, tenant: TenantDep) -> dict[str, Any]:
+def cancel_batch(batch_id: IdPath, sessions: SessionsDep, tenant: TenantDep) -> dict[str, Any]:
     """Stop new requests; those in flight finish and stay in the output file."""
     with sessions() as session:
         jobs.get_job(session, batch_id, tenant)

@@ -40,8 +40,9 @@ def store_file(sessions: sessionmaker[Session], stream: IO[bytes], *, tenant: st
     file_id = f"file-{uuid.uuid4().hex}"
     size = 0
     with sessions.begin() as session:
-        row = File(id=file_id, tenant=tenant, filename=(filename or "upload.jsonl")[:255],
-                   purpose=purpose, bytes=0, status=STATUS_PROCESSED, created_at=utcnow())
+        name = filename.replace("\x00", "") or "upload.jsonl"  # no NUL in a text column
+        row = File(id=file_id, tenant=tenant, filename=name[:255], purpose=purpose, bytes=0,
+                   status=STATUS_PROCESSED, created_at=utcnow())
         session.add(row)
         session.flush()
         seq = 0
