@@ -54,22 +54,19 @@ def upgrade() -> None:
         sa.Column("seq", sa.Integer, primary_key=True, autoincrement=False),
         sa.Column("data", sa.LargeBinary, nullable=False),
     )
-    with op.batch_alter_table("jobs") as batch:
-        batch.add_column(sa.Column("tenant", sa.String(64), nullable=False,
-                                   server_default="default"))
-        batch.add_column(sa.Column("input_file_id", sa.String(64)))
-        batch.add_column(sa.Column("enqueued_tokens", sa.BigInteger))
-        batch.add_column(sa.Column("errors", JSON))
+    # Jobs from before tenants belong to "default", the auth-off and embedded tenant.
+    op.add_column("jobs", sa.Column("tenant", sa.String(64), nullable=False,
+                                    server_default="default"))
+    op.add_column("jobs", sa.Column("input_file_id", sa.String(64)))
+    op.add_column("jobs", sa.Column("enqueued_tokens", sa.BigInteger))
+    op.add_column("jobs", sa.Column("errors", JSON))
     op.create_index("ix_jobs_tenant_created", "jobs", ["tenant", "created_at"])
 
 
 def downgrade() -> None:
     op.drop_index("ix_jobs_tenant_created", "jobs")
-    with op.batch_alter_table("jobs") as batch:
-        batch.drop_column("errors")
-        batch.drop_column("enqueued_tokens")
-        batch.drop_column("input_file_id")
-        batch.drop_column("tenant")
+    for column in ("errors", "enqueued_tokens", "input_file_id", "tenant"):
+        op.drop_column("jobs", column)
     op.drop_table("file_chunks")
     op.drop_index("ix_files_tenant_created", "files")
     op.drop_table("files")
