@@ -1,7 +1,9 @@
 """One place that turns quotaflow's errors into HTTP answers (OpenAI's error shape)."""
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.exception_handlers import request_validation_exception_handler
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
 
 from quotaflow.errors import (
     AuthenticationError,
@@ -50,5 +52,19 @@ async def quotaflow_error_handler(_request: Request, exc: Exception) -> JSONResp
     return JSONResponse(status_code=status, content={"error": error}, headers=headers)
 
 
+async def validation_error_handler(request: Request, exc: Exception) -> Response:
+    """Under /v1, OpenAI's shape and status for bad parameters (400 invalid_request_error),
+    so SDK users get a BadRequestError naming the parameter; elsewhere FastAPI's 422."""
+    assert isinstance(exc, RequestValidationError)
+    if not request.url.path.startswith("/v1/"):
+        return await request_validation_exception_handler(request, exc)
+    first = exc.errors()[0] if exc.errors() else {}
+    param = ".".join(str(part) for part in first.get("loc", ())[1:]) or None
+    message = f"{param}: {first.get('msg', 'invalid')}" if param else first.get("msg", "invalid")
+    return JSONResponse(status_code=400, content={"error": {
+        "message": message, "type": "invalid_request_error", "param": param, "code": None}})
+
+
 def install(app: FastAPI) -> None:
     app.add_exception_handler(QuotaflowError, quotaflow_error_handler)
+    app.add_exception_handler(RequestValidationError, validation_error_handler)

@@ -138,6 +138,9 @@ def test_invalid_file_gives_a_failed_batch_with_line_numbers(cluster: V1Cluster)
     with pytest.raises(openai.NotFoundError):
         client.batches.create(input_file_id="file-nope", endpoint="/v1/chat/completions",
                               completion_window="24h")
+    with pytest.raises(openai.BadRequestError, match="input_file_id"):
+        client.batches.create(input_file_id="", endpoint="/v1/chat/completions",
+                              completion_window="24h")
 
 
 def test_enqueued_token_quota_rejects_a_batch_that_would_exceed_it(cluster: V1Cluster) -> None:
@@ -210,3 +213,12 @@ def test_queue_header_and_file_deletion(cluster: V1Cluster, tmp_path: Path) -> N
     # the batch made from it keeps its results
     assert len(client.files.content(client.batches.retrieve(batch.id).output_file_id)
                .text.splitlines()) == 1
+    # and a job made through POST /jobs is a batch too
+    made = httpx.post(f"{cluster.api_url}/jobs", headers=cluster.headers("team-a"),
+                      files={"file": ("j.jsonl", jsonl([chat_line("j-1"), chat_line("j-2")]))},
+                      data={"queue": "realtime"}).raise_for_status().json()
+    seen = poll(client, made["id"])
+    assert seen.status == "completed" and seen.request_counts.completed == 2
+    assert seen.model_extra["queue"] == "realtime" and seen.input_file_id is None
+    assert [json.loads(line)["custom_id"] for line in
+            client.files.content(seen.output_file_id).text.splitlines()] == ["j-1", "j-2"]
