@@ -1,27 +1,34 @@
 """quotaflow's REST API: create jobs from JSONL uploads, follow them, download results.
 
 Routes only translate HTTP to quotaflow.jobs calls; the OpenAPI docs are at /docs.
+Every route but /healthz acts for the tenant of the request's API key
+(api.deps.tenant); the OpenAI-compatible routes under /v1 live in api.v1.
 """
 
 import json
 from collections.abc import Iterator
 from typing import Annotated, Any
 
-from fastapi import FastAPI, File, Form, Query, UploadFile
+from fastapi import Depends, FastAPI, File, Form, Query, UploadFile
 from fastapi.responses import StreamingResponse
 from sqlalchemy import text
 from sqlalchemy.orm import Session, sessionmaker
 
-from api import errors
+from api import errors, v1
 from api.deps import (
+    AfterQuery,
     DeploymentsDep,
     DispatcherDep,
+    IdPath,
     LimiterDep,
     SessionDep,
     SessionsDep,
     SettingsDep,
+    TenantDep,
+    tenant,
 )
-from quotaflow import __version__, jobs
+from quotaflow import __version__, jobs, quotas
+from quotaflow.config import get_settings
 from quotaflow.constants import DEFAULT_QUEUE
 from quotaflow.errors import DeploymentNotFound, QuotaflowError
 from quotaflow.ratelimit import describe
@@ -33,17 +40,19 @@ def create_app() -> FastAPI:
     app = FastAPI(title="quotaflow", version=__version__,
                   description="Batch LLM jobs on one cluster-wide provider budget.")
     errors.install(app)
+    app.include_router(v1.router)
 
     @app.get("/healthz")
     def healthz(session: SessionDep) -> dict[str, str]:
         session.execute(text("SELECT 1"))
         return {"status": "ok"}
 
-    @app.post("/jobs", status_code=201)
+    @app.post("/jobs", status_code=201,
+              max_body_size=get_settings().max_file_bytes + v1.FORM_OVERHEAD_BYTES)
     def create_job(
         file: Annotated[UploadFile, File(description="JSONL input, OpenAI batch format")],
         sessions: SessionsDep, settings: SettingsDep, deployments: DeploymentsDep,
-        dispatcher: DispatcherDep,
+        dispatcher: DispatcherDep, tenant: TenantDep,
         queue: Annotated[str, Form()] = DEFAULT_QUEUE,
         metadata: Annotated[str | None, Form(description="JSON object of strings")] = None,
         max_attempts: Annotated[int | None, Form(
@@ -51,16 +60,24 @@ def create_app() -> FastAPI:
             description="Tries per request at the provider (default: "
                         "QUOTAFLOW_PROVIDER_MAX_ATTEMPTS)")] = None,
     ) -> dict[str, Any]:
-        job = jobs.create_job(sessions, file.file, settings=settings, deployments=deployments,
-                              dispatcher=dispatcher, queue=queue, filename=file.filename,
-                              metadata=_metadata(metadata), max_attempts=max_attempts)
+        # Starlette spooled the upload to a seekable file: estimate, then ingest.
+        estimate = quotas.estimate(file.file, settings.max_line_bytes)
+        file.file.seek(0)
+        with quotas.reserve(sessions, settings, tenant, estimate.tokens):
+            job = jobs.create_job(sessions, file.file, settings=settings,
+                                  deployments=deployments, dispatcher=dispatcher, queue=queue,
+                                  filename=_filename(file.filename),
+                                  metadata=_metadata(metadata),
+                                  tenant=tenant, enqueued_tokens=estimate.tokens,
+                                  max_attempts=max_attempts)
         with sessions() as session:
             return jobs.job_object(session, jobs.get_job(session, job.id))
 
     @app.get("/jobs")
-    def list_jobs(session: SessionDep, limit: Annotated[int, Query(ge=1, le=100)] = 20,
-                  after: str | None = None) -> dict[str, Any]:
-        page = jobs.list_jobs(session, limit=limit + 1, after=after)
+    def list_jobs(session: SessionDep, tenant: TenantDep,
+                  limit: Annotated[int, Query(ge=1, le=100)] = 20,
+                  after: AfterQuery = None) -> dict[str, Any]:
+        page = jobs.list_jobs(session, limit=limit + 1, after=after, tenant=tenant)
         data = [jobs.job_object(session, job) for job in page[:limit]]
         return {"object": "list", "data": data,
                 "first_id": data[0]["id"] if data else None,
@@ -68,39 +85,43 @@ def create_app() -> FastAPI:
                 "has_more": len(page) > limit}
 
     @app.get("/jobs/{job_id}")
-    def get_job(job_id: str, session: SessionDep) -> dict[str, Any]:
-        return jobs.job_object(session, jobs.get_job(session, job_id))
+    def get_job(job_id: IdPath, session: SessionDep, tenant: TenantDep) -> dict[str, Any]:
+        return jobs.job_object(session, jobs.get_job(session, job_id, tenant))
 
     @app.post("/jobs/{job_id}/cancel")
-    def cancel_job(job_id: str, sessions: SessionsDep) -> dict[str, Any]:
+    def cancel_job(job_id: IdPath, sessions: SessionsDep, tenant: TenantDep) -> dict[str, Any]:
+        _own(sessions, job_id, tenant)
         jobs.cancel_job(sessions, job_id)
         with sessions() as session:
             return jobs.job_object(session, jobs.get_job(session, job_id))
 
     @app.post("/jobs/{job_id}/retry")
-    def retry_job(job_id: str, sessions: SessionsDep, settings: SettingsDep,
-                  dispatcher: DispatcherDep) -> dict[str, Any]:
+    def retry_job(job_id: IdPath, sessions: SessionsDep, settings: SettingsDep,
+                  dispatcher: DispatcherDep, tenant: TenantDep) -> dict[str, Any]:
         """Queue a job's failed requests again (not its invalid lines)."""
+        _own(sessions, job_id, tenant)
         retried = jobs.retry_failed(sessions, job_id, dispatcher, settings)
         with sessions() as session:
             return {**jobs.job_object(session, jobs.get_job(session, job_id)),
                     "retried": retried}
 
     @app.get("/jobs/{job_id}/results", response_class=StreamingResponse)
-    def results(job_id: str, sessions: SessionsDep) -> StreamingResponse:
+    def results(job_id: IdPath, sessions: SessionsDep, tenant: TenantDep) -> StreamingResponse:
+        _own(sessions, job_id, tenant)
         return _stream(sessions, job_id, errors=False)
 
     @app.get("/jobs/{job_id}/errors", response_class=StreamingResponse)
-    def error_lines(job_id: str, sessions: SessionsDep) -> StreamingResponse:
+    def error_lines(job_id: IdPath, sessions: SessionsDep, tenant: TenantDep) -> StreamingResponse:
+        _own(sessions, job_id, tenant)
         return _stream(sessions, job_id, errors=True)
 
-    @app.get("/limits")
+    @app.get("/limits", dependencies=[Depends(tenant)])
     def limits(deployments: DeploymentsDep, limiter: LimiterDep) -> dict[str, Any]:
         """Every deployment's limits, current bucket levels and utilisation."""
         data = [describe(d, limiter) for d in deployments.deployments.values()]
         return {"object": "list", "data": data}
 
-    @app.get("/limits/{name}")
+    @app.get("/limits/{name}", dependencies=[Depends(tenant)])
     def deployment_limits(name: str, deployments: DeploymentsDep,
                           limiter: LimiterDep) -> dict[str, Any]:
         if name not in deployments.deployments:
@@ -109,6 +130,16 @@ def create_app() -> FastAPI:
         return describe(deployments.deployments[name], limiter)
 
     return app
+
+
+def _own(sessions: sessionmaker[Session], job_id: str, tenant: str) -> None:
+    """404 for a job of another tenant, before anything is done to it."""
+    with sessions() as session:
+        jobs.get_job(session, job_id, tenant)
+
+
+def _filename(name: str | None) -> str | None:
+    return None if name is None else name.replace("\x00", "")[:255]
 
 
 def _metadata(raw: str | None) -> dict[str, str] | None:
@@ -120,6 +151,8 @@ def _metadata(raw: str | None) -> dict[str, str] | None:
         raise QuotaflowError(f"metadata must be a JSON object: {exc.msg}") from exc
     if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
         raise QuotaflowError("metadata must be a JSON object of string values")
+    if any("\x00" in key + text for key, text in value.items()):
+        raise QuotaflowError("metadata must not contain NUL characters")
     return value
 
 

@@ -3,11 +3,14 @@
 from functools import lru_cache
 from typing import Annotated
 
-from fastapi import Depends
+from fastapi import Depends, Path, Query
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session, sessionmaker
 
 from api.dispatch import CeleryDispatcher
+from quotaflow.auth import tenant_for_key
 from quotaflow.config import Deployments, Settings, get_settings
+from quotaflow.constants import DEFAULT_TENANT
 from quotaflow.db import session_factory
 from quotaflow.errors import ConfigError
 from quotaflow.jobs import Dispatcher
@@ -41,9 +44,29 @@ def session() -> Session:
         yield db_session
 
 
+bearer = HTTPBearer(auto_error=False, scheme_name="ApiKey",
+                    description="An API key made by `quotaflow keys create --tenant NAME`.")
+
+
+def tenant(credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> str:
+    """The tenant the request acts for: its API key's, or "default" when QUOTAFLOW_AUTH=off."""
+    if not get_settings().auth:
+        return DEFAULT_TENANT
+    with sessions()() as db_session:
+        return tenant_for_key(db_session, credentials.credentials if credentials else None)
+
+
+# Ids quotaflow hands out (batch_..., file-..., key_...): anything else cannot name an
+# object, and is refused before it reaches the database (a NUL there is a server error).
+ID_PATTERN = r"^[A-Za-z0-9_.:-]{1,128}$"
+IdPath = Annotated[str, Path(pattern=ID_PATTERN)]
+AfterQuery = Annotated[str | None, Query(pattern=ID_PATTERN,
+                                         description="Id of the last object of the previous page")]
+
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 SessionsDep = Annotated[sessionmaker[Session], Depends(sessions)]
 SessionDep = Annotated[Session, Depends(session)]
 DeploymentsDep = Annotated[Deployments, Depends(deployments)]
 DispatcherDep = Annotated[Dispatcher, Depends(dispatcher)]
 LimiterDep = Annotated[Limiter, Depends(limiter)]
+TenantDep = Annotated[str, Depends(tenant)]

@@ -1,11 +1,17 @@
 """One place that turns quotaflow's errors into HTTP answers (OpenAI's error shape)."""
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.exception_handlers import request_validation_exception_handler
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
 
 from quotaflow.errors import (
+    AuthenticationError,
     ConfigError,
     DeploymentNotFound,
+    EnqueuedTokenLimit,
+    FileNotFound,
+    FileTooLarge,
     InputFileError,
     JobNotFound,
     JobStateError,
@@ -15,6 +21,10 @@ from quotaflow.errors import (
 
 STATUS_BY_ERROR: list[tuple[type[QuotaflowError], int]] = [
     (JobNotFound, 404),
+    (FileNotFound, 404),
+    (AuthenticationError, 401),
+    (FileTooLarge, 413),
+    (EnqueuedTokenLimit, 400),
     (DeploymentNotFound, 404),
     (InputFileError, 400),
     (JobStateError, 409),
@@ -23,15 +33,38 @@ STATUS_BY_ERROR: list[tuple[type[QuotaflowError], int]] = [
     (QuotaflowError, 400),
 ]
 
+# OpenAI's error codes, so SDK users can branch on `error.code` as they do there.
+CODE_BY_ERROR: dict[type[QuotaflowError], str] = {
+    AuthenticationError: "invalid_api_key",
+    EnqueuedTokenLimit: "token_limit_exceeded",
+    FileTooLarge: "file_too_large",
+}
+
 
 async def quotaflow_error_handler(_request: Request, exc: Exception) -> JSONResponse:
     status = next(code for kind, code in STATUS_BY_ERROR if isinstance(exc, kind))
-    error: dict = {"message": str(exc), "type": exc.__class__.__name__}
+    error: dict = {"message": str(exc), "type": exc.__class__.__name__,
+                   "code": CODE_BY_ERROR.get(type(exc))}
     if isinstance(exc, InputFileError):
         error["message"] = exc.message
         error["data"] = [{"line": p.line_no, "message": p.reason} for p in exc.problems[:1000]]
-    return JSONResponse(status_code=status, content={"error": error})
+    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    return JSONResponse(status_code=status, content={"error": error}, headers=headers)
+
+
+async def validation_error_handler(request: Request, exc: Exception) -> Response:
+    """Under /v1, OpenAI's shape and status for bad parameters (400 invalid_request_error),
+    so SDK users get a BadRequestError naming the parameter; elsewhere FastAPI's 422."""
+    assert isinstance(exc, RequestValidationError)
+    if not request.url.path.startswith("/v1/"):
+        return await request_validation_exception_handler(request, exc)
+    first = exc.errors()[0] if exc.errors() else {}
+    param = ".".join(str(part) for part in first.get("loc", ())[1:]) or None
+    message = f"{param}: {first.get('msg', 'invalid')}" if param else first.get("msg", "invalid")
+    return JSONResponse(status_code=400, content={"error": {
+        "message": message, "type": "invalid_request_error", "param": param, "code": None}})
 
 
 def install(app: FastAPI) -> None:
     app.add_exception_handler(QuotaflowError, quotaflow_error_handler)
+    app.add_exception_handler(RequestValidationError, validation_error_handler)

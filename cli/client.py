@@ -14,8 +14,10 @@ class NotFound(QuotaflowError):
 
 
 class ApiClient:
-    def __init__(self, base_url: str, timeout: float = 60.0) -> None:
-        self._http = httpx.Client(base_url=base_url, timeout=timeout)
+    def __init__(self, base_url: str, timeout: float = 60.0, api_key: str | None = None) -> None:
+        # QUOTAFLOW_API_KEY, sent as OpenAI clients send theirs; never logged.
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._http = httpx.Client(base_url=base_url, timeout=timeout, headers=headers)
         self._base_url = base_url
 
     def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
@@ -78,6 +80,9 @@ def _raise_for_error(response: httpx.Response) -> None:
     text = "\n".join([message, *lines])
     if response.status_code == 404:
         raise NotFound(text)
+    if response.status_code == 401:
+        raise QuotaflowError(f"{text}\n(set QUOTAFLOW_API_KEY to a key from "
+                             "`quotaflow keys create`)")
     if response.status_code >= 500:
         raise ServiceUnavailable(f"the quotaflow API failed (HTTP {response.status_code}): {text}")
     raise QuotaflowError(text)

@@ -27,7 +27,9 @@ FINAL = (JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.EXPIRED, JobStatus.CAN
 
 
 def client() -> ApiClient:
-    return ApiClient(get_settings().api_url)
+    settings = get_settings()
+    key = settings.api_key.get_secret_value() if settings.api_key else None
+    return ApiClient(settings.api_url, api_key=key)
 
 
 @click.group()
@@ -191,9 +193,10 @@ def limits_table(rows: list[tuple[str, ...]]) -> Table:
     return table
 
 
-from cli import services  # noqa: E402  (registers the service commands on `cli`)
+from cli import keys, services  # noqa: E402  (registers these commands on `cli`)
 
 services.register(cli)
+keys.register(cli)
 
 
 def main() -> None:

@@ -12,7 +12,14 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from quotaflow.constants import MOCK_PROVIDER, QUEUE_BULK, QUEUE_REALTIME, QUEUE_STANDARD
@@ -226,6 +233,18 @@ class Settings(BaseSettings):
 
     flower_basic_auth: str | None = None
     flower_port: int = 5555
+
+    # API keys and tenants (README, "OpenAI-compatible Batch API"). Off only for
+    # development: every request then belongs to the tenant "default".
+    auth: bool = True
+    # The key the CLI sends as `Authorization: Bearer ...`; read from the environment only.
+    api_key: SecretStr | None = None
+    # POST /v1/files refuses larger uploads while they stream (OpenAI's limit is 200 MB).
+    max_upload_bytes: int = Field(default=200 * 1024 * 1024, gt=0)
+    # Prompt tokens one tenant's unfinished batches may hold, like OpenAI's enqueued-token
+    # limit; a tenant's own limit (`quotaflow keys create --max-enqueued-tokens`) overrides
+    # it. None: no limit.
+    max_enqueued_tokens: int | None = Field(default=None, gt=0)
 
     @field_validator("task_time_limit")
     @classmethod

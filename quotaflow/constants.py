@@ -23,3 +23,6 @@ ENDPOINT_EMBEDDINGS: Final = "/v1/embeddings"
 ENDPOINTS: Final = (ENDPOINT_CHAT, ENDPOINT_COMPLETIONS, ENDPOINT_EMBEDDINGS)
 
 MOCK_PROVIDER: Final = "mock"
+
+# The tenant of embedded runs, auth-off development servers and pre-tenant jobs.
+DEFAULT_TENANT: Final = "default"

@@ -3,7 +3,11 @@
     QuotaflowError
     ├── ConfigError            settings or deployments file are unusable
     ├── InputFileError         an uploaded JSONL file is rejected as a whole
-    ├── JobNotFound            no job with that id
+    ├── JobNotFound            no job with that id (or not the caller's tenant's)
+    ├── FileNotFound           no file with that id (or not the caller's tenant's)
+    ├── FileTooLarge           an upload is over QUOTAFLOW_MAX_UPLOAD_BYTES
+    ├── AuthenticationError    no API key, or one quotaflow does not know
+    ├── EnqueuedTokenLimit     a batch would take its tenant over its token quota
     ├── DeploymentNotFound     no deployment with that name
     ├── JobStateError          the job is in a state that forbids the action
     ├── ProviderError          a provider call failed
@@ -53,6 +57,22 @@ class InputFileError(QuotaflowError):
 
 class JobNotFound(QuotaflowError):
     """No job has the given id."""
+
+
+class FileNotFound(QuotaflowError):
+    """No file has the given id, or it belongs to another tenant."""
+
+
+class FileTooLarge(QuotaflowError):
+    """An upload is larger than QUOTAFLOW_MAX_UPLOAD_BYTES; nothing of it is kept."""
+
+
+class AuthenticationError(QuotaflowError):
+    """The request carries no API key, or a key that is unknown or revoked."""
+
+
+class EnqueuedTokenLimit(QuotaflowError):
+    """A new batch would take its tenant's unfinished batches over their token quota."""
 
 
 class DeploymentNotFound(QuotaflowError):

@@ -136,12 +136,12 @@ class BatchExecutor:
         owner = uuid.uuid4().hex
         items = claim(self.sessions, ref, owner, self.lease)
         with self.sessions() as session:
-            url, queue, max_attempts = session.execute(
-                select(Job.endpoint, Job.queue, Job.max_attempts)
+            url, queue, max_attempts, tenant = session.execute(
+                select(Job.endpoint, Job.queue, Job.max_attempts, Job.tenant)
                 .where(Job.id == ref.job_id)).one()
         policy = RetryPolicy(max_attempts=max_attempts or self.settings.provider_max_attempts)
         run = _BatchRun(ref, owner, url, self.settings.floor_for(queue), policy, on_item)
-        reused = (earlier_answers(self.sessions, ref.job_id, items)
+        reused = (earlier_answers(self.sessions, ref.job_id, tenant, items)
                   if self.settings.dedup_across_jobs else {})
         by_model: dict[str | None, list[ClaimedItem]] = {}
         for item in items:

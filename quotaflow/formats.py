@@ -86,11 +86,25 @@ def parse_line(line_no: int, raw: bytes) -> Request | BadLine:
         return BadLine(line_no, None, f"line is not valid JSON: {exc.msg} at column {exc.colno}")
     if not isinstance(obj, dict):
         return BadLine(line_no, None, f"line must be a JSON object, not {type(obj).__name__}")
+    if b"\\u0000" in raw and _has_nul(obj):
+        # PostgreSQL can store no NUL in text or JSONB; no model needs one.
+        return BadLine(line_no, None, "line contains a NUL character (\\u0000), "
+                                      "which cannot be stored; remove it")
     custom_id = obj.get("custom_id") if isinstance(obj.get("custom_id"), str) else None
     try:
         return _to_request(line_no, obj)
     except LineRejected as exc:
         return BadLine(line_no, custom_id, str(exc))
+
+
+def _has_nul(value: Any) -> bool:
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_has_nul(v) for v in value)
+    return False
 
 
 def _to_request(line_no: int, obj: dict[str, Any]) -> Request:

@@ -14,7 +14,7 @@ from sqlalchemy import delete, exists, func, insert, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from quotaflow.config import Deployments, Settings
-from quotaflow.constants import QUEUES
+from quotaflow.constants import DEFAULT_TENANT, QUEUES
 from quotaflow.errors import InputFileError, JobNotFound, JobStateError, LineProblem
 from quotaflow.formats import (
     BadLine,
@@ -165,6 +165,9 @@ def create_job(
     filename: str | None = None,
     metadata: dict[str, str] | None = None,
     max_attempts: int | None = None,
+    tenant: str = DEFAULT_TENANT,
+    input_file_id: str | None = None,
+    enqueued_tokens: int | None = None,
 ) -> Job:
     """Store a JSONL file as a job and dispatch its batches, or store nothing at all.
 
@@ -189,7 +192,8 @@ def create_job(
         job = Job(id=job_id, status=JobStatus.VALIDATING, queue=queue, endpoint="",
                   input_filename=filename, total=0, metadata_=metadata, created_at=now,
                   max_attempts=max_attempts,
-                  expires_at=now + timedelta(seconds=settings.completion_window_s))
+                  expires_at=now + timedelta(seconds=settings.completion_window_s),
+                  tenant=tenant, input_file_id=input_file_id, enqueued_tokens=enqueued_tokens)
         session.add(job)
         session.flush()
         for entry in parse_stream(reader, settings.max_line_bytes):
@@ -219,18 +223,22 @@ def batch_refs(job_id: str, line_numbers: list[int], batch_size: int) -> list[Ba
     ]
 
 
-def get_job(session: Session, job_id: str) -> Job:
+def get_job(session: Session, job_id: str, tenant: str | None = None) -> Job:
+    """The job; with `tenant`, only if it is that tenant's (another's is "not found")."""
     job = session.get(Job, job_id)
-    if job is None:
+    if job is None or (tenant is not None and job.tenant != tenant):
         raise JobNotFound(f"no job with id {job_id!r}")
     return job
 
 
-def list_jobs(session: Session, limit: int = 20, after: str | None = None) -> list[Job]:
+def list_jobs(session: Session, limit: int = 20, after: str | None = None,
+              tenant: str | None = None) -> list[Job]:
     """Newest first; `after` is the id of the last job of the previous page."""
     query = select(Job).order_by(Job.created_at.desc(), Job.id.desc()).limit(limit)
+    if tenant is not None:
+        query = query.where(Job.tenant == tenant)
     if after is not None:
-        anchor = get_job(session, after)
+        anchor = get_job(session, after, tenant)
         query = query.where(Job.created_at <= anchor.created_at, Job.id != anchor.id)
     return list(session.scalars(query))
 

@@ -1,4 +1,5 @@
-"""The tables: jobs, their input items, and one result per item.
+"""The tables: jobs, their input items, and one result per item; tenants, their
+API keys and uploaded files.
 
 Items are keyed by (job_id, line_no) and unique on (job_id, custom_id), so
 results come back in input order and a custom_id can never hold two results.
@@ -9,7 +10,17 @@ that runs twice after a crash harmless.
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import JSON, DateTime, ForeignKey, Index, Integer, String, UniqueConstraint
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    DateTime,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    String,
+    UniqueConstraint,
+)
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -74,6 +85,18 @@ class Job(Base):
     expires_at: Mapped[datetime | None]
     # Tries per request at the provider; None: QUOTAFLOW_PROVIDER_MAX_ATTEMPTS.
     max_attempts: Mapped[int | None] = mapped_column(Integer)
+    # Whose job it is: the API key's tenant ("default" for embedded and auth-off jobs).
+    tenant: Mapped[str] = mapped_column(String(64), default="default",
+                                        server_default="default")
+    # The uploaded file a job made through POST /v1/batches was created from.
+    input_file_id: Mapped[str | None] = mapped_column(String(64))
+    # Estimated prompt tokens of its requests, counted against the tenant's quota.
+    enqueued_tokens: Mapped[int | None] = mapped_column(BigInteger)
+    # OpenAI's `errors.data` of a batch whose input file was refused as a whole.
+    errors: Mapped[dict[str, Any] | None] = mapped_column(JsonType)
+
+
+Index("ix_jobs_tenant_created", Job.tenant, Job.created_at)
 
 
 class Item(Base):
@@ -117,3 +140,52 @@ class Result(Base):
     # identical: {"id", "custom_id", "batch_id"} of the result that was sent.
     shared_from: Mapped[dict[str, Any] | None]
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Tenant(Base):
+    """Who owns jobs and files; a key of one tenant never sees another's."""
+
+    __tablename__ = "tenants"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    # Prompt tokens its unfinished batches may hold; None: QUOTAFLOW_MAX_ENQUEUED_TOKENS.
+    max_enqueued_tokens: Mapped[int | None] = mapped_column(BigInteger)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class ApiKey(Base):
+    """An API key, stored only as its SHA-256 digest: the key itself is shown once."""
+
+    __tablename__ = "api_keys"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    tenant: Mapped[str] = mapped_column(ForeignKey("tenants.name", ondelete="CASCADE"))
+    key_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    revoked_at: Mapped[datetime | None]
+
+
+class File(Base):
+    """An uploaded file (OpenAI's file object); its bytes live in file_chunks."""
+
+    __tablename__ = "files"
+    __table_args__ = (Index("ix_files_tenant_created", "tenant", "created_at"),)
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(64))
+    filename: Mapped[str] = mapped_column(String(255))
+    purpose: Mapped[str] = mapped_column(String(32))
+    bytes: Mapped[int] = mapped_column(BigInteger)
+    status: Mapped[str] = mapped_column(String(16))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class FileChunk(Base):
+    """One piece of a file's bytes, written as the upload streams in."""
+
+    __tablename__ = "file_chunks"
+
+    file_id: Mapped[str] = mapped_column(ForeignKey("files.id", ondelete="CASCADE"),
+                                         primary_key=True)
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    data: Mapped[bytes] = mapped_column(LargeBinary)

@@ -1,5 +1,6 @@
-"""Answers reused across jobs: a request identical to one an earlier job already got
-a successful answer for takes that answer instead of calling the provider again.
+"""Answers reused across jobs: a request identical to one an earlier job of the same
+tenant already got a successful answer for takes that answer instead of calling the
+provider again.
 
 Off by default (QUOTAFLOW_DEDUP_ACROSS_JOBS): a cache of answers suits
 deterministic requests (temperature 0, embeddings), not sampling. Within one
@@ -10,15 +11,16 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from quotaflow.leases import ClaimedItem, Shared
-from quotaflow.models import Item, Result
+from quotaflow.models import Item, Job, Result
 
 # Earlier answers looked at per batch: enough to find one per request, bounded.
 LOOKUP_LIMIT = 1000
 
 
-def earlier_answers(sessions: sessionmaker[Session], job_id: str,
+def earlier_answers(sessions: sessionmaker[Session], job_id: str, tenant: str,
                     items: list[ClaimedItem]) -> dict[int, Shared]:
-    """Line number -> a successful answer to the same request from another job."""
+    """Line number -> a successful answer to the same request from another job of the
+    tenant's (never another tenant's: an answer is data)."""
     hashes = {item.body_hash for item in items if item.body_hash}
     if not hashes:
         return {}
@@ -27,7 +29,8 @@ def earlier_answers(sessions: sessionmaker[Session], job_id: str,
             select(Item.body_hash, Result.job_id, Result.custom_id, Result.request_id,
                    Result.status_code, Result.response, Result.shared_from)
             .join(Result, (Result.job_id == Item.job_id) & (Result.line_no == Item.line_no))
-            .where(Item.body_hash.in_(hashes), Item.job_id != job_id,
+            .join(Job, Job.id == Item.job_id)
+            .where(Item.body_hash.in_(hashes), Item.job_id != job_id, Job.tenant == tenant,
                    Result.error.is_(None), Result.status_code.is_not(None))
             .limit(LOOKUP_LIMIT)).all()
     found: dict[str, Shared] = {}

@@ -50,12 +50,12 @@ def failing(settings: Settings, tmp_path: Path) -> Iterator[str]:
         proc.stop()
 
 
-def submit(sessions, settings: Settings, lines: list[dict],
-           max_attempts: int | None = None) -> tuple[str, Collect]:
+def submit(sessions, settings: Settings, lines: list[dict], max_attempts: int | None = None,
+           tenant: str = "default") -> tuple[str, Collect]:
     dispatcher = Collect()
     job = jobs.create_job(sessions, io.BytesIO(jsonl(lines)), settings=settings,
                           deployments=settings.load_deployments(), dispatcher=dispatcher,
-                          queue="realtime", max_attempts=max_attempts)
+                          queue="realtime", max_attempts=max_attempts, tenant=tenant)
     return job.id, dispatcher
 
 
@@ -200,3 +200,17 @@ def test_a_later_job_may_reuse_an_earlier_jobs_answers(
         # Then (the default) every job calls for itself
         assert stats["admitted"] == 3
         assert "shared_from" not in out["again"]
+
+
+def test_answers_are_never_reused_across_tenants(pg_sessions, settings, tmp_path,
+                                                 provider: str) -> None:
+    settings.deployments_file = deployment_file(tmp_path, "p", provider)
+    settings.dedup_across_jobs = True
+    _, first = submit(pg_sessions, settings, [chat_line("mine", "a secret prompt")],
+                      tenant="acme")
+    run_all(pg_sessions, settings, first)
+    other_id, other = submit(pg_sessions, settings, [chat_line("theirs", "a secret prompt")],
+                             tenant="globex")
+    run_all(pg_sessions, settings, other)
+    assert httpx.get(f"{provider}/stats").json()["admitted"] == 2
+    assert "shared_from" not in outputs(pg_sessions, other_id)["theirs"]

@@ -1,0 +1,164 @@
+"""OpenAI's Files and Batch APIs under /v1, so the official SDK runs against quotaflow.
+
+Shapes and status codes follow OpenAI's API reference; the logic lives in
+quotaflow.files and quotaflow.batches. One extension: the queue a batch runs
+on, from the X-Quotaflow-Queue header or metadata["quotaflow_queue"].
+"""
+
+from collections.abc import Iterator
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, File, Form, Header, Query, UploadFile
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel, Field
+from sqlalchemy.orm import Session, sessionmaker
+
+from api.deps import (
+    ID_PATTERN,
+    AfterQuery,
+    DeploymentsDep,
+    DispatcherDep,
+    IdPath,
+    SessionsDep,
+    SettingsDep,
+    TenantDep,
+)
+from quotaflow import batches, files, jobs
+from quotaflow.config import get_settings
+
+router = APIRouter(prefix="/v1", tags=["OpenAI-compatible"])
+# PostgreSQL text and JSONB cannot hold NUL characters.
+NO_NUL = r"^[^\x00]*$"
+# Room for the multipart envelope around a file at the size limit.
+FORM_OVERHEAD_BYTES = 64 * 1024
+
+
+class CreateBatch(BaseModel):
+    """POST /v1/batches, as the OpenAI SDK sends it."""
+
+    input_file_id: str = Field(pattern=ID_PATTERN)
+    endpoint: str = Field(max_length=64)
+    completion_window: str = Field(default="24h", max_length=16)
+    # OpenAI: at most 16 pairs, keys up to 64 and values up to 512 characters.
+    metadata: dict[Annotated[str, Field(max_length=64, pattern=NO_NUL)],
+                   Annotated[str, Field(max_length=512, pattern=NO_NUL)]] | None = Field(
+        default=None, max_length=16)
+
+
+def _page(data: list[dict[str, Any]], has_more: bool) -> dict[str, Any]:
+    return {"object": "list", "data": data,
+            "first_id": data[0]["id"] if data else None,
+            "last_id": data[-1]["id"] if data else None, "has_more": has_more}
+
+
+# --- files ---------------------------------------------------------------------------
+
+@router.post("/files", max_body_size=get_settings().max_upload_bytes + FORM_OVERHEAD_BYTES)
+def upload_file(
+    file: Annotated[UploadFile, File(description="JSONL of batch requests")],
+    purpose: Annotated[str, Form(description='"batch"')],
+    sessions: SessionsDep, settings: SettingsDep, tenant: TenantDep,
+) -> dict[str, Any]:
+    """Store an upload (streamed in chunks; refused whole over QUOTAFLOW_MAX_UPLOAD_BYTES)."""
+    row = files.store_file(sessions, file.file, tenant=tenant, filename=file.filename or "",
+                           purpose=purpose, max_bytes=settings.max_upload_bytes)
+    return files.file_object(row)
+
+
+@router.get("/files")
+def list_files(
+    sessions: SessionsDep, tenant: TenantDep,
+    purpose: str | None = None,
+    limit: Annotated[int, Query(ge=1, le=10_000)] = 10_000,
+    after: AfterQuery = None,
+    order: Literal["asc", "desc"] = "desc",
+) -> dict[str, Any]:
+    """The tenant's uploads, newest first (batch output files are not listed)."""
+    with sessions() as session:
+        page = files.list_files(session, tenant, limit=limit + 1, after=after, purpose=purpose,
+                                ascending=order == "asc")
+        return _page([files.file_object(row) for row in page[:limit]], len(page) > limit)
+
+
+@router.get("/files/{file_id}")
+def get_file(file_id: IdPath, sessions: SessionsDep, tenant: TenantDep) -> dict[str, Any]:
+    with sessions() as session:
+        virtual = files.virtual_file(session, file_id, tenant)
+        if virtual is not None:
+            return files.virtual_object(session, virtual)
+        return files.file_object(files.get_file(session, file_id, tenant))
+
+
+@router.get("/files/{file_id}/content", response_class=StreamingResponse)
+def file_content(file_id: IdPath, sessions: SessionsDep, tenant: TenantDep) -> StreamingResponse:
+    """The file's bytes; a batch's output or error file in input order (partial while it runs)."""
+    with sessions() as session:  # 404 before the stream starts
+        virtual = files.virtual_file(session, file_id, tenant)
+        if virtual is None:
+            files.get_file(session, file_id, tenant)
+    if virtual is not None:
+        return StreamingResponse(_lines(sessions, virtual), media_type="application/jsonl")
+    return StreamingResponse(_chunks(sessions, file_id), media_type="application/octet-stream")
+
+
+def _lines(sessions: sessionmaker[Session], virtual: files.VirtualFile) -> Iterator[bytes]:
+    with sessions() as session:
+        for line in files.virtual_lines(session, virtual):
+            yield line.encode()
+
+
+def _chunks(sessions: sessionmaker[Session], file_id: str) -> Iterator[bytes]:
+    with sessions() as session:
+        yield from files.iter_chunks(session, file_id)
+
+
+@router.delete("/files/{file_id}")
+def delete_file(file_id: IdPath, sessions: SessionsDep, tenant: TenantDep) -> dict[str, Any]:
+    files.delete_file(sessions, file_id, tenant)
+    return {"id": file_id, "object": "file", "deleted": True}
+
+
+# --- batches -------------------------------------------------------------------------
+
+@router.post("/batches")
+def create_batch(
+    body: CreateBatch, sessions: SessionsDep, settings: SettingsDep,
+    deployments: DeploymentsDep, dispatcher: DispatcherDep, tenant: TenantDep,
+    x_quotaflow_queue: Annotated[str | None, Header(
+        description="quotaflow extension: realtime, standard or bulk")] = None,
+) -> dict[str, Any]:
+    request = batches.BatchRequest(
+        input_file_id=body.input_file_id, endpoint=body.endpoint,
+        completion_window=body.completion_window, metadata=body.metadata, tenant=tenant,
+        queue=x_quotaflow_queue)
+    job = batches.create_batch(sessions, request, settings=settings, deployments=deployments,
+                               dispatcher=dispatcher)
+    with sessions() as session:
+        return batches.batch_object(session, jobs.get_job(session, job.id))
+
+
+@router.get("/batches")
+def list_batches(
+    sessions: SessionsDep, tenant: TenantDep,
+    after: AfterQuery = None, limit: Annotated[int, Query(ge=1, le=100)] = 20,
+) -> dict[str, Any]:
+    with sessions() as session:
+        page = jobs.list_jobs(session, limit=limit + 1, after=after, tenant=tenant)
+        return _page([batches.batch_object(session, job) for job in page[:limit]],
+                     len(page) > limit)
+
+
+@router.get("/batches/{batch_id}")
+def get_batch(batch_id: IdPath, sessions: SessionsDep, tenant: TenantDep) -> dict[str, Any]:
+    with sessions() as session:
+        return batches.batch_object(session, jobs.get_job(session, batch_id, tenant))
+
+
+@router.post("/batches/{batch_id}/cancel")
+def cancel_batch(batch_id: IdPath, sessions: SessionsDep, tenant: TenantDep) -> dict[str, Any]:
+    """Stop new requests; those in flight finish and stay in the output file."""
+    with sessions() as session:
+        jobs.get_job(session, batch_id, tenant)
+    jobs.cancel_job(sessions, batch_id)
+    with sessions() as session:
+        return batches.batch_object(session, jobs.get_job(session, batch_id))

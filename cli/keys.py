@@ -1,0 +1,48 @@
+"""`quotaflow keys`: make, list and revoke API keys, straight in the database.
+
+Keys are an operator's chore, like `quotaflow db upgrade`: the commands need
+QUOTAFLOW_DATABASE_URL, not an API key. A new key is printed once, on stdout
+alone (so `KEY=$(quotaflow keys create --tenant t)` works); only its digest is stored.
+"""
+
+import click
+
+from quotaflow import auth
+from quotaflow.config import get_settings
+from quotaflow.db import session_factory, translate_db_errors
+
+
+def register(cli: click.Group) -> None:
+    @cli.group()
+    def keys() -> None:
+        """API keys and the tenants they act for."""
+
+    @keys.command("create")
+    @click.option("--tenant", required=True, help="Whose jobs and files the key reaches.")
+    @click.option("--max-enqueued-tokens", type=click.IntRange(1), default=None,
+                  help="Set the tenant's quota of prompt tokens in unfinished batches "
+                       "(default: QUOTAFLOW_MAX_ENQUEUED_TOKENS).")
+    def create(tenant: str, max_enqueued_tokens: int | None) -> None:
+        """Create a key for TENANT and print it (shown this once only)."""
+        with translate_db_errors():
+            key = auth.create_key(session_factory(get_settings().database_url), tenant,
+                                  max_enqueued_tokens)
+        click.echo(key.secret)
+        click.echo(f"key {key.id} for tenant {key.tenant}: store it now, it is not shown again",
+                   err=True)
+
+    @keys.command("list")
+    def list_keys() -> None:
+        """Key ids, tenants and whether they are revoked (never the keys themselves)."""
+        with translate_db_errors(), session_factory(get_settings().database_url)() as session:
+            for row in auth.list_keys(session):
+                state = f"revoked {row.revoked_at:%Y-%m-%d}" if row.revoked_at else "active"
+                click.echo(f"{row.id}  {row.tenant}  created {row.created_at:%Y-%m-%d}  {state}")
+
+    @keys.command("revoke")
+    @click.argument("key_id")
+    def revoke(key_id: str) -> None:
+        """Revoke a key by its id: requests with it get 401 from now on."""
+        with translate_db_errors():
+            auth.revoke_key(session_factory(get_settings().database_url), key_id)
+        click.echo(f"{key_id} revoked")

@@ -1,0 +1,89 @@
+"""API keys and the tenants they act for.
+
+A key is shown once, when it is created, and stored only as its SHA-256
+digest: a database dump gives no usable key. Keys are long random strings,
+so a plain (unsalted) digest is as safe as a password hash here and lets the
+API find a key with one indexed lookup per request.
+"""
+
+import hashlib
+import re
+import secrets
+import uuid
+from dataclasses import dataclass
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session, sessionmaker
+
+from quotaflow.errors import AuthenticationError, QuotaflowError
+from quotaflow.models import ApiKey, Tenant, utcnow
+
+KEY_PREFIX = "qf-"
+_TENANT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+@dataclass(frozen=True)
+class NewKey:
+    """A freshly created key: `secret` exists only here, never in the database."""
+
+    id: str
+    tenant: str
+    secret: str
+
+
+def hash_key(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def check_tenant_name(name: str) -> str:
+    if not _TENANT_NAME.match(name):
+        raise QuotaflowError(f"tenant name {name!r} is not allowed: use 1-64 letters, digits, "
+                             "'.', '_' or '-', starting with a letter or digit")
+    return name
+
+
+def create_key(sessions: sessionmaker[Session], tenant: str,
+               max_enqueued_tokens: int | None = None) -> NewKey:
+    """A new key for `tenant` (created if new); sets the tenant's token quota when given."""
+    check_tenant_name(tenant)
+    secret = KEY_PREFIX + secrets.token_urlsafe(32)
+    key_id = f"key_{uuid.uuid4().hex[:16]}"
+    with sessions.begin() as session:
+        row = session.get(Tenant, tenant)
+        if row is None:
+            row = Tenant(name=tenant, created_at=utcnow())
+            session.add(row)
+        if max_enqueued_tokens is not None:
+            row.max_enqueued_tokens = max_enqueued_tokens
+        session.flush()
+        session.add(ApiKey(id=key_id, tenant=tenant, key_hash=hash_key(secret),
+                           created_at=utcnow()))
+    return NewKey(key_id, tenant, secret)
+
+
+def revoke_key(sessions: sessionmaker[Session], key_id: str) -> None:
+    with sessions.begin() as session:
+        done = session.execute(update(ApiKey).where(ApiKey.id == key_id,
+                                                    ApiKey.revoked_at.is_(None))
+                               .values(revoked_at=utcnow()))
+        if done.rowcount == 0:
+            raise QuotaflowError(f"no active key with id {key_id!r}; "
+                                 "`quotaflow keys list` shows them")
+
+
+def list_keys(session: Session) -> list[ApiKey]:
+    return list(session.scalars(select(ApiKey).order_by(ApiKey.tenant, ApiKey.created_at)))
+
+
+def tenant_for_key(session: Session, secret: str | None) -> str:
+    """The tenant a presented key acts for; AuthenticationError for none or an unknown one."""
+    if not secret:
+        raise AuthenticationError(
+            "no API key given: send `Authorization: Bearer <key>`; "
+            "`quotaflow keys create --tenant NAME` makes one")
+    tenant = session.scalar(select(ApiKey.tenant).where(ApiKey.key_hash == hash_key(secret),
+                                                        ApiKey.revoked_at.is_(None)))
+    if tenant is None:
+        raise AuthenticationError("incorrect API key provided; "
+                                  "`quotaflow keys create --tenant NAME` makes a new one")
+    return tenant

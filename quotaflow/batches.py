@@ -1,0 +1,179 @@
+"""The OpenAI Batch API's view of quotaflow's jobs.
+
+A batch *is* a job (same id, same rows): POST /v1/batches creates one from an
+uploaded file through quotaflow.jobs.create_job, and the batch object is the
+job described in OpenAI's shape. As at OpenAI, a file refused as a whole
+still gives a batch, with status `failed` and the reasons, line by line, in
+`errors.data`; a good file with some bad lines runs its good lines, and the
+bad ones are listed in `errors.data` and in the error file.
+"""
+
+import re
+import uuid
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from quotaflow import files, jobs, quotas
+from quotaflow.config import Deployments, Settings
+from quotaflow.constants import DEFAULT_QUEUE, ENDPOINTS, QUEUES
+from quotaflow.errors import InputFileError, LineProblem, QuotaflowError
+from quotaflow.models import Item, Job, JobStatus, Result, utcnow
+
+# Where a batch names its queue (quotaflow's extension; the X-Quotaflow-Queue header
+# takes precedence).
+QUEUE_METADATA_KEY = "quotaflow_queue"
+MAX_ERRORS_SHOWN = 1000
+_WINDOW = re.compile(r"^(\d{1,5})([hms])$")
+_WINDOW_SECONDS = {"h": 3600, "m": 60, "s": 1}
+FINAL = (JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.EXPIRED, JobStatus.CANCELLED)
+
+
+@dataclass(frozen=True)
+class BatchRequest:
+    """POST /v1/batches, checked: which file, endpoint and window, for whom, on which queue."""
+
+    input_file_id: str
+    endpoint: str
+    completion_window: str
+    metadata: dict[str, str] | None
+    tenant: str
+    queue: str | None = None
+
+
+def window_seconds(window: str) -> int:
+    """OpenAI accepts "24h"; quotaflow any N h/m/s (no 24-hour wait on one's own cluster)."""
+    match = _WINDOW.match(window)
+    if not match or int(match.group(1)) == 0:
+        raise QuotaflowError(f"completion_window {window!r} is not supported; use e.g. "
+                             "\"24h\" (or any number of hours, minutes or seconds: 2h, 30m)")
+    return int(match.group(1)) * _WINDOW_SECONDS[match.group(2)]
+
+
+def choose_queue(header: str | None, metadata: dict[str, str] | None) -> str:
+    queue = header or (metadata or {}).get(QUEUE_METADATA_KEY) or DEFAULT_QUEUE
+    if queue not in QUEUES:
+        raise QuotaflowError(f"unknown queue {queue!r} (X-Quotaflow-Queue or "
+                             f"metadata.{QUEUE_METADATA_KEY}); choose one of {', '.join(QUEUES)}")
+    return queue
+
+
+def create_batch(sessions: sessionmaker[Session], request: BatchRequest, *, settings: Settings,
+                 deployments: Deployments, dispatcher: jobs.Dispatcher) -> Job:
+    """Run create_job over the stored file, within the tenant's token quota.
+
+    A request that cannot be a batch at all (unknown endpoint, file or queue) raises;
+    a file that cannot run gives a failed batch, as OpenAI reports validation failures.
+    """
+    if request.endpoint not in ENDPOINTS:
+        raise QuotaflowError(f"endpoint {request.endpoint!r} is not supported; "
+                             f"use one of {', '.join(ENDPOINTS)}")
+    window = window_seconds(request.completion_window)
+    queue = choose_queue(request.queue, request.metadata)
+    with sessions() as session:
+        upload = files.get_file(session, request.input_file_id, request.tenant)
+        estimate = quotas.estimate(files.open_stored(session, upload.id), settings.max_line_bytes)
+    other_urls = {url: lines for url, lines in estimate.lines_by_url.items()
+                  if url != request.endpoint}
+    if other_urls:
+        problems = [LineProblem(line, f"url {url} differs from the batch's endpoint "
+                                      f"{request.endpoint}")
+                    for url, lines in other_urls.items() for line in lines]
+        return _failed_batch(sessions, request, queue, window, InputFileError(
+            f"the input file has requests for another endpoint than {request.endpoint}",
+            sorted(problems, key=lambda p: p.line_no)))
+    with quotas.reserve(sessions, settings, request.tenant, estimate.tokens):
+        try:
+            with sessions() as session:
+                job = jobs.create_job(
+                    sessions, files.open_stored(session, upload.id), settings=settings,
+                    deployments=deployments, dispatcher=dispatcher, queue=queue,
+                    filename=upload.filename, metadata=request.metadata, tenant=request.tenant,
+                    input_file_id=upload.id, enqueued_tokens=estimate.tokens)
+        except InputFileError as exc:
+            return _failed_batch(sessions, request, queue, window, exc)
+    with sessions.begin() as session:
+        row = jobs.get_job(session, job.id)
+        row.expires_at = row.created_at + timedelta(seconds=window)
+    return job
+
+
+def _failed_batch(sessions: sessionmaker[Session], request: BatchRequest, queue: str,
+                  window: int, exc: InputFileError) -> Job:
+    """A batch whose file was refused: nothing runs; the reasons are in `errors`."""
+    data = [_error(p.line_no, p.reason) for p in exc.problems[:MAX_ERRORS_SHOWN]]
+    if not data:
+        data = [_error(None, exc.message)]
+    now = utcnow()
+    job = Job(id=f"batch_{uuid.uuid4().hex}", status=JobStatus.FAILED, queue=queue,
+              endpoint=request.endpoint, input_filename=None, total=0,
+              metadata_=request.metadata, created_at=now, failed_at=now,
+              expires_at=now + timedelta(seconds=window), tenant=request.tenant,
+              input_file_id=request.input_file_id, enqueued_tokens=0,
+              errors={"object": "list", "data": data})
+    with sessions.begin() as session:
+        session.add(job)
+    return job
+
+
+def _error(line: int | None, message: str) -> dict[str, Any]:
+    return {"code": "invalid_request", "message": message, "param": None, "line": line}
+
+
+def invalid_lines(session: Session, job_id: str) -> list[dict[str, Any]]:
+    """The lines of a running batch refused at validation, as OpenAI's errors.data."""
+    rows = session.execute(
+        select(Result.line_no, Result.error)
+        .join(Item, (Item.job_id == Result.job_id) & (Item.line_no == Result.line_no))
+        .where(Result.job_id == job_id, Item.body.is_(None))
+        .order_by(Result.line_no).limit(MAX_ERRORS_SHOWN))
+    return [_error(line, (error or {}).get("message", "invalid request"))
+            for line, error in rows]
+
+
+def batch_object(session: Session, job: Job) -> dict[str, Any]:
+    """The job as OpenAI's Batch object, plus quotaflow's `queue`."""
+    view = jobs.job_object(session, job)
+    counts = view["request_counts"]
+    final = job.status in FINAL
+    succeeded = counts["completed"]
+    unsucceeded = counts["failed"] + counts["cancelled"] + counts["expired"]
+    errors = job.errors or ({"object": "list", "data": data}
+                            if (data := invalid_lines(session, job.id)) else None)
+    window_s = (job.expires_at - job.created_at).total_seconds() if job.expires_at else 86400
+    return {
+        "id": job.id,
+        "object": "batch",
+        "endpoint": job.endpoint,
+        "model": None,
+        "errors": errors,
+        "input_file_id": job.input_file_id,
+        "completion_window": _window_text(window_s),
+        "status": job.status,
+        "output_file_id": files.output_file_id(job.id, errors=False)
+        if final and succeeded else None,
+        "error_file_id": files.output_file_id(job.id, errors=True)
+        if final and unsucceeded else None,
+        **{name: view[name] for name in (
+            "created_at", "in_progress_at", "expires_at", "completed_at", "failed_at",
+            "expired_at", "cancelling_at", "cancelled_at")},
+        "finalizing_at": view["finalizing_at"],
+        "request_counts": {"total": counts["total"], "completed": succeeded,
+                           "failed": unsucceeded},
+        "metadata": job.metadata_,
+        "usage": {**view["usage"], "input_tokens_details": {"cached_tokens": 0},
+                  "output_tokens_details": {"reasoning_tokens": 0}},
+        "queue": job.queue,
+    }
+
+
+def _window_text(seconds: float) -> str:
+    whole = round(seconds)
+    for unit, size in (("h", 3600), ("m", 60)):
+        if whole % size == 0:
+            return f"{whole // size}{unit}"
+    return f"{whole}s"
+
