@@ -25,8 +25,9 @@ class Collecting:
 
 
 def big_file(count: int) -> bytes:
-    # lines of varying length, so line ends fall anywhere relative to chunk borders
-    return jsonl([chat_line(f"r-{i}", "w" * (300 + i % 977)) for i in range(count)])
+    # lines of varying length, so line ends fall anywhere relative to chunk borders, and
+    # distinct prompts, so that none is shared as an identical request
+    return jsonl([chat_line(f"r-{i}", f"{i} " + "w" * (300 + i % 977)) for i in range(count)])
 
 
 def test_a_multi_chunk_upload_reads_back_exactly(pg_sessions: sessionmaker[Session]) -> None:
