@@ -37,10 +37,11 @@ _lock = threading.Lock()
 _allowed: frozenset[str] | None = None  # None: any local deployment (embedded runs)
 
 
-def serve_only(names: Iterable[str]) -> None:
-    """Celery workers call this at start: load only these deployments' models (or none)."""
+def serve_only(names: Iterable[str] | None) -> None:
+    """Celery workers call this at start: load only these deployments' models (or none).
+    None lifts the restriction (the embedded runner loads whatever it needs)."""
     global _allowed
-    _allowed = frozenset(names)
+    _allowed = None if names is None else frozenset(names)
 
 
 def load_engine(deployment: Deployment) -> Tokenizer:
@@ -78,10 +79,10 @@ class LocalProvider:
 
     def __init__(self, deployment: Deployment) -> None:
         self._deployment = deployment
-        self._runner = runner_for(deployment)
+        self.runner = runner_for(deployment)
 
     async def send(self, url: str, body: dict[str, Any]) -> ProviderResponse:
-        deployment, runner = self._deployment, self._runner
+        deployment, runner = self._deployment, self.runner
         parts = parts_for(url, body, runner.engine, deployment)
         futures = [asyncio.wrap_future(runner.batcher.submit(
             p.kind, p.prompt_tokens, p.max_new_tokens, p.payload)) for p in parts]
