@@ -1,0 +1,146 @@
+"""A job through real processes where one model is a local one: the REST API, a Celery
+worker started with --deployment (threads sharing the model it loaded from a directory), a
+general worker that holds no model, Redis and Postgres."""
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import redis
+from transformers import AutoTokenizer
+
+from tests.conftest import REDIS_URL, service_env
+from tests.factories import chat_line, write_jsonl
+from tests.procs import Proc, free_port, quotaflow
+from tests.tiny_model import SENTENCES, save_tiny_model
+
+LOCAL_LINES = 40
+MOCK_EVERY = 3  # every third line goes to the (simulated) remote model instead
+
+
+@pytest.fixture
+def local_cluster(pg_url: str, tmp_path: Path) -> Iterator[tuple[str, dict[str, Proc], Path]]:
+    # Never ends at EOS, so each reply is exactly its max_tokens long
+    model_dir = save_tiny_model(tmp_path / "tiny-gpt2", eos_bias=-100.0)
+    deployments = tmp_path / "deployments.toml"
+    deployments.write_text(f"""
+[deployments.tiny-local]
+provider = "local"
+model = "tiny"
+model_path = "{model_dir}"
+device = "cpu"
+rpm = 100000
+tpm = 10000000
+max_batch_size = 8
+max_wait_ms = 50
+default_temperature = 0
+max_concurrency = 16
+
+[deployments.remote]
+provider = "mock"
+model = "gpt-4o-mini"
+rpm = 100000
+tpm = 10000000
+
+[routes]
+"tiny" = "tiny-local"
+"*" = "remote"
+""")
+    redis.Redis.from_url(REDIS_URL).flushdb()
+    port = free_port()
+    env = service_env(QUOTAFLOW_DATABASE_URL=pg_url, QUOTAFLOW_BROKER_URL=REDIS_URL,
+                      QUOTAFLOW_DEPLOYMENTS_FILE=str(deployments), QUOTAFLOW_BATCH_SIZE="10",
+                      HF_HUB_OFFLINE="1")
+    procs = {
+        "api": Proc("api", quotaflow("api", "--port", str(port)), env, tmp_path),
+        "general": Proc("general", quotaflow("worker", "--concurrency", "2",
+                                             "--name", "general@qftest"), env, tmp_path),
+        "local": Proc("local", quotaflow("worker", "--deployment", "tiny-local",
+                                         "--concurrency", "3", "--name", "gpu0@qftest"),
+                      env, tmp_path),
+    }
+    try:
+        procs["api"].wait_http(f"http://127.0.0.1:{port}/healthz")
+        for name in ("general", "local"):
+            procs[name].wait_until(lambda n=name: " ready." in procs[n].log(), timeout=180)
+        yield f"http://127.0.0.1:{port}", procs, model_dir
+    finally:
+        for proc in procs.values():
+            proc.stop()
+
+
+def mixed_lines() -> list[dict]:
+    lines = []
+    for i in range(LOCAL_LINES + LOCAL_LINES // (MOCK_EVERY - 1)):
+        if i % MOCK_EVERY == MOCK_EVERY - 1:
+            lines.append(chat_line(f"remote-{i}", f"remote question {i}"))
+        else:
+            lines.append(chat_line(f"local-{i}", f"{SENTENCES[i % 7]} number {i}",
+                                   model="tiny", max_tokens=4 + i % 9))
+    return lines
+
+
+def test_a_job_runs_on_the_local_model_through_its_own_worker(
+        local_cluster: tuple[str, dict[str, Proc], Path], tmp_path: Path) -> None:
+    api, procs, model_dir = local_cluster
+    # Given a file whose lines go to the local model, with every third to a remote one,
+    # and one line that is not JSON
+    lines = mixed_lines()
+    path = write_jsonl(tmp_path / "mixed.jsonl", [*lines[:5], "not json", *lines[5:]])
+    # When it is submitted over REST and runs to the end
+    with path.open("rb") as handle:
+        job = httpx.post(f"{api}/jobs", files={"file": ("mixed.jsonl", handle)},
+                         data={"queue": "bulk"}, timeout=30).raise_for_status().json()
+    deadline = time.monotonic() + 240
+    while job["status"] == "in_progress":
+        assert time.monotonic() < deadline, (job["request_counts"], procs["local"].log())
+        time.sleep(0.5)
+        job = httpx.get(f"{api}/jobs/{job['id']}", timeout=10).json()
+    # Then every request succeeded (a worker without the model would have failed its items)
+    assert job["status"] == "completed", procs["local"].log()
+    assert job["request_counts"] == {"total": len(lines) + 1, "completed": len(lines),
+                                     "failed": 1, "pending": 0, **_rest(job)}
+    results = [json.loads(row) for row in
+               httpx.get(f"{api}/jobs/{job['id']}/results", timeout=30).text.splitlines()]
+    assert [r["custom_id"] for r in results] == [line["custom_id"] for line in lines]
+    # And each local answer is the model's, with usage counted from the real tokens
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    by_id = {line["custom_id"]: line for line in lines}
+    for result in results:
+        request = by_id[result["custom_id"]]["body"]
+        body = result["response"]["body"]
+        if request["model"] != "tiny":
+            assert body["system_fingerprint"] == "quotaflow-simulated"
+            continue
+        assert body["system_fingerprint"] == "quotaflow-local-transformers"
+        assert body["object"] == "chat.completion" and body["model"] == "tiny"
+        choice = body["choices"][0]
+        assert choice["message"]["content"].strip()
+        assert choice["finish_reason"] == "length"
+        template = tokenizer.apply_chat_template(request["messages"], tokenize=False,
+                                                 add_generation_prompt=True)
+        prompt_tokens = len(tokenizer(template, add_special_tokens=False)["input_ids"])
+        assert body["usage"] == {"prompt_tokens": prompt_tokens,
+                                 "completion_tokens": request["max_tokens"],
+                                 "total_tokens": prompt_tokens + request["max_tokens"]}
+    # And the local worker took only its own queues' batches, the general one only the rest
+    assert _received(procs["local"]) >= 1 and _received(procs["general"]) >= 1
+    assert "local.tiny-local.bulk" in _full_log(procs["local"])
+    assert "local.tiny-local" not in _full_log(procs["general"])
+
+
+def _rest(job: dict) -> dict:
+    """Counts beyond the three checked (cancelled, expired, ...), as the job reports them."""
+    return {k: v for k, v in job["request_counts"].items()
+            if k not in ("total", "completed", "failed", "pending")}
+
+
+def _full_log(proc: Proc) -> str:
+    return proc.log_path.read_text(errors="replace")
+
+
+def _received(proc: Proc) -> int:
+    return _full_log(proc).count("quotaflow.process_batch")
