@@ -3,6 +3,7 @@ worker started with --deployment (threads sharing the model it loaded from a dir
 general worker that holds no model, Redis and Postgres."""
 
 import json
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +19,7 @@ from tests.procs import Proc, free_port, quotaflow
 from tests.tiny_model import SENTENCES, save_tiny_model
 
 LOCAL_LINES = 40
-MOCK_EVERY = 3  # every third line goes to the (simulated) remote model instead
+REMOTE_LINES = 10
 
 
 @pytest.fixture
@@ -73,9 +74,11 @@ tpm = 10000000
 
 
 def mixed_lines() -> list[dict]:
+    """Local lines in two blocks around a block for the remote model (a job's lines are
+    split into runs bound for one queue, so blocks keep its batches whole)."""
     lines = []
-    for i in range(LOCAL_LINES + LOCAL_LINES // (MOCK_EVERY - 1)):
-        if i % MOCK_EVERY == MOCK_EVERY - 1:
+    for i in range(LOCAL_LINES + REMOTE_LINES):
+        if LOCAL_LINES // 2 <= i < LOCAL_LINES // 2 + REMOTE_LINES:
             lines.append(chat_line(f"remote-{i}", f"remote question {i}"))
         else:
             lines.append(chat_line(f"local-{i}", f"{SENTENCES[i % 7]} number {i}",
@@ -86,7 +89,7 @@ def mixed_lines() -> list[dict]:
 def test_a_job_runs_on_the_local_model_through_its_own_worker(
         local_cluster: tuple[str, dict[str, Proc], Path], tmp_path: Path) -> None:
     api, procs, model_dir = local_cluster
-    # Given a file whose lines go to the local model, with every third to a remote one,
+    # Given a file whose lines go to the local model but for a block going to a remote one,
     # and one line that is not JSON
     lines = mixed_lines()
     path = write_jsonl(tmp_path / "mixed.jsonl", [*lines[:5], "not json", *lines[5:]])
@@ -130,6 +133,10 @@ def test_a_job_runs_on_the_local_model_through_its_own_worker(
     assert _received(procs["local"]) >= 1 and _received(procs["general"]) >= 1
     assert "local.tiny-local.bulk" in _full_log(procs["local"])
     assert "local.tiny-local" not in _full_log(procs["general"])
+    # And the local worker's batch runs (10 lines each, three at a time) met in model
+    # batches of up to max_batch_size
+    sizes = [int(n) for n in re.findall(r"batch of (\d+) generate", _full_log(procs["local"]))]
+    assert sum(sizes) == LOCAL_LINES and max(sizes) > 1 and max(sizes) <= 8
 
 
 def _rest(job: dict) -> dict:

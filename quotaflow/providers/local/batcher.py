@@ -11,12 +11,15 @@ little and no request is passed over for ever. Torch-free, so it is tested
 on its own.
 """
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 RunBatch = Callable[[Hashable, list[Any]], Sequence[Any]]
 
@@ -87,6 +90,7 @@ class DynamicBatcher:
         self._closed = False
         # Sizes of the batches run so far: what tests and the benchmark look at.
         self.batch_sizes: list[int] = []
+        self.name = name
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
 
@@ -144,11 +148,15 @@ class DynamicBatcher:
             if not batch:
                 continue
             self.batch_sizes.append(len(batch))
+            started = time.monotonic()
             try:
                 answers = self._run_batch(batch[0].kind, [w.payload for w in batch])
             except BaseException as exc:  # every caller must hear of it, whatever it is
                 for entry in batch:
                     entry.future.set_exception(exc)
                 continue
+            log.info("%s: batch of %d %s requests (%d padded tokens) in %.0f ms", self.name,
+                     len(batch), batch[0].kind, padded_tokens(batch),
+                     (time.monotonic() - started) * 1000)
             for entry, answer in zip(batch, answers, strict=True):
                 entry.future.set_result(answer)
