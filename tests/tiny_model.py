@@ -18,6 +18,7 @@ from transformers import (
     AutoModelForCausalLM,
     GPT2Config,
     LlamaConfig,
+    PretrainedConfig,
     PreTrainedTokenizerFast,
     Qwen2Config,
 )
@@ -54,20 +55,22 @@ def build_tokenizer(extra_words: int = 0) -> PreTrainedTokenizerFast:
 
 
 def model_config(arch: str, vocab_size: int, hidden: int, layers: int, heads: int,
-                 intermediate: int, context: int, special_ids: dict[str, int]):
+                 kv_heads: int | None, intermediate: int, context: int,
+                 special_ids: dict[str, int]) -> PretrainedConfig:
     if arch == "gpt2":
         return GPT2Config(vocab_size=vocab_size, n_embd=hidden, n_layer=layers, n_head=heads,
                           n_inner=intermediate, n_positions=context, tie_word_embeddings=False,
                           **special_ids)
     config_class = {"llama": LlamaConfig, "qwen2": Qwen2Config}[arch]
     return config_class(vocab_size=vocab_size, hidden_size=hidden, num_hidden_layers=layers,
-                        num_attention_heads=heads, num_key_value_heads=max(1, heads // 4),
+                        num_attention_heads=heads, num_key_value_heads=kv_heads or heads,
                         intermediate_size=intermediate, max_position_embeddings=context,
                         tie_word_embeddings=False, **special_ids)
 
 
 def save_tiny_model(path: Path, *, arch: str = "gpt2", hidden: int = 32, layers: int = 2,
-                    heads: int = 2, intermediate: int | None = None, context: int = 256,
+                    heads: int = 2, kv_heads: int | None = None,
+                    intermediate: int | None = None, context: int = 256,
                     vocab_size: int | None = None, eos_bias: float = -100.0, seed: int = 0,
                     extra_words: int = 0) -> Path:
     """Write tokenizer + random model to `path`; returns it. eos_bias -100: never EOS."""
@@ -76,8 +79,8 @@ def save_tiny_model(path: Path, *, arch: str = "gpt2", hidden: int = 32, layers:
     special = {"pad_token_id": tokenizer.pad_token_id, "bos_token_id": tokenizer.bos_token_id,
                "eos_token_id": tokenizer.eos_token_id}
     vocab = vocab_size or len(tokenizer)
-    config = model_config(arch, vocab, hidden, layers, heads, intermediate or 4 * hidden,
-                          context, special)
+    config = model_config(arch, vocab, hidden, layers, heads, kv_heads,
+                          intermediate or 4 * hidden, context, special)
     model = AutoModelForCausalLM.from_config(config)
     if arch == "gpt2":
         _offset_logits(model, tokenizer, eos_bias)
