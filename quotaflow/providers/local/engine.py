@@ -130,7 +130,7 @@ class TransformersEngine:
                 if kind == EMBED:
                     return self.embed(payloads)
                 return self.generate(payloads)
-        except torch.OutOfMemoryError as exc:
+        except torch.cuda.OutOfMemoryError as exc:
             raise RetryableProviderError(
                 f"{self.name}: out of memory running a batch of {len(payloads)}; lower "
                 "max_batch_tokens or max_batch_size") from exc
