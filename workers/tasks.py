@@ -9,7 +9,7 @@ from quotaflow.circuit import make_breaker
 from quotaflow.config import get_settings
 from quotaflow.constants import TASK_PROCESS_BATCH
 from quotaflow.db import session_factory, translate_db_errors
-from quotaflow.errors import ServiceUnavailable
+from quotaflow.errors import ConfigError, ServiceUnavailable
 from quotaflow.execution import BatchExecutor
 from quotaflow.jobs import BatchRef
 from quotaflow.providers.local import runner_for, serve_only
@@ -34,7 +34,10 @@ def load_local_model(**_kwargs: object) -> None:
     name = settings.worker_deployment
     serve_only([name] if name else [])
     if name:
-        deployment = settings.load_deployments().deployments[name]
+        deployment = settings.load_deployments().deployments.get(name)
+        if deployment is None or deployment.provider != "local":
+            raise ConfigError(f"QUOTAFLOW_WORKER_DEPLOYMENT={name!r} names no local deployment "
+                              "of the deployments file")
         runner_for(deployment)
 
 

@@ -1,9 +1,10 @@
-"""A job through real processes where one model is a local one: the REST API, a Celery
-worker started with --deployment (threads sharing the model it loaded from a directory), a
-general worker that holds no model, Redis and Postgres."""
+"""Jobs on a local model through real processes: the REST API, a Celery worker started
+with --deployment (threads sharing the model it loaded from a directory), a general worker
+that holds no model, Redis and Postgres; and `quotaflow run`, which loads it in process."""
 
 import json
 import re
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,12 +14,25 @@ import pytest
 import redis
 from transformers import AutoTokenizer
 
-from tests.conftest import REDIS_URL, service_env
+from tests.conftest import REDIS_URL, ROOT, service_env
 from tests.factories import chat_line, write_jsonl
 from tests.procs import Proc, free_port, quotaflow
 from tests.tiny_model import SENTENCES, save_tiny_model
 
 LOCAL_LINES = 40
+TINY_DEPLOYMENT = """
+[deployments.tiny-local]
+provider = "local"
+model = "tiny"
+model_path = "{path}"
+device = "cpu"
+rpm = 100000
+tpm = 10000000
+max_batch_size = 8
+max_wait_ms = 50
+default_temperature = 0
+max_concurrency = 16
+"""
 REMOTE_LINES = 10
 
 
@@ -27,19 +41,7 @@ def local_cluster(pg_url: str, tmp_path: Path) -> Iterator[tuple[str, dict[str, 
     # Never ends at EOS, so each reply is exactly its max_tokens long
     model_dir = save_tiny_model(tmp_path / "tiny-gpt2", eos_bias=-100.0)
     deployments = tmp_path / "deployments.toml"
-    deployments.write_text(f"""
-[deployments.tiny-local]
-provider = "local"
-model = "tiny"
-model_path = "{model_dir}"
-device = "cpu"
-rpm = 100000
-tpm = 10000000
-max_batch_size = 8
-max_wait_ms = 50
-default_temperature = 0
-max_concurrency = 16
-
+    deployments.write_text(TINY_DEPLOYMENT.format(path=model_dir) + """
 [deployments.remote]
 provider = "mock"
 model = "gpt-4o-mini"
@@ -151,3 +153,31 @@ def _full_log(proc: Proc) -> str:
 
 def _received(proc: Proc) -> int:
     return _full_log(proc).count("quotaflow.process_batch")
+
+
+def test_quotaflow_run_loads_the_local_model_in_process(tmp_path: Path) -> None:
+    # Given a deployments file with only the local model, and an embeddings file for it
+    model_dir = save_tiny_model(tmp_path / "tiny-gpt2")
+    deployments = tmp_path / "deployments.toml"
+    deployments.write_text(TINY_DEPLOYMENT.format(path=model_dir)
+                           + '[routes]\n"*" = "tiny-local"\n')
+    texts = [f"{SENTENCES[i % 7]} number {i}" for i in range(12)]
+    write_jsonl(tmp_path / "embed.jsonl", [
+        {"custom_id": f"e{i}", "method": "POST", "url": "/v1/embeddings",
+         "body": {"model": "tiny", "input": text}} for i, text in enumerate(texts)])
+    env = service_env(QUOTAFLOW_DATABASE_URL=f"sqlite:///{tmp_path / 'embedded.db'}",
+                      QUOTAFLOW_DEPLOYMENTS_FILE=str(deployments), HF_HUB_OFFLINE="1",
+                      PYTHONPATH=str(ROOT))  # this checkout's code, from another directory
+    # When it is run with `quotaflow run`, no broker and no worker
+    result = subprocess.run(quotaflow("run", "embed.jsonl", "-o", "out.jsonl"), cwd=tmp_path,
+                            env=env, capture_output=True, text=True, timeout=240)
+    # Then every line has its vector, and usage counts the real prompt tokens
+    assert result.returncode == 0, result.stderr
+    assert "12 succeeded, 0 failed of 12" in result.stderr
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    lines = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert [line["custom_id"] for line in lines] == [f"e{i}" for i in range(12)]
+    for line, text in zip(lines, texts, strict=True):
+        body = line["response"]["body"]
+        assert body["object"] == "list" and len(body["data"][0]["embedding"]) == 32
+        assert body["usage"]["prompt_tokens"] == len(tokenizer(text)["input_ids"])
