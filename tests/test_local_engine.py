@@ -3,6 +3,8 @@ loading code from a directory written with save_pretrained (no model hub)."""
 
 import asyncio
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,6 +17,7 @@ from quotaflow.errors import ConfigError, PermanentProviderError
 from quotaflow.providers import local, make_provider
 from quotaflow.providers.local.engine import TransformersEngine
 from quotaflow.providers.local.requests import GenerationRequest
+from tests.conftest import ROOT
 from tests.tiny_model import SENTENCES, save_tiny_model
 
 os.environ["HF_HUB_OFFLINE"] = "1"
@@ -194,3 +197,27 @@ def test_a_worker_without_the_model_never_loads_it(model_dir: Path) -> None:
             make_provider(local_deployment(model_dir, name="other"))
     finally:
         local.serve_only(None)
+
+
+def test_quotaflow_runs_without_the_local_extra(model_dir: Path) -> None:
+    # Given a Python where torch cannot be imported
+    script = f"""
+import sys
+sys.modules["torch"] = None  # import torch now raises ImportError
+import quotaflow.execution, quotaflow.placement, api.app, cli.main
+from quotaflow.config import Deployment
+from quotaflow.errors import ConfigError
+from quotaflow.providers import make_provider
+deployment = Deployment(name="gpu", provider="local", model="m", model_path={str(model_dir)!r},
+                        rpm=10, tpm=1000)
+try:
+    make_provider(deployment)
+except ConfigError as exc:
+    print(exc)
+"""
+    env = {**os.environ, "QUOTAFLOW_BROKER_URL": "redis://127.0.0.1:1/0"}
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            timeout=120, env=env, cwd=ROOT)
+    # Then everything else imports, and a local deployment says what to install
+    assert result.returncode == 0, result.stderr
+    assert "pip install 'quotaflow[local]'" in result.stdout

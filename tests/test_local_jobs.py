@@ -181,3 +181,21 @@ def test_quotaflow_run_loads_the_local_model_in_process(tmp_path: Path) -> None:
         body = line["response"]["body"]
         assert body["object"] == "list" and len(body["data"][0]["embedding"]) == 32
         assert body["usage"]["prompt_tokens"] == len(tokenizer(text)["input_ids"])
+
+
+def test_worker_deployment_must_name_a_local_deployment(tmp_path: Path) -> None:
+    deployments = tmp_path / "deployments.toml"
+    deployments.write_text(TINY_DEPLOYMENT.format(path=tmp_path / "none") + """
+[deployments.remote]
+provider = "mock"
+model = "m"
+rpm = 100
+tpm = 100000
+""")
+    env = service_env(QUOTAFLOW_DEPLOYMENTS_FILE=str(deployments),
+                      QUOTAFLOW_BROKER_URL=REDIS_URL)
+    for name, message in (("nope", "no such deployment in the deployments file"),
+                          ("remote", "is a 'mock' deployment; only local deployments")):
+        result = subprocess.run(quotaflow("worker", "--deployment", name), env=env,
+                                capture_output=True, text=True, timeout=60)
+        assert result.returncode == 1 and message in result.stderr, result.stderr

@@ -21,14 +21,14 @@ from quotaflow.config import Deployment
 from quotaflow.errors import ConfigError, RetryableProviderError
 from quotaflow.providers.base import ProviderResponse
 from quotaflow.providers.local.batcher import DynamicBatcher
-from quotaflow.providers.local.requests import Tokenizer, answer_body, parts_for
+from quotaflow.providers.local.requests import Engine, answer_body, parts_for
 
 
 @dataclass
 class Runner:
     """A loaded engine and the batcher in front of it."""
 
-    engine: Tokenizer
+    engine: Engine
     batcher: DynamicBatcher
 
 
@@ -44,7 +44,7 @@ def serve_only(names: Iterable[str] | None) -> None:
     _allowed = None if names is None else frozenset(names)
 
 
-def load_engine(deployment: Deployment) -> Tokenizer:
+def load_engine(deployment: Deployment) -> Engine:
     if deployment.engine == "transformers":
         try:
             from quotaflow.providers.local.engine import TransformersEngine

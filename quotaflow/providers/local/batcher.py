@@ -151,6 +151,9 @@ class DynamicBatcher:
             started = time.monotonic()
             try:
                 answers = self._run_batch(batch[0].kind, [w.payload for w in batch])
+                if len(answers) != len(batch):
+                    raise RuntimeError(f"{self.name}: {len(answers)} answers for a batch "
+                                       f"of {len(batch)}")
             except BaseException as exc:  # every caller must hear of it, whatever it is
                 for entry in batch:
                     entry.future.set_exception(exc)

@@ -24,7 +24,7 @@ from transformers import (
 
 from quotaflow.config import Deployment
 from quotaflow.errors import ConfigError, RetryableProviderError
-from quotaflow.providers.local.requests import EMBED, Generated, GenerationRequest
+from quotaflow.providers.local.requests import EMBED, Generated, GenerationRequest, bad_request
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -109,7 +109,6 @@ class TransformersEngine:
 
     def chat_ids(self, messages: list[dict[str, Any]]) -> list[int]:
         if not self.tokenizer.chat_template:
-            from quotaflow.providers.local.requests import bad_request
             raise bad_request(f"the model of deployment {self.name!r} has no chat template; "
                               "send /v1/completions requests or add chat_template to its "
                               "tokenizer_config.json")

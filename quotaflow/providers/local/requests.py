@@ -9,6 +9,7 @@ or max_tokens when the reply was cut.
 
 import time
 import uuid
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -30,6 +31,12 @@ class Tokenizer(Protocol):
     def chat_ids(self, messages: list[dict[str, Any]]) -> list[int]: ...
 
     def text_ids(self, text: str) -> list[int]: ...
+
+
+class Engine(Tokenizer, Protocol):
+    """A loaded model: tokenizes requests, and runs a batch of one kind of work."""
+
+    def run_batch(self, kind: Hashable, payloads: Sequence[Any]) -> list[Any]: ...
 
 
 @dataclass(frozen=True)
