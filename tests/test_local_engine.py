@@ -1,8 +1,12 @@
 """The transformers engine and the local provider on a tiny random GPT-2, loaded by the real
 loading code from a directory written with save_pretrained (no model hub)."""
 
-import asyncio
 import os
+
+# No model hub here: every model is built and loaded from a local directory.
+os.environ["HF_HUB_OFFLINE"] = "1"
+
+import asyncio
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -20,7 +24,6 @@ from quotaflow.providers.local.requests import GenerationRequest
 from tests.conftest import ROOT
 from tests.tiny_model import SENTENCES, save_tiny_model
 
-os.environ["HF_HUB_OFFLINE"] = "1"
 # With this offset about half of the greedy replies below end at EOS, the rest at max_tokens.
 MIXED_EOS_BIAS = 0.1
 

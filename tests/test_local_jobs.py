@@ -2,6 +2,11 @@
 with --deployment (threads sharing the model it loaded from a directory), a general worker
 that holds no model, Redis and Postgres; and `quotaflow run`, which loads it in process."""
 
+import os
+
+# No model hub here: every model is built and loaded from a local directory.
+os.environ["HF_HUB_OFFLINE"] = "1"
+
 import json
 import re
 import subprocess

@@ -10,6 +10,11 @@ soon replies end (Llama and Qwen2 norms have no bias; their EOS comes when
 the random weights say).
 """
 
+import os
+
+# No model hub here: every model is built and loaded from a local directory.
+os.environ["HF_HUB_OFFLINE"] = "1"
+
 from pathlib import Path
 
 import torch
