@@ -6,6 +6,8 @@ COPY api api
 COPY workers workers
 COPY cli cli
 COPY migrations migrations
-RUN pip install --no-cache-dir . && useradd --create-home quotaflow
+# EXTRAS="[local]" adds torch and transformers for `provider = "local"` (compose: worker-gpu0).
+ARG EXTRAS=""
+RUN pip install --no-cache-dir ".${EXTRAS}" && useradd --create-home quotaflow
 USER quotaflow
 CMD ["quotaflow", "--help"]

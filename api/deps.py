@@ -14,6 +14,7 @@ from quotaflow.constants import DEFAULT_TENANT
 from quotaflow.db import session_factory
 from quotaflow.errors import ConfigError
 from quotaflow.jobs import Dispatcher
+from quotaflow.placement import PlacingDispatcher
 from quotaflow.ratelimit import Limiter, make_limiter
 
 
@@ -36,7 +37,8 @@ def dispatcher() -> Dispatcher:
     broker = get_settings().broker_url
     if not broker:
         raise ConfigError("QUOTAFLOW_BROKER_URL is not set; the API queues jobs on Redis")
-    return CeleryDispatcher(broker)
+    # Batches for a local deployment go to its own queues (quotaflow/placement.py).
+    return PlacingDispatcher(CeleryDispatcher(broker), sessions(), deployments())
 
 
 def session() -> Session:

@@ -11,7 +11,7 @@ import sys
 import click
 
 from quotaflow.config import get_settings
-from quotaflow.constants import QUEUES
+from quotaflow.constants import QUEUES, local_queue
 from quotaflow.db import upgrade
 from quotaflow.errors import ConfigError
 
@@ -19,6 +19,17 @@ from quotaflow.errors import ConfigError
 def _exec_celery(*args: str, env: dict[str, str] | None = None) -> None:
     argv = [sys.executable, "-m", "celery", "-A", "workers.app:app", *args]
     os.execvpe(argv[0], argv, {**os.environ, **(env or {})})
+
+
+def _check_local(name: str) -> None:
+    """`--deployment` must name a local deployment of the deployments file."""
+    known = get_settings().load_deployments().deployments
+    if name not in known:
+        raise ConfigError(f"--deployment {name!r}: no such deployment in the deployments file "
+                          f"(QUOTAFLOW_DEPLOYMENTS_FILE); it has {', '.join(known)}")
+    if known[name].provider != "local":
+        raise ConfigError(f"--deployment {name!r} is a {known[name].provider!r} deployment; "
+                          "only local deployments have workers of their own")
 
 
 def register(cli: click.Group) -> None:
@@ -35,19 +46,33 @@ def register(cli: click.Group) -> None:
 
     @cli.command()
     @click.option("--queues", default=",".join(QUEUES), show_default=True,
-                  help="Comma-separated queues this worker consumes.")
+                  help="Comma-separated queues (priority classes) this worker consumes.")
     @click.option("--concurrency", default=2, show_default=True, type=click.IntRange(1, 512))
     @click.option("--name", default=None, help="Worker node name (default: quotaflow-PID@host).")
     @click.option("--loglevel", default="info", show_default=True)
-    def worker(queues: str, concurrency: int, name: str | None, loglevel: str) -> None:
+    @click.option("--deployment", default=None, metavar="NAME",
+                  help="Serve the local deployment NAME: load its model once, run batches "
+                       "in threads that share it, consume only its queues "
+                       "(local.NAME.PRIORITY). Pin to a GPU with CUDA_VISIBLE_DEVICES.")
+    def worker(queues: str, concurrency: int, name: str | None, loglevel: str,
+               deployment: str | None) -> None:
         """Start a Celery worker for the given queues."""
         chosen = [q.strip() for q in queues.split(",") if q.strip()]
         unknown = [q for q in chosen if q not in QUEUES]
         if unknown or not chosen:
             raise ConfigError(f"unknown queue(s) {unknown}; choose from {', '.join(QUEUES)}")
         node = name or f"quotaflow-{os.getpid()}@{socket.gethostname()}"
+        pool: list[str] = []
+        env: dict[str, str] = {}
+        if deployment is not None:
+            _check_local(deployment)
+            chosen = [local_queue(deployment, q) for q in chosen]
+            # Threads, not processes: one model per worker process (per GPU), shared by
+            # every batch it runs, so their requests meet in one dynamic batcher.
+            pool = ["--pool", "threads"]
+            env["QUOTAFLOW_WORKER_DEPLOYMENT"] = deployment
         _exec_celery("worker", "-Q", ",".join(chosen), "--concurrency", str(concurrency),
-                     "-n", node, "-l", loglevel, "-E")
+                     *pool, "-n", node, "-l", loglevel, "-E", env=env)
 
     @cli.command()
     @click.option("--port", default=None, type=int, help="Default: QUOTAFLOW_FLOWER_PORT (5555).")

@@ -25,7 +25,10 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from quotaflow.constants import MOCK_PROVIDER, QUEUE_BULK, QUEUE_REALTIME, QUEUE_STANDARD
 from quotaflow.errors import ConfigError
 
-ProviderKind = Literal["openai", "mock"]
+ProviderKind = Literal["openai", "mock", "local"]
+# The in-process engines a `local` deployment can run on (quotaflow/providers/local/).
+LocalEngine = Literal["transformers"]
+LocalDtype = Literal["auto", "float32", "float16", "bfloat16"]
 
 
 class Deployment(BaseModel):
@@ -62,10 +65,32 @@ class Deployment(BaseModel):
     circuit_failures: int = Field(default=5, gt=0)
     circuit_cooldown_s: float = Field(default=30.0, gt=0)
 
+    # provider = "local": a model in the worker's own process, on its accelerator
+    # (README, "Local models"). model_path is a directory saved with save_pretrained
+    # (or a hub id, where the worker may download).
+    engine: LocalEngine = "transformers"
+    model_path: str | None = None
+    # auto: bfloat16 on a GPU that supports it, else float32 (CPUs are slow in half precision).
+    dtype: LocalDtype = "auto"
+    # auto: cuda when present, else cpu; or "cpu", "cuda", "cuda:1".
+    device: str = "auto"
+    # A model batch holds at most max_batch_size requests and max_batch_tokens padded
+    # tokens (rows x (longest prompt + largest max_tokens)), which bounds its memory.
+    max_batch_size: int = Field(default=16, gt=0, le=4096)
+    max_batch_tokens: int = Field(default=65536, gt=0)
+    # How long the first request of a batch waits for more to join it.
+    max_wait_ms: float = Field(default=20.0, ge=0, le=10_000)
+    # Generation defaults for requests that do not say (0 means greedy).
+    default_temperature: float = Field(default=1.0, ge=0, le=2)
+    default_top_p: float = Field(default=1.0, gt=0, le=1)
+
     @model_validator(mode="after")
     def _check(self) -> "Deployment":
         if self.provider == "openai" and not self.base_url:
             raise ValueError("provider 'openai' needs base_url (e.g. http://127.0.0.1:8000/v1)")
+        if self.provider == "local" and not self.model_path:
+            raise ValueError("provider 'local' needs model_path (a directory written by "
+                             "save_pretrained, e.g. /models/qwen2.5-0.5b-instruct)")
         if self.rpm * self.burst_seconds / 60 < 1:
             raise ValueError(
                 f"rpm {self.rpm} x burst_seconds {self.burst_seconds:g} / 60 holds less than "
@@ -135,7 +160,28 @@ class Deployments(BaseModel):
                     f"deployments {first.name!r} and {deployment.name!r} share quota "
                     f"{deployment.quota!r} but differ in rpm/tpm/burst_seconds; a shared "
                     "quota has one set of limits")
+        for model, route in self.routes.items():
+            local = [n for n in route.names if self.deployments[n].provider == "local"]
+            if len(local) > 1:
+                # Placement (quotaflow/placement.py) sends a request to the queue of the
+                # one local deployment its route names; two would need two queues.
+                raise ValueError(
+                    f"route {model!r} names local deployments {local}; a route may name at "
+                    "most one (serve one model from several GPUs by starting one "
+                    "`quotaflow worker --deployment NAME` per GPU)")
         return self
+
+    def local_deployment_for(self, model: str | None) -> Deployment | None:
+        """The local deployment a model's requests may run on, if its route names one."""
+        route = self.route_for(model)
+        for name in route.names if route else ():
+            if self.deployments[name].provider == "local":
+                return self.deployments[name]
+        return None
+
+    @property
+    def has_local(self) -> bool:
+        return any(d.provider == "local" for d in self.deployments.values())
 
     def route_for(self, model: str | None) -> Route | None:
         """A model's route: an explicit one, every deployment of that model, or '*'."""
@@ -230,6 +276,10 @@ class Settings(BaseSettings):
     # A batch told to wait longer than this goes back to the queue with that
     # countdown instead of holding a worker.
     max_inline_wait_s: float = Field(default=5.0, ge=0)
+
+    # Set by `quotaflow worker --deployment NAME`: the one local deployment whose model
+    # this worker process loads. A worker without it loads no model at all.
+    worker_deployment: str | None = None
 
     flower_basic_auth: str | None = None
     flower_port: int = 5555

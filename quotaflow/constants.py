@@ -12,6 +12,16 @@ QUEUE_BULK: Final = "bulk"
 QUEUES: Final = (QUEUE_REALTIME, QUEUE_STANDARD, QUEUE_BULK)
 DEFAULT_QUEUE: Final = QUEUE_STANDARD
 
+# A local deployment's batches go to queues of their own, consumed only by the workers
+# that hold its model (`quotaflow worker --deployment NAME`): local.NAME.PRIORITY.
+LOCAL_QUEUE_PREFIX: Final = "local"
+
+
+def local_queue(deployment: str, priority: str) -> str:
+    """The queue of a local deployment's batches of one priority class."""
+    return f"{LOCAL_QUEUE_PREFIX}.{deployment}.{priority}"
+
+
 TASK_PROCESS_BATCH: Final = "quotaflow.process_batch"
 
 REDIS_PREFIX: Final = "quotaflow"

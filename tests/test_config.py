@@ -30,7 +30,7 @@ def write(tmp_path: Path, text: str) -> Path:
     (("tpm = 1000", 'tpm = "lots"'), "tpm\n  Input should be a valid integer"),
     (("rpm = 60", "rpm = 30\nburst_seconds = 1"), "holds less than one request"),
     (('base_url = "http://127.0.0.1:9/v1"\n', ""), "provider 'openai' needs base_url"),
-    (('provider = "openai"', 'provider = "azure"'), "Input should be 'openai' or 'mock'"),
+    (('provider = "openai"', 'provider = "azure"'), "Input should be 'openai', 'mock' or 'local'"),
 ])
 def test_bad_limits_are_refused(tmp_path: Path, change: tuple[str, str], message: str) -> None:
     path = write(tmp_path, VALID.replace(*change))
@@ -71,3 +71,34 @@ def test_unsafe_settings_are_refused() -> None:
         Settings(visibility_timeout=600, task_time_limit=900, _env_file=None)
     with pytest.raises(ValueError, match="floor_bulk"):
         Settings(floor_bulk=1.5, _env_file=None)
+
+
+LOCAL = """
+[deployments.gpu]
+provider = "local"
+model = "qwen"
+model_path = "/models/qwen"
+rpm = 6000
+tpm = 600000
+"""
+
+
+def test_a_local_deployment_needs_a_model_path(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="provider 'local' needs model_path"):
+        load_deployments(write(tmp_path, LOCAL.replace('model_path = "/models/qwen"\n', "")))
+    with pytest.raises(ConfigError, match="max_batch_size\n  Input should be greater than 0"):
+        load_deployments(write(tmp_path, LOCAL + "max_batch_size = 0\n"))
+    gpu = load_deployments(write(tmp_path, LOCAL)).deployments["gpu"]
+    assert (gpu.engine, gpu.device, gpu.dtype, gpu.max_batch_size) == (
+        "transformers", "auto", "auto", 16)
+
+
+def test_a_route_names_at_most_one_local_deployment(tmp_path: Path) -> None:
+    second = LOCAL.replace("[deployments.gpu]", "[deployments.gpu2]")
+    text = LOCAL + second + VALID + '[routes]\n"qwen" = ["gpu", "gpu2"]\n'
+    with pytest.raises(ConfigError, match="names local deployments \\['gpu', 'gpu2'\\]"):
+        load_deployments(write(tmp_path, text))
+    mixed = load_deployments(write(tmp_path, LOCAL + VALID + '[routes]\n"qwen" = '
+                                   '{ deployments = ["main"], fallback = ["gpu"] }\n'))
+    assert mixed.local_deployment_for("qwen").name == "gpu"
+    assert mixed.local_deployment_for("m") is None

@@ -18,7 +18,7 @@ SERVICES = {"redis", "postgres", "migrate", "api", "worker-realtime", "worker-bu
 
 def test_compose_runs_the_documented_services() -> None:
     compose = yaml.safe_load((ROOT / "compose.yml").read_text())
-    assert set(compose["services"]) == SERVICES
+    assert {n for n, s in compose["services"].items() if "profiles" not in s} == SERVICES
     runner = CliRunner()
     for name in SERVICES - {"redis", "postgres"}:
         service = compose["services"][name]
@@ -34,6 +34,24 @@ def test_compose_runs_the_documented_services() -> None:
     assert "QUOTAFLOW_FLOWER_BASIC_AUTH" in flower_env
     workers = {compose["services"][n]["command"][3] for n in ("worker-realtime", "worker-bulk")}
     assert workers == {"realtime", "standard,bulk"}
+
+
+def test_gpu_profiles_run_a_vllm_server_and_a_pinned_local_worker() -> None:
+    compose = yaml.safe_load((ROOT / "compose.yml").read_text())
+    vllm, worker = compose["services"]["vllm"], compose["services"]["worker-gpu0"]
+    assert vllm["profiles"] == ["vllm"] and vllm["image"].startswith("vllm/vllm-openai")
+    assert worker["profiles"] == ["local-gpu"]
+    for service in (vllm, worker):
+        devices = service["deploy"]["resources"]["reservations"]["devices"]
+        assert devices[0]["capabilities"] == ["gpu"]
+    # The worker serves a local deployment of the example file, pinned to the GPU it reserves
+    command = worker["command"]
+    deployment = command[command.index("--deployment") + 1]
+    example = load_deployments(ROOT / "examples" / "deployments.toml")
+    assert example.deployments[deployment].provider == "local"
+    assert worker["environment"]["CUDA_VISIBLE_DEVICES"] == "0"
+    help_text = CliRunner().invoke(cli, ["worker", "--help"]).output
+    assert all(o in help_text for o in command[2:] if o.startswith("--"))
 
 
 def _subcommand(args: list[str]) -> list[str]:

@@ -21,6 +21,11 @@ def create_app() -> Celery:
     if not settings.broker_url:
         raise ConfigError("QUOTAFLOW_BROKER_URL is not set; workers need Redis, "
                           "e.g. QUOTAFLOW_BROKER_URL=redis://127.0.0.1:6379/0")
+    transport = {"visibility_timeout": settings.visibility_timeout}
+    if settings.worker_deployment:
+        # One worker per GPU takes all of its deployment's priority classes: look at its
+        # queues in the order given (realtime first) instead of in turn.
+        transport["queue_order_strategy"] = "priority"
     celery = Celery("quotaflow", broker=settings.broker_url,
                     include=["workers.tasks", "workers.reaper"])
     celery.conf.update(
@@ -31,7 +36,7 @@ def create_app() -> Celery:
         worker_prefetch_multiplier=1,
         task_time_limit=settings.task_time_limit,
         task_soft_time_limit=max(1, settings.task_time_limit - 30),
-        broker_transport_options={"visibility_timeout": settings.visibility_timeout},
+        broker_transport_options=transport,
         broker_connection_retry_on_startup=True,
         task_serializer="json",
         accept_content=["json"],

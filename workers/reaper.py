@@ -16,6 +16,7 @@ from quotaflow.config import get_settings
 from quotaflow.constants import REDIS_PREFIX, TASK_PROCESS_BATCH
 from quotaflow.db import session_factory
 from quotaflow.jobs import BatchRef, expire_overdue
+from quotaflow.placement import PlacingDispatcher
 from quotaflow.reaper import reap
 from workers.app import app
 
@@ -41,7 +42,8 @@ def reap_forever() -> None:
     interval = settings.reap_interval_s
     lock = redis.Redis.from_url(settings.limiter_url or settings.broker_url)
     sessions = session_factory(settings.database_url)
-    dispatcher = AppDispatcher(app)
+    # Queued again where they were first sent: a local deployment's batches to its queues.
+    dispatcher = PlacingDispatcher(AppDispatcher(app), sessions, settings.load_deployments())
     while not _stop.wait(interval):
         try:
             # One reaper per round, cluster-wide; the lock lapses by itself.

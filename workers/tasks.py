@@ -3,14 +3,16 @@
 from functools import lru_cache
 
 from celery import Task
+from celery.signals import worker_init
 
 from quotaflow.circuit import make_breaker
 from quotaflow.config import get_settings
 from quotaflow.constants import TASK_PROCESS_BATCH
 from quotaflow.db import session_factory, translate_db_errors
-from quotaflow.errors import ServiceUnavailable
+from quotaflow.errors import ConfigError, ServiceUnavailable
 from quotaflow.execution import BatchExecutor
 from quotaflow.jobs import BatchRef
+from quotaflow.providers.local import runner_for, serve_only
 from quotaflow.ratelimit import make_limiter
 from workers.app import app
 
@@ -22,6 +24,21 @@ def executor() -> BatchExecutor:
     return BatchExecutor(session_factory(settings.database_url), settings.load_deployments(),
                          make_limiter(settings.limiter_url), settings,
                          breaker=make_breaker(settings.limiter_url))
+
+
+@worker_init.connect
+def load_local_model(**_kwargs: object) -> None:
+    """A worker started with --deployment loads its model now, once, before it takes any
+    batch (its threads pool shares it); every other worker may never load one."""
+    settings = get_settings()
+    name = settings.worker_deployment
+    serve_only([name] if name else [])
+    if name:
+        deployment = settings.load_deployments().deployments.get(name)
+        if deployment is None or deployment.provider != "local":
+            raise ConfigError(f"QUOTAFLOW_WORKER_DEPLOYMENT={name!r} names no local deployment "
+                              "of the deployments file")
+        runner_for(deployment)
 
 
 # Postgres or Redis unreachable: the batch is tried again with backoff instead of

@@ -11,4 +11,9 @@ __all__ = ["Provider", "ProviderResponse", "make_provider"]
 def make_provider(deployment: Deployment) -> Provider:
     if deployment.provider == "mock":
         return MockProvider()
+    if deployment.provider == "local":
+        # Imported here: the local provider's package is where torch may come in.
+        from quotaflow.providers.local import LocalProvider
+
+        return LocalProvider(deployment)
     return OpenAICompatProvider(deployment)

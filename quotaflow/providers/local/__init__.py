@@ -1,0 +1,103 @@
+"""The `local` provider: a model in this process, fed through a dynamic batcher.
+
+The executor calls `send()` once per request, concurrently, as for any
+provider; the requests of every batch run in the process meet in the
+deployment's one DynamicBatcher, whose thread runs them on the model in
+batches. The model is loaded on first use and stays loaded for the life of
+the process: one engine per deployment per process. A Celery worker is
+limited to the deployment it was started for (`serve_only`), so a worker
+without a model never loads one by accident. torch and transformers are
+imported only when an engine is built (quotaflow/providers/local/engine.py).
+"""
+
+import asyncio
+import threading
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from quotaflow.config import Deployment
+from quotaflow.errors import ConfigError, RetryableProviderError
+from quotaflow.providers.base import ProviderResponse
+from quotaflow.providers.local.batcher import DynamicBatcher
+from quotaflow.providers.local.requests import Engine, answer_body, parts_for
+
+
+@dataclass
+class Runner:
+    """A loaded engine and the batcher in front of it."""
+
+    engine: Engine
+    batcher: DynamicBatcher
+
+
+_runners: dict[str, Runner] = {}
+_lock = threading.Lock()
+_allowed: frozenset[str] | None = None  # None: any local deployment (embedded runs)
+
+
+def serve_only(names: Iterable[str] | None) -> None:
+    """Celery workers call this at start: load only these deployments' models (or none).
+    None lifts the restriction (the embedded runner loads whatever it needs)."""
+    global _allowed
+    _allowed = None if names is None else frozenset(names)
+
+
+def load_engine(deployment: Deployment) -> Engine:
+    if deployment.engine == "transformers":
+        try:
+            from quotaflow.providers.local.engine import TransformersEngine
+        except ImportError as exc:
+            raise ConfigError(
+                f"deployment {deployment.name!r} runs on transformers, which is not "
+                "installed; pip install 'quotaflow[local]'") from exc
+        return TransformersEngine(deployment)
+    raise ConfigError(f"deployment {deployment.name!r}: unknown engine {deployment.engine!r}")
+
+
+def runner_for(deployment: Deployment) -> Runner:
+    """The deployment's engine and batcher, loaded once per process."""
+    with _lock:
+        if _allowed is not None and deployment.name not in _allowed:
+            raise ConfigError(
+                f"this worker holds no model for local deployment {deployment.name!r}; its "
+                f"requests are run by `quotaflow worker --deployment {deployment.name}`")
+        runner = _runners.get(deployment.name)
+        if runner is None:
+            engine = load_engine(deployment)
+            batcher = DynamicBatcher(engine.run_batch, deployment.max_batch_size,
+                                     deployment.max_batch_tokens,
+                                     deployment.max_wait_ms / 1000,
+                                     name=f"quotaflow-batcher-{deployment.name}")
+            runner = _runners[deployment.name] = Runner(engine, batcher)
+        return runner
+
+
+class LocalProvider:
+    """Sends each request to the deployment's batcher and answers in OpenAI's shapes."""
+
+    def __init__(self, deployment: Deployment) -> None:
+        self._deployment = deployment
+        self.runner = runner_for(deployment)
+
+    async def send(self, url: str, body: dict[str, Any]) -> ProviderResponse:
+        deployment, runner = self._deployment, self.runner
+        parts = parts_for(url, body, runner.engine, deployment)
+        futures = [asyncio.wrap_future(runner.batcher.submit(
+            p.kind, p.prompt_tokens, p.max_new_tokens, p.payload)) for p in parts]
+        try:
+            answers = await asyncio.wait_for(asyncio.gather(*futures), deployment.timeout_s)
+        except TimeoutError as exc:  # gather's cancellation takes them off the batcher
+            raise RetryableProviderError(
+                f"{deployment.name}: no answer within timeout_s={deployment.timeout_s:g}; "
+                "raise timeout_s or lower max_batch_size") from exc
+        answer = answer_body(url, deployment, parts, answers)
+        usage = answer["usage"]
+        return ProviderResponse(status_code=200, body=answer,
+                                request_id=f"req_{uuid.uuid4().hex[:24]}",
+                                prompt_tokens=usage["prompt_tokens"],
+                                completion_tokens=usage.get("completion_tokens", 0))
+
+    async def aclose(self) -> None:
+        """The model outlives one batch run: it stays loaded for the next."""

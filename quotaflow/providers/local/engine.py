@@ -1,0 +1,197 @@
+"""The transformers engine: one model and its tokenizer, loaded once, run in batches.
+
+This is the only module that imports torch and transformers; it is imported
+when a `local` deployment is first used, so the rest of quotaflow runs
+without the `local` extra. Batches are left-padded and generated together;
+each row has its own max_tokens, temperature and top_p, and stops at its own
+EOS (the rows that finished wait, padded, for the longest).
+"""
+
+import threading
+from collections.abc import Hashable, Sequence
+from typing import Any
+
+import torch
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    GenerationConfig,
+    LogitsProcessor,
+    LogitsProcessorList,
+    StoppingCriteria,
+    StoppingCriteriaList,
+)
+
+from quotaflow.config import Deployment
+from quotaflow.errors import ConfigError, RetryableProviderError
+from quotaflow.providers.local.requests import EMBED, Generated, GenerationRequest, bad_request
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def pick_device(device: str) -> torch.device:
+    """auto: the first CUDA device this process sees (CUDA_VISIBLE_DEVICES pins it), else CPU."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def pick_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    if dtype != "auto":
+        return DTYPES[dtype]
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return torch.float32  # half precision on CPU is slower, not faster
+
+
+class RowSampling(LogitsProcessor):
+    """Per-row temperature and top-p; a row with temperature 0 takes its argmax."""
+
+    def __init__(self, temperatures: torch.Tensor, top_ps: torch.Tensor) -> None:
+        self.temperatures = temperatures
+        self.top_ps = top_ps
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        scores = scores.float()
+        scaled = scores / self.temperatures.clamp(min=1e-5).unsqueeze(1)
+        ordered, order = torch.sort(scaled, descending=True)
+        probs = ordered.softmax(dim=-1)
+        # Drop a token once the ones before it already cover top_p (the first always stays).
+        drop = (probs.cumsum(dim=-1) - probs) > self.top_ps.unsqueeze(1)
+        ordered = ordered.masked_fill(drop, float("-inf"))
+        sampled = torch.full_like(scaled, float("-inf")).scatter(1, order, ordered)
+        greedy = torch.full_like(scores, float("-inf")).scatter(
+            1, scores.argmax(dim=-1, keepdim=True), 0.0)
+        return torch.where((self.temperatures == 0).unsqueeze(1), greedy, sampled)
+
+
+class RowLimits(StoppingCriteria):
+    """Each row stops at its own max_tokens (generate's max_new_tokens is the batch's)."""
+
+    def __init__(self, prompt_length: int, limits: torch.Tensor) -> None:
+        self.prompt_length = prompt_length
+        self.limits = limits
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor,
+                 **kwargs: Any) -> torch.Tensor:
+        return (input_ids.shape[1] - self.prompt_length) >= self.limits
+
+
+class TransformersEngine:
+    """A causal LM from a local directory (or hub id), on the chosen device and dtype."""
+
+    def __init__(self, deployment: Deployment) -> None:
+        self.name = deployment.name
+        self.device = pick_device(deployment.device)
+        self.dtype = pick_dtype(deployment.dtype, self.device)
+        path = deployment.model_path
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(path)
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=self.dtype)
+        except (OSError, ValueError) as exc:
+            raise ConfigError(
+                f"deployment {self.name!r}: cannot load a model from {path!r} ({exc}); "
+                "model_path must be a directory written by save_pretrained (config.json, "
+                "weights, tokenizer files)") from exc
+        self.model = model.to(self.device).eval()
+        self.eos_ids = _eos_ids(self.tokenizer, model)
+        if not self.eos_ids:
+            raise ConfigError(f"deployment {self.name!r}: the model at {path!r} names no EOS "
+                              "token, so generation could not stop before max_tokens")
+        pad = self.tokenizer.pad_token_id
+        self.pad_id = pad if pad is not None else self.eos_ids[0]
+        config = model.config
+        self.max_context: int | None = (getattr(config, "max_position_embeddings", None)
+                                        or getattr(config, "n_positions", None))
+        # The Rust tokenizer refuses concurrent use ("Already borrowed"): callers'
+        # threads encode while the batch thread decodes.
+        self._tokenizer_lock = threading.Lock()
+
+    def chat_ids(self, messages: list[dict[str, Any]]) -> list[int]:
+        if not self.tokenizer.chat_template:
+            raise bad_request(f"the model of deployment {self.name!r} has no chat template; "
+                              "send /v1/completions requests or add chat_template to its "
+                              "tokenizer_config.json")
+        with self._tokenizer_lock:
+            text = self.tokenizer.apply_chat_template(messages, tokenize=False,
+                                                      add_generation_prompt=True)
+            # The template writes the special tokens (BOS) itself.
+            return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def text_ids(self, text: str) -> list[int]:
+        with self._tokenizer_lock:
+            return list(self.tokenizer(text)["input_ids"])
+
+    def run_batch(self, kind: Hashable, payloads: Sequence[Any]) -> list[Any]:
+        """The batcher's callback: errors of the device become retryable provider errors."""
+        try:
+            with torch.inference_mode():
+                if kind == EMBED:
+                    return self.embed(payloads)
+                return self.generate(payloads)
+        except torch.cuda.OutOfMemoryError as exc:
+            raise RetryableProviderError(
+                f"{self.name}: out of memory running a batch of {len(payloads)}; lower "
+                "max_batch_tokens or max_batch_size") from exc
+        except RuntimeError as exc:
+            raise RetryableProviderError(f"{self.name}: the model failed: {exc}") from exc
+
+    def _left_padded(self, rows: Sequence[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        width = max(len(r) for r in rows)
+        ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, row in enumerate(rows):
+            ids[i, width - len(row):] = torch.tensor(row, dtype=torch.long)
+            mask[i, width - len(row):] = 1
+        return ids.to(self.device), mask.to(self.device)
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[Generated]:
+        ids, mask = self._left_padded([r.input_ids for r in requests])
+        limits = torch.tensor([r.max_new_tokens for r in requests], device=self.device)
+        temperatures = torch.tensor([r.temperature for r in requests], device=self.device)
+        sample = bool((temperatures > 0).any())
+        config = GenerationConfig(max_new_tokens=int(limits.max()), do_sample=sample,
+                                  eos_token_id=self.eos_ids, pad_token_id=self.pad_id,
+                                  **({"top_k": 0, "top_p": 1.0, "temperature": 1.0}
+                                     if sample else {}))
+        processors = LogitsProcessorList()
+        if sample:
+            top_ps = torch.tensor([r.top_p for r in requests], device=self.device)
+            processors.append(RowSampling(temperatures, top_ps))
+        out = self.model.generate(
+            input_ids=ids, attention_mask=mask, generation_config=config,
+            logits_processor=processors,
+            stopping_criteria=StoppingCriteriaList([RowLimits(ids.shape[1], limits)]))
+        new = out[:, ids.shape[1]:].tolist()
+        return [self._finished(row[:r.max_new_tokens]) for row, r in zip(new, requests,
+                                                                         strict=True)]
+
+    def _finished(self, tokens: list[int]) -> Generated:
+        """Count up to and including the first EOS; the rest is padding after the stop."""
+        stop = next((i for i, t in enumerate(tokens) if t in self.eos_ids), None)
+        kept = tokens if stop is None else tokens[:stop]
+        with self._tokenizer_lock:
+            text = self.tokenizer.decode(kept, skip_special_tokens=True)
+        if stop is None:
+            return Generated(len(tokens), text, "length")
+        return Generated(stop + 1, text, "stop")
+
+    def embed(self, rows: Sequence[list[int]]) -> list[list[float]]:
+        """Mean of the last hidden states over the prompt, L2-normalised as OpenAI's are."""
+        ids, mask = self._left_padded(rows)
+        hidden = self.model(input_ids=ids, attention_mask=mask,
+                            output_hidden_states=True).hidden_states[-1].float()
+        weights = mask.unsqueeze(-1).float()
+        pooled = (hidden * weights).sum(dim=1) / weights.sum(dim=1)
+        return torch.nn.functional.normalize(pooled, dim=-1).cpu().tolist()
+
+
+def _eos_ids(tokenizer: Any, model: Any) -> list[int]:
+    """Every id that ends a reply: the tokenizer's EOS and the model's generation config's."""
+    ids: list[int] = []
+    configured = getattr(model.generation_config, "eos_token_id", None)
+    for value in (tokenizer.eos_token_id, configured):
+        for token in value if isinstance(value, list) else [value]:
+            if token is not None and token not in ids:
+                ids.append(int(token))
+    return ids
