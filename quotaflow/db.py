@@ -12,7 +12,7 @@ from pathlib import Path
 
 from sqlalchemy import Engine, Insert, Table, create_engine, event
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from quotaflow.errors import ConfigError, ServiceUnavailable
@@ -61,14 +61,26 @@ def session_factory(url: str) -> sessionmaker[Session]:
 
 @contextmanager
 def translate_db_errors() -> Iterator[None]:
-    """Turn 'cannot connect' into an error that says which setting to check."""
+    """Turn 'cannot connect' and 'no such table' into errors that say what to do."""
     try:
         yield
-    except OperationalError as exc:
+    except DBAPIError as exc:
+        if _schema_missing(exc):
+            raise ConfigError(
+                "the database has no quotaflow tables (or older ones); run "
+                "`quotaflow db upgrade` with this QUOTAFLOW_DATABASE_URL first") from exc
+        if not isinstance(exc, OperationalError):
+            raise
         raise ServiceUnavailable(
             f"database unreachable ({exc.orig.__class__.__name__}); "
             "check QUOTAFLOW_DATABASE_URL and that the server is running"
         ) from exc
+
+
+def _schema_missing(exc: DBAPIError) -> bool:
+    # 42P01 is PostgreSQL's undefined_table; SQLite says so in words.
+    return (getattr(exc.orig, "sqlstate", None) == "42P01"
+            or "no such table" in str(exc.orig))
 
 
 def insert_ignore(session: Session, table: Table) -> Insert:
