@@ -56,6 +56,8 @@ DEFAULT_429_PAUSE_S = 1.0
 # A wait computed from the refill rate ignores refunds that other workers' calls
 # will bring back sooner; where usage is reconciled, look again this often.
 REFUND_POLL_S = 0.05
+# Requests admitted to one deployment per routing decision, where a route has several.
+GROUP_CHUNK = 4
 # The longest one sleep while no deployment is available: circuits and blocks can
 # end early (a probe succeeds), so look again at least this often.
 MAX_ROUTE_WAIT_S = 5.0
@@ -244,6 +246,10 @@ class BatchExecutor:
             deployment = choice.deployment
             free = 1 if choice.probe else (
                 deployment.max_concurrency - len(calls.get(deployment.name, ())))
+            if len(route.names) > 1:
+                # Where there is a choice, decide often: every batch run reads the same
+                # levels, and large chunks would all land on the least used deployment.
+                free = min(free, GROUP_CHUNK)
             asked = self._prepare_chunk(run, deployment, waiting, free)
             if not asked:
                 continue
