@@ -192,6 +192,19 @@ def test_a_bad_model_path_is_a_config_error_that_says_what_to_do(tmp_path: Path)
         TransformersEngine(local_deployment(tmp_path / "missing"))
 
 
+@pytest.mark.parametrize(("device", "reason"), [
+    ("gpu", "not a device torch knows"),
+    ("cuda", "sees no CUDA device"),
+    ("cuda:7", "sees no CUDA device"),
+])
+def test_a_device_that_is_not_there_is_refused_before_loading(
+        model_dir: Path, device: str, reason: str) -> None:
+    if torch.cuda.is_available() and device != "gpu":
+        pytest.skip("this host has a GPU; the case is a CPU-only one")
+    with pytest.raises(ConfigError, match=f"deployment 'tiny-local': device '{device}'.*{reason}"):
+        TransformersEngine(local_deployment(model_dir, device=device))
+
+
 def test_a_worker_without_the_model_never_loads_it(model_dir: Path) -> None:
     # Given a process restricted as a Celery worker without --deployment is
     local.serve_only([])

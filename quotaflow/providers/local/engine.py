@@ -7,6 +7,7 @@ each row has its own max_tokens, temperature and top_p, and stops at its own
 EOS (the rows that finished wait, padded, for the longest).
 """
 
+import os
 import threading
 from collections.abc import Hashable, Sequence
 from typing import Any
@@ -29,11 +30,34 @@ from quotaflow.providers.local.requests import EMBED, Generated, GenerationReque
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
-def pick_device(device: str) -> torch.device:
-    """auto: the first CUDA device this process sees (CUDA_VISIBLE_DEVICES pins it), else CPU."""
+def pick_device(name: str, device: str) -> torch.device:
+    """auto: the first CUDA device this process sees (CUDA_VISIBLE_DEVICES pins it), else CPU.
+
+    A named device that is not there is refused before the model loads, with
+    the reason; torch's own error ("Torch not compiled with CUDA enabled") comes
+    only after the weights are read and does not say which setting to change.
+    """
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
+    try:
+        chosen = torch.device(device)
+    except RuntimeError as exc:
+        raise ConfigError(f"deployment {name!r}: device {device!r} is not a device torch "
+                          "knows; use 'auto', 'cpu', 'cuda' or 'cuda:N'") from exc
+    if chosen.type != "cuda":
+        return chosen
+    seen = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if seen == 0:
+        raise ConfigError(
+            f"deployment {name!r}: device {device!r}, but this process sees no CUDA device "
+            f"(torch {torch.__version__} built for {'CUDA' if torch.version.cuda else 'CPU only'}"
+            f", CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '(unset)')!s}); "
+            "run the worker on a GPU host with a CUDA build of torch, or set device = 'auto'")
+    if chosen.index is not None and chosen.index >= seen:
+        raise ConfigError(f"deployment {name!r}: device {device!r}, but this process sees "
+                          f"{seen} CUDA device(s), numbered from 0 (CUDA_VISIBLE_DEVICES "
+                          "renumbers the ones it keeps)")
+    return chosen
 
 
 def pick_dtype(dtype: str, device: torch.device) -> torch.dtype:
@@ -82,7 +106,7 @@ class TransformersEngine:
 
     def __init__(self, deployment: Deployment) -> None:
         self.name = deployment.name
-        self.device = pick_device(deployment.device)
+        self.device = pick_device(self.name, deployment.device)
         self.dtype = pick_dtype(deployment.dtype, self.device)
         path = deployment.model_path
         try:
