@@ -61,6 +61,12 @@ class Run:
         return self.completion_tokens / self.seconds
 
 
+def max_tokens_of(i: int, max_tokens: int, mixed: bool) -> int:
+    """With --mixed-lengths a quarter of the requests each ask for 1/4, 2/4, 3/4 and all
+    of max_tokens, as replies of different lengths end at different times."""
+    return max(1, max_tokens * (1 + i % 4) // 4) if mixed else max_tokens
+
+
 def messages(i: int) -> list[dict[str, str]]:
     words = " ".join(SENTENCES[(i + k) % len(SENTENCES)] for k in range(1 + i % 3))
     return [{"role": "user", "content": f"{words} number {i}"}]
@@ -78,9 +84,11 @@ def reset_peak(device: torch.device) -> None:
         torch.cuda.reset_peak_memory_stats(device)
 
 
-def one_at_a_time(provider: LocalProvider, count: int, max_tokens: int) -> Run:
+def one_at_a_time(provider: LocalProvider, count: int, max_tokens: int,
+                  mixed: bool = False) -> Run:
     engine = provider.runner.engine
-    requests = [GenerationRequest(engine.chat_ids(messages(i)), max_tokens, 0.0, 1.0)
+    requests = [GenerationRequest(engine.chat_ids(messages(i)),
+                                  max_tokens_of(i, max_tokens, mixed), 0.0, 1.0)
                 for i in range(count)]
     reset_peak(engine.device)
     started = time.perf_counter()
@@ -89,12 +97,13 @@ def one_at_a_time(provider: LocalProvider, count: int, max_tokens: int) -> Run:
     return Run("one at a time", 1, seconds, tokens, count, peak_gib(engine.device))
 
 
-def batched(provider: LocalProvider, count: int, max_tokens: int) -> Run:
+def batched(provider: LocalProvider, count: int, max_tokens: int, mixed: bool = False) -> Run:
     engine, batcher = provider.runner.engine, provider.runner.batcher
 
     async def send_all() -> list:
         return await asyncio.gather(*(
-            provider.send(ENDPOINT_CHAT, {"messages": messages(i), "max_tokens": max_tokens,
+            provider.send(ENDPOINT_CHAT, {"messages": messages(i),
+                                          "max_tokens": max_tokens_of(i, max_tokens, mixed),
                                           "temperature": 0}) for i in range(count)))
 
     before = len(batcher.batch_sizes)
@@ -136,6 +145,8 @@ def main() -> None:
     parser.add_argument("--max-batch-tokens", type=int, default=1_000_000)
     parser.add_argument("--max-wait-ms", type=float, default=20.0)
     parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--mixed-lengths", action="store_true",
+                        help="requests ask for 1/4, 2/4, 3/4 or all of --max-tokens")
     parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
     args = parser.parse_args()
     if args.threads:
@@ -148,13 +159,14 @@ def main() -> None:
               f"torch threads: {torch.get_num_threads()}, torch {torch.__version__}")
         batched(provider, min(args.requests, args.batch_size), 4)  # warm up both paths
         one_at_a_time(provider, 2, 4)
-        runs = [one_at_a_time(provider, args.requests, args.max_tokens),
-                batched(provider, args.requests, args.max_tokens)]
+        runs = [one_at_a_time(provider, args.requests, args.max_tokens, args.mixed_lengths),
+                batched(provider, args.requests, args.max_tokens, args.mixed_lengths)]
     print_table(args, runs)
 
 
 def print_table(args: argparse.Namespace, runs: list[Run]) -> None:
-    print(f"\n{args.requests} chat requests, max_tokens {args.max_tokens}, greedy; "
+    lengths = " (1/4 to all of it, mixed)" if args.mixed_lengths else ""
+    print(f"\n{args.requests} chat requests, max_tokens {args.max_tokens}{lengths}, greedy; "
           f"max_batch_size {args.batch_size}, max_batch_tokens {args.max_batch_tokens:,}, "
           f"max_wait_ms {args.max_wait_ms:g}")
     header = ("mode", "batch", "model batches", "tokens", "seconds", "tokens/s", "speedup",

@@ -19,7 +19,7 @@ from quotaflow.config import Deployment
 from quotaflow.constants import ENDPOINT_CHAT, ENDPOINT_COMPLETIONS, ENDPOINT_EMBEDDINGS
 from quotaflow.errors import ConfigError, PermanentProviderError
 from quotaflow.providers import local, make_provider
-from quotaflow.providers.local.engine import TransformersEngine
+from quotaflow.providers.local.engine import TransformersEngine, next_tokens
 from quotaflow.providers.local.requests import GenerationRequest
 from tests.conftest import ROOT
 from tests.tiny_model import SENTENCES, save_tiny_model
@@ -82,6 +82,36 @@ def test_batched_generation_matches_one_sequence_at_a_time(engine: TransformersE
     assert "stop" in reasons and "length" in reasons
     assert all(g.completion_tokens == r.max_new_tokens
                for g, r in zip(batched, requests, strict=True) if g.finish_reason == "length")
+
+
+def test_a_row_that_stops_leaves_the_batch(engine: TransformersEngine) -> None:
+    # Given rows with different max_tokens, some of which end earlier at EOS
+    requests = [GenerationRequest(engine.chat_ids([{"role": "user", "content": p}]), 3 + i,
+                                  0.0, 1.0) for i, p in enumerate(prompts(12))]
+    rows_per_pass: list[int] = []
+    hook = engine.model.register_forward_hook(
+        lambda module, args, kwargs, out: rows_per_pass.append(kwargs["input_ids"].shape[0]),
+        with_kwargs=True)
+    try:
+        generated = engine.generate(requests)
+    finally:
+        hook.remove()
+    # Then the prompt pass holds every row, and each later pass only the rows still going:
+    # a row is fed back once per token after its first, and never after its last
+    assert rows_per_pass[0] == len(requests)
+    decode = rows_per_pass[1:]
+    assert sum(decode) == sum(g.completion_tokens - 1 for g in generated)
+    assert decode == sorted(decode, reverse=True)
+    assert decode[-1] == 1 and len(decode) == max(g.completion_tokens for g in generated) - 1
+
+
+def test_top_p_keeps_at_least_the_likeliest_token() -> None:
+    logits = torch.tensor([[0.0, 3.0, 1.0], [2.0, 0.0, 1.9]])
+    for _ in range(20):
+        picked = next_tokens(logits, torch.tensor([1.0, 1.0]), torch.tensor([1e-6, 1e-6]))
+        assert picked.tolist() == [1, 0]
+    greedy = next_tokens(logits, torch.tensor([0.0, 0.0]), torch.tensor([1.0, 1.0]))
+    assert greedy.tolist() == [1, 0]
 
 
 def test_greedy_rows_stay_greedy_in_a_batch_that_samples(engine: TransformersEngine) -> None:

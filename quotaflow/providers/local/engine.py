@@ -4,24 +4,19 @@ This is the only module that imports torch and transformers; it is imported
 when a `local` deployment is first used, so the rest of quotaflow runs
 without the `local` extra. Batches are left-padded and generated together;
 each row has its own max_tokens, temperature and top_p, and stops at its own
-EOS (the rows that finished wait, padded, for the longest).
+EOS. A row that stops leaves the batch (its KV cache rows are dropped), so the
+steps after it cost only what the rows still generating need; transformers'
+generate() would carry it, padded, until the longest row ends.
 """
 
+import inspect
 import os
 import threading
 from collections.abc import Hashable, Sequence
 from typing import Any
 
 import torch
-from transformers import (
-    AutoModelForCausalLM,
-    AutoTokenizer,
-    GenerationConfig,
-    LogitsProcessor,
-    LogitsProcessorList,
-    StoppingCriteria,
-    StoppingCriteriaList,
-)
+from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
 from quotaflow.config import Deployment
 from quotaflow.errors import ConfigError, RetryableProviderError
@@ -68,37 +63,22 @@ def pick_dtype(dtype: str, device: torch.device) -> torch.dtype:
     return torch.float32  # half precision on CPU is slower, not faster
 
 
-class RowSampling(LogitsProcessor):
-    """Per-row temperature and top-p; a row with temperature 0 takes its argmax."""
-
-    def __init__(self, temperatures: torch.Tensor, top_ps: torch.Tensor) -> None:
-        self.temperatures = temperatures
-        self.top_ps = top_ps
-
-    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        scores = scores.float()
-        scaled = scores / self.temperatures.clamp(min=1e-5).unsqueeze(1)
-        ordered, order = torch.sort(scaled, descending=True)
-        probs = ordered.softmax(dim=-1)
-        # Drop a token once the ones before it already cover top_p (the first always stays).
-        drop = (probs.cumsum(dim=-1) - probs) > self.top_ps.unsqueeze(1)
-        ordered = ordered.masked_fill(drop, float("-inf"))
-        sampled = torch.full_like(scaled, float("-inf")).scatter(1, order, ordered)
-        greedy = torch.full_like(scores, float("-inf")).scatter(
-            1, scores.argmax(dim=-1, keepdim=True), 0.0)
-        return torch.where((self.temperatures == 0).unsqueeze(1), greedy, sampled)
-
-
-class RowLimits(StoppingCriteria):
-    """Each row stops at its own max_tokens (generate's max_new_tokens is the batch's)."""
-
-    def __init__(self, prompt_length: int, limits: torch.Tensor) -> None:
-        self.prompt_length = prompt_length
-        self.limits = limits
-
-    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor,
-                 **kwargs: Any) -> torch.Tensor:
-        return (input_ids.shape[1] - self.prompt_length) >= self.limits
+def next_tokens(logits: torch.Tensor, temperatures: torch.Tensor,
+                top_ps: torch.Tensor) -> torch.Tensor:
+    """One token per row: its argmax at temperature 0, else sampled with its temperature
+    and top-p."""
+    logits = logits.float()
+    greedy = logits.argmax(dim=-1)
+    if not bool((temperatures > 0).any()):
+        return greedy
+    scaled = logits / temperatures.clamp(min=1e-5).unsqueeze(1)
+    ordered, order = torch.sort(scaled, descending=True)
+    probs = ordered.softmax(dim=-1)
+    # Drop a token once the ones before it already cover top_p (the first always stays).
+    probs = probs.masked_fill((probs.cumsum(dim=-1) - probs) > top_ps.unsqueeze(1), 0.0)
+    picked = torch.multinomial(probs, num_samples=1)
+    sampled = order.gather(1, picked).squeeze(1)
+    return torch.where(temperatures == 0, greedy, sampled)
 
 
 class TransformersEngine:
@@ -118,6 +98,10 @@ class TransformersEngine:
                 "model_path must be a directory written by save_pretrained (config.json, "
                 "weights, tokenizer files)") from exc
         self.model = model.to(self.device).eval()
+        # The prompt's pass needs the logits of its last position only: over a vocabulary of
+        # 150k, all of them would take more memory than the rest of the batch.
+        accepts = inspect.signature(model.forward).parameters
+        self._last_logits_only = {"logits_to_keep": 1} if "logits_to_keep" in accepts else {}
         self.eos_ids = _eos_ids(self.tokenizer, model)
         if not self.eos_ids:
             raise ConfigError(f"deployment {self.name!r}: the model at {path!r} names no EOS "
@@ -170,25 +154,47 @@ class TransformersEngine:
         return ids.to(self.device), mask.to(self.device)
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Generated]:
+        """Greedy or sampled decoding of the batch, one step for all rows still going."""
         ids, mask = self._left_padded([r.input_ids for r in requests])
-        limits = torch.tensor([r.max_new_tokens for r in requests], device=self.device)
+        limits = [r.max_new_tokens for r in requests]
         temperatures = torch.tensor([r.temperature for r in requests], device=self.device)
-        sample = bool((temperatures > 0).any())
-        config = GenerationConfig(max_new_tokens=int(limits.max()), do_sample=sample,
-                                  eos_token_id=self.eos_ids, pad_token_id=self.pad_id,
-                                  **({"top_k": 0, "top_p": 1.0, "temperature": 1.0}
-                                     if sample else {}))
-        processors = LogitsProcessorList()
-        if sample:
-            top_ps = torch.tensor([r.top_p for r in requests], device=self.device)
-            processors.append(RowSampling(temperatures, top_ps))
-        out = self.model.generate(
-            input_ids=ids, attention_mask=mask, generation_config=config,
-            logits_processor=processors,
-            stopping_criteria=StoppingCriteriaList([RowLimits(ids.shape[1], limits)]))
-        new = out[:, ids.shape[1]:].tolist()
-        return [self._finished(row[:r.max_new_tokens]) for row, r in zip(new, requests,
-                                                                         strict=True)]
+        top_ps = torch.tensor([r.top_p for r in requests], device=self.device)
+        tokens: list[list[int]] = [[] for _ in requests]
+        live = list(range(len(requests)))  # batch row -> request index, for rows still going
+        # Left padding: each row's positions count its own tokens only, as generate() does.
+        positions = (mask.cumsum(dim=-1) - 1).clamp(min=0)
+        cache = self._new_cache()
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
+                         past_key_values=cache, use_cache=True, **self._last_logits_only)
+        last = positions[:, -1:]
+        while True:
+            chosen = next_tokens(out.logits[:, -1, :], temperatures, top_ps)
+            going = []
+            for row, token in enumerate(chosen.tolist()):
+                owner = live[row]
+                tokens[owner].append(token)
+                if token not in self.eos_ids and len(tokens[owner]) < limits[owner]:
+                    going.append(row)
+            if not going:
+                break
+            if len(going) < len(live):
+                keep = torch.tensor(going, device=self.device)
+                cache.batch_select_indices(keep)
+                mask, last, chosen = mask[keep], last[keep], chosen[keep]
+                temperatures, top_ps = temperatures[keep], top_ps[keep]
+                live = [live[row] for row in going]
+            mask = torch.cat([mask, mask.new_ones((len(live), 1))], dim=1)
+            last = last + 1
+            out = self.model(input_ids=chosen.unsqueeze(1), attention_mask=mask,
+                             position_ids=last, past_key_values=cache, use_cache=True)
+        return [self._finished(row) for row in tokens]
+
+    def _new_cache(self) -> DynamicCache:
+        """A cache laid out for the model's layers (sliding ones too), where the installed
+        transformers can read that from the config."""
+        if "config" in inspect.signature(DynamicCache.__init__).parameters:
+            return DynamicCache(config=self.model.config)
+        return DynamicCache()
 
     def _finished(self, tokens: list[int]) -> Generated:
         """Count up to and including the first EOS; the rest is padding after the stop."""
