@@ -102,6 +102,8 @@ class TransformersEngine:
         # 150k, all of them would take more memory than the rest of the batch.
         accepts = inspect.signature(model.forward).parameters
         self._last_logits_only = {"logits_to_keep": 1} if "logits_to_keep" in accepts else {}
+        cache_accepts = inspect.signature(DynamicCache.__init__).parameters
+        self._cache_options = {"config": model.config} if "config" in cache_accepts else {}
         self.eos_ids = _eos_ids(self.tokenizer, model)
         if not self.eos_ids:
             raise ConfigError(f"deployment {self.name!r}: the model at {path!r} names no EOS "
@@ -192,9 +194,7 @@ class TransformersEngine:
     def _new_cache(self) -> DynamicCache:
         """A cache laid out for the model's layers (sliding ones too), where the installed
         transformers can read that from the config."""
-        if "config" in inspect.signature(DynamicCache.__init__).parameters:
-            return DynamicCache(config=self.model.config)
-        return DynamicCache()
+        return DynamicCache(**self._cache_options)
 
     def _finished(self, tokens: list[int]) -> Generated:
         """Count up to and including the first EOS; the rest is padding after the stop."""
