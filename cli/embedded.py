@@ -74,4 +74,7 @@ async def _run_batches(executor: BatchExecutor, batches: list[BatchRef], concurr
             while (report := await executor.run_async(ref, on_item)).retry_in is not None:
                 await asyncio.sleep(report.retry_in)
 
-    await asyncio.gather(*(one(ref) for ref in batches))
+    try:
+        await asyncio.gather(*(one(ref) for ref in batches))
+    finally:
+        await executor.aclose()

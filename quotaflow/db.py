@@ -15,6 +15,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
+from quotaflow import jsoncodec
 from quotaflow.errors import ConfigError, ServiceUnavailable
 
 _engines: dict[tuple[int, str], Engine] = {}
@@ -31,11 +32,14 @@ def normalize_url(url: str) -> str:
 def make_engine(url: str) -> Engine:
     url = normalize_url(url)
     if url.startswith("sqlite"):
-        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30},
+                               json_serializer=jsoncodec.dumps_text,
+                               json_deserializer=jsoncodec.loads)
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
     if url.startswith("postgresql"):
-        return create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=5)
+        return create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=5,
+                             json_serializer=jsoncodec.dumps, json_deserializer=jsoncodec.loads)
     raise ConfigError(f"QUOTAFLOW_DATABASE_URL {url.split(':')[0]}:// is not supported; "
                       "use postgresql://... or sqlite:///path.db")
 

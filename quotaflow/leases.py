@@ -6,17 +6,19 @@ lease runs out. Results are insert-or-ignore, so a batch that runs twice
 still leaves one result per item.
 """
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, exists, func, or_, select, update
+from sqlalchemy import and_, case, exists, func, or_, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from quotaflow.db import insert_ignore
 from quotaflow.jobs import BatchRef, new_request_id
+from quotaflow.jsoncodec import RawJson
 from quotaflow.models import Item, ItemStatus, Job, JobStatus, Result, utcnow
-from quotaflow.providers import ProviderResponse
+from quotaflow.outcomes import Failure, Outcome, Shared
 
 
 @dataclass(frozen=True)
@@ -26,29 +28,6 @@ class ClaimedItem:
     body: dict[str, Any]
     attempts: int
     body_hash: str | None = None
-
-
-@dataclass(frozen=True)
-class Failure:
-    """Why an item failed, as its error line will say."""
-
-    code: str
-    message: str
-    status_code: int | None = None
-    body: dict[str, Any] | None = None
-    attempts: int | None = None  # provider calls made, where any were
-
-
-@dataclass(frozen=True)
-class Shared:
-    """The answer an identical request got in an earlier job, reused instead of a call."""
-
-    status_code: int | None
-    body: dict[str, Any] | None
-    source: dict[str, Any]  # {"id", "custom_id", "batch_id"} of the call that was made
-
-
-Outcome = ProviderResponse | Failure | Shared
 
 
 def claim(sessions: sessionmaker[Session], ref: BatchRef, owner: str,
@@ -102,63 +81,93 @@ def leased_elsewhere_for(sessions: sessionmaker[Session], ref: BatchRef) -> floa
     return max(1.0, (latest - utcnow()).total_seconds() + 1.0)
 
 
-def store(sessions: sessionmaker[Session], job_id: str, item: ClaimedItem,
-          outcome: Outcome) -> tuple[bool, int]:
-    """Write the item's one result, close the item, and share the result with the
-    identical requests waiting for it; (succeeded, how many shared it).
+def store_many(sessions: sessionmaker[Session], job_id: str,
+               entries: Sequence[tuple[ClaimedItem, Outcome]]) -> tuple[int, int]:
+    """Write a chunk of results in one transaction, close their items, and share each
+    result with the identical requests waiting for it; (succeeded, failed), the
+    sharers included.
 
-    The result row is insert-or-ignore: if another worker stored first, its
-    result stands and the item's status follows the stored row.
+    A statement per chunk, not per result: a round trip per answer was most of a
+    worker's time. Results are insert-or-ignore, and an item's status follows the
+    row that is stored, so when another worker stored first its result stands.
     """
+    if not entries:
+        return 0, 0
+    now = utcnow()
+    rows = [_result_row(job_id, item, outcome, now) for item, outcome in entries]
+    lines = [item.line_no for item, _ in entries]
+    with sessions.begin() as session:
+        session.execute(insert_ignore(session, Result.__table__), rows)
+        stored = select(Result.error).where(Result.job_id == Item.job_id,
+                                            Result.line_no == Item.line_no).scalar_subquery()
+        closed = session.execute(
+            update(Item)
+            .where(Item.job_id == job_id, Item.line_no.in_(lines),
+                   Item.status.in_(ItemStatus.OPEN))
+            .values(status=case((stored.is_(None), ItemStatus.SUCCEEDED),
+                                else_=ItemStatus.FAILED),
+                    lease_owner=None, lease_expires_at=None)
+            .returning(Item.status)).scalars().all()
+        shared = _share(session, job_id, lines, now)
+    succeeded = sum(status == ItemStatus.SUCCEEDED for status in [*closed, *shared])
+    return succeeded, len(closed) + len(shared) - succeeded
+
+
+def _result_row(job_id: str, item: ClaimedItem, outcome: Outcome,
+                now: datetime) -> dict[str, Any]:
+    row: dict[str, Any] = dict(job_id=job_id, line_no=item.line_no, custom_id=item.custom_id,
+                               request_id=new_request_id(), created_at=now, prompt_tokens=0,
+                               completion_tokens=0, error=None, shared_from=None)
     if isinstance(outcome, Failure):
-        error: dict[str, Any] = {"code": outcome.code, "line": item.line_no,
+        error: dict[str, Any] = {"code": str(outcome.code), "line": item.line_no,
                                  "message": outcome.message}
         if outcome.attempts is not None:
             error["attempts"] = outcome.attempts
-        values = dict(status_code=outcome.status_code, response=outcome.body, error=error,
-                      prompt_tokens=0, completion_tokens=0)
+        row.update(status_code=outcome.status_code, response=outcome.body, error=error)
     elif isinstance(outcome, Shared):
-        values = dict(status_code=outcome.status_code, response=outcome.body, error=None,
-                      prompt_tokens=0, completion_tokens=0, shared_from=outcome.source)
+        row.update(status_code=outcome.status_code, response=outcome.body,
+                   shared_from=outcome.source)
     else:
-        values = dict(status_code=outcome.status_code, response=outcome.body, error=None,
-                      prompt_tokens=outcome.prompt_tokens,
-                      completion_tokens=outcome.completion_tokens)
-    with sessions.begin() as session:
-        session.execute(insert_ignore(session, Result.__table__).values(
-            job_id=job_id, line_no=item.line_no, custom_id=item.custom_id,
-            request_id=new_request_id(), created_at=utcnow(), **values))
-        stored = session.execute(select(Result).where(
-            Result.job_id == job_id, Result.line_no == item.line_no)).scalar_one()
-        succeeded = stored.error is None
-        session.execute(
-            update(Item)
-            .where(Item.job_id == job_id, Item.line_no == item.line_no,
-                   Item.status.in_(ItemStatus.OPEN))
-            .values(status=ItemStatus.SUCCEEDED if succeeded else ItemStatus.FAILED,
-                    lease_owner=None, lease_expires_at=None))
-        shared = _share(session, job_id, stored)
-    return succeeded, shared
+        row.update(status_code=outcome.status_code,
+                   response=RawJson(outcome.raw) if outcome.raw is not None else outcome.body,
+                   prompt_tokens=outcome.prompt_tokens,
+                   completion_tokens=outcome.completion_tokens)
+    return row
 
 
-def _share(session: Session, job_id: str, original: Result) -> int:
-    """Give the items waiting on `original`'s line the same answer; none is billed twice."""
+def _share(session: Session, job_id: str, lines: list[int], now: datetime) -> list[str]:
+    """Give the items waiting on these lines the same answers; none is billed twice.
+
+    One UPDATE finds nothing in the common case (no identical requests waiting); the
+    stored originals are read only when some are.
+    """
     twins = session.execute(
         update(Item)
-        .where(Item.job_id == job_id, Item.duplicate_of == original.line_no,
-               Item.status == ItemStatus.WAITING)
-        .values(status=ItemStatus.SUCCEEDED if original.error is None else ItemStatus.FAILED)
-        .returning(Item.line_no, Item.custom_id)).all()
-    source = original.shared_from or {"id": original.request_id,
-                                      "custom_id": original.custom_id, "batch_id": job_id}
-    for line_no, custom_id in twins:
+        .where(Item.job_id == job_id, Item.duplicate_of.in_(lines),
+               Item.status == ItemStatus.WAITING,
+               exists().where(Result.job_id == job_id, Result.line_no == Item.duplicate_of))
+        .values(status=case(
+            (exists().where(Result.job_id == job_id, Result.line_no == Item.duplicate_of,
+                            Result.error.is_(None)), ItemStatus.SUCCEEDED),
+            else_=ItemStatus.FAILED))
+        .returning(Item.line_no, Item.custom_id, Item.duplicate_of, Item.status)).all()
+    if not twins:
+        return []
+    originals = {row.line_no: row for row in session.scalars(
+        select(Result).where(Result.job_id == job_id,
+                             Result.line_no.in_({twin.duplicate_of for twin in twins})))}
+    rows = []
+    for line_no, custom_id, duplicate_of, _ in twins:
+        original = originals[duplicate_of]
+        source = original.shared_from or {"id": original.request_id,
+                                          "custom_id": original.custom_id, "batch_id": job_id}
         error = None if original.error is None else {**original.error, "line": line_no}
-        session.execute(insert_ignore(session, Result.__table__).values(
-            job_id=job_id, line_no=line_no, custom_id=custom_id,
-            request_id=new_request_id(), status_code=original.status_code,
-            response=original.response, error=error, prompt_tokens=0, completion_tokens=0,
-            shared_from=source, created_at=utcnow()))
-    return len(twins)
+        rows.append(dict(job_id=job_id, line_no=line_no, custom_id=custom_id,
+                         request_id=new_request_id(), status_code=original.status_code,
+                         response=original.response, error=error, prompt_tokens=0,
+                         completion_tokens=0, shared_from=source, created_at=now))
+    session.execute(insert_ignore(session, Result.__table__), rows)
+    return [twin.status for twin in twins]
 
 
 def renew(sessions: sessionmaker[Session], job_id: str, owner: str, lease: timedelta) -> int:

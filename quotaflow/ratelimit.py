@@ -104,6 +104,16 @@ class Admission:
     tokens_in_flight: float = 0.0
 
 
+@dataclass(frozen=True, slots=True)
+class Settlement:
+    """One finished call: the slot it was admitted in, its admitted cost, and the tokens
+    to give back (its unused estimate; negative for a debt; 0 where not reconciled)."""
+
+    slot: int
+    cost: int
+    refund: float
+
+
 @dataclass(frozen=True)
 class Levels:
     """A bucket pair's content right now."""
@@ -124,8 +134,8 @@ class Limiter(Protocol):
 
     def acquire(self, budget: Budget, costs: Sequence[int], floor: float) -> Admission: ...
 
-    def settle(self, budget: Budget, slot: int, cost: int, refund: float) -> None:
-        """Close one admitted call: it is no longer in flight; refund its unused tokens."""
+    def settle(self, budget: Budget, settlements: Sequence[Settlement]) -> None:
+        """Close admitted calls: no longer in flight; refund their unused tokens."""
 
     def drain(self, budget: Budget, seconds: float) -> None: ...
 
@@ -162,8 +172,10 @@ class RedisLimiter:
             budget, "acquire", repr(floor), repr(budget.margin_s), *map(str, costs))
         return Admission(int(admitted), wait, int(slot), flying)
 
-    def settle(self, budget: Budget, slot: int, cost: int, refund: float) -> None:
-        self._call(budget, "settle", str(slot), str(cost), repr(float(refund)))
+    def settle(self, budget: Budget, settlements: Sequence[Settlement]) -> None:
+        if settlements:
+            self._call(budget, "settle", *(part for s in settlements for part in (
+                str(s.slot), str(s.cost), repr(float(s.refund)))))
 
     def drain(self, budget: Budget, seconds: float) -> None:
         self._call(budget, "drain", repr(float(seconds)))
@@ -241,20 +253,22 @@ class LocalLimiter:
                 flight[1] += total
             return Admission(admitted, wait, slot, self._in_flight(state)[1])
 
-    def settle(self, budget: Budget, slot: int, cost: int, refund: float) -> None:
+    def settle(self, budget: Budget, settlements: Sequence[Settlement]) -> None:
         with self._lock:
             state, _, _ = self._refilled(budget)
-            if slot in state.flights:
-                flight = state.flights[slot]
-                flight[0] -= 1
-                flight[1] -= cost
-                if flight[0] <= EPS:
-                    del state.flights[slot]
-            _, f = self._in_flight(state)
-            if refund < 0:
-                state.t += refund
-            else:
-                state.t = max(state.t, min(state.t + refund, budget.token_capacity - f))
+            for settlement in settlements:
+                slot, cost, refund = settlement.slot, settlement.cost, settlement.refund
+                if slot in state.flights:
+                    flight = state.flights[slot]
+                    flight[0] -= 1
+                    flight[1] -= cost
+                    if flight[0] <= EPS:
+                        del state.flights[slot]
+                _, f = self._in_flight(state)
+                if refund < 0:
+                    state.t += refund
+                else:
+                    state.t = max(state.t, min(state.t + refund, budget.token_capacity - f))
 
     def drain(self, budget: Budget, seconds: float) -> None:
         with self._lock:

@@ -10,8 +10,9 @@ job, identical requests are shared at ingest instead (jobs.py, leases.py).
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from quotaflow.leases import ClaimedItem, Shared
+from quotaflow.leases import ClaimedItem
 from quotaflow.models import Item, Job, Result
+from quotaflow.outcomes import Shared
 
 # Earlier answers looked at per batch: enough to find one per request, bounded.
 LOOKUP_LIMIT = 1000

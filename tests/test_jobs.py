@@ -14,7 +14,7 @@ from quotaflow.config import Settings
 from quotaflow.errors import InputFileError, JobStateError
 from quotaflow.execution import LIMITER_DOWN_BACKOFF_S, BatchExecutor
 from quotaflow.jobs import BatchRef
-from quotaflow.leases import claim, renew, store
+from quotaflow.leases import claim, renew, store_many
 from quotaflow.models import Item, Job, JobStatus, Result, utcnow
 from quotaflow.providers.mock import MockProvider
 from quotaflow.ratelimit import LocalLimiter, RedisLimiter
@@ -176,9 +176,10 @@ def test_cancel_stops_pending_items_and_keeps_finished_ones(pg_sessions, setting
     assert cancelled.status == JobStatus.CANCELLING  # the claimed batch is still in flight
     assert executor(pg_sessions, settings).run(dispatcher.batches[2]).claimed == 0
 
-    for item in running:  # the in-flight batch finishes and keeps its results
-        response = asyncio.run(MockProvider().send("/v1/chat/completions", item.body))
-        store(pg_sessions, job.id, item, response)
+    # the in-flight batch finishes and keeps its results
+    answers = [asyncio.run(MockProvider().send("/v1/chat/completions", item.body))
+               for item in running]
+    assert store_many(pg_sessions, job.id, list(zip(running, answers, strict=True))) == (5, 0)
     jobs.finish_if_done(pg_sessions, job.id)
     with pg_sessions() as session:
         view = jobs.job_object(session, jobs.get_job(session, job.id))

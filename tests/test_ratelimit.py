@@ -19,6 +19,7 @@ from quotaflow.ratelimit import (
     LocalLimiter,
     RedisLimiter,
     RequestTooLarge,
+    Settlement,
     bucket_key,
     sleep_time,
 )
@@ -121,18 +122,33 @@ def test_settle_refunds_below_capacity_minus_calls_in_flight_and_records_debt(li
     tokens = budget(rpm=600, tpm=600, burst=60)  # 600 tokens, 10 a second
     first = limiter.acquire(tokens, [300], 0.0)
     second = limiter.acquire(tokens, [200], 0.0)
-    limiter.settle(tokens, first.slot, 300, 250)  # the call used 50 of its 300
+    limiter.settle(tokens, [Settlement(first.slot, 300, 250)])  # the call used 50 of its 300
     assert 349 < limiter.levels(tokens).tokens <= 351
     third = limiter.acquire(tokens, [50], 0.0)
-    limiter.settle(tokens, third.slot, 50, 500)  # 200 are still in flight: up to 600 - 200
+    # 200 are still in flight: up to 600 - 200
+    limiter.settle(tokens, [Settlement(third.slot, 50, 500)])
     assert limiter.levels(tokens).tokens == pytest.approx(600 - 200, abs=1)
-    limiter.settle(tokens, second.slot, 200, 500)  # nothing in flight: up to capacity
+    # nothing in flight: up to capacity
+    limiter.settle(tokens, [Settlement(second.slot, 200, 500)])
     assert limiter.levels(tokens).tokens == pytest.approx(600)
     debtor = limiter.acquire(tokens, [100], 0.0)
-    limiter.settle(tokens, debtor.slot, 100, -800)  # a debt: it used 900, not 100
+    limiter.settle(tokens, [Settlement(debtor.slot, 100, -800)])  # a debt: it used 900, not 100
     level = limiter.levels(tokens).tokens
     assert -301 < level < -299
     assert 59.9 < limiter.acquire(tokens, [300], 0.0).wait_s <= 60.1
+
+
+def test_a_chunk_of_settlements_counts_as_each_one_in_turn(limiter) -> None:
+    # Workers settle a chunk of finished calls in one call: the same arithmetic, in order
+    tokens = budget(rpm=600, tpm=600, burst=60)
+    first = limiter.acquire(tokens, [300], 0.0)
+    second = limiter.acquire(tokens, [200], 0.0)
+    third = limiter.acquire(tokens, [50], 0.0)
+    limiter.settle(tokens, [Settlement(first.slot, 300, 250), Settlement(third.slot, 50, 500)])
+    # 250 back, then the second's 200 still in flight caps the bucket at 600 - 200
+    assert limiter.levels(tokens).tokens == pytest.approx(600 - 200, abs=1)
+    limiter.settle(tokens, [Settlement(second.slot, 200, 500)])
+    assert limiter.levels(tokens).tokens == pytest.approx(600)
 
 
 def test_admission_keeps_the_safety_margin_in_hand(limiter) -> None:
@@ -149,11 +165,11 @@ def test_an_admission_of_a_dead_worker_is_forgotten_after_the_flight_timeout() -
     local.acquire(spec, [500], 0.0)  # its worker dies: never settled
     now[0] += 60  # the bucket refills; the lost call still counts as in flight
     other = local.acquire(spec, [100], 0.0)
-    local.settle(spec, other.slot, 100, 100)
+    local.settle(spec, [Settlement(other.slot, 100, 100)])
     assert local.levels(spec).tokens == pytest.approx(500)  # refunds held under 600 - 500
     now[0] += 120  # past the flight timeout: the dead admission is forgotten
     again = local.acquire(spec, [100], 0.0)
-    local.settle(spec, again.slot, 100, 100)
+    local.settle(spec, [Settlement(again.slot, 100, 100)])
     assert local.levels(spec).tokens == pytest.approx(600)
 
 
@@ -218,7 +234,7 @@ def test_bucket_key_is_hash_tagged_and_expires_when_full(redis_url: str) -> None
     key = bucket_key(spec.name)
     assert key.startswith("{") and key.endswith("}")
     assert 30_000 < client.pttl(key) <= 42_000  # kept while a call is in flight
-    shared.settle(spec, admission.slot, 10, 0)
+    shared.settle(spec, [Settlement(admission.slot, 10, 0)])
     assert 0 < client.pttl(key) <= 2_000  # full again in 0.1 s, plus a second of grace
     shared.close()
 

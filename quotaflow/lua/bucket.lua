@@ -28,9 +28,10 @@ then, by op:
            a large request still fits a full bucket. The margin is the refill a
            provider's full bucket loses while a request travels to it.
            -> admitted, wait_seconds_for_the_next, ...
-  settle   ARGV[3] slot the call was admitted in, ARGV[4] its admitted cost,
-           ARGV[5] tokens to refund (unused estimate; < 0 for a debt; 0 when the
-           deployment does not reconcile)
+  settle   one triple per finished call, ARGV[3..]: the slot it was admitted in, its
+           admitted cost, tokens to refund (unused estimate; < 0 for a debt; 0 when
+           the deployment does not reconcile). A worker settles a chunk of calls at
+           once: one round trip, not one per call.
   drain    ARGV[3] seconds: empty both buckets and admit nothing for that long;
            they start refilling, from empty, when the block ends
   clamp    ARGV[3] requests remaining, ARGV[4] tokens remaining ("" = unknown):
@@ -102,16 +103,18 @@ if op == 'acquire' then
     f = f + cost_total
   end
 elseif op == 'settle' then
-  local at, cost, refund = ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5])
-  if tonumber(at) >= oldest and cost > 0 then
-    local left = tonumber(redis.call('HINCRBYFLOAT', key, 'f:' .. at, -cost))
-    if left <= EPS then redis.call('HDEL', key, 'f:' .. at) end
-    f = math.max(0, f - cost - math.min(0, left))
-  end
-  if refund < 0 then
-    t = t + refund
-  else
-    t = math.max(t, math.min(t + refund, cap_t - f))
+  for i = 3, #ARGV - 2, 3 do
+    local at, cost, refund = ARGV[i], tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2])
+    if tonumber(at) >= oldest and cost > 0 then
+      local left = tonumber(redis.call('HINCRBYFLOAT', key, 'f:' .. at, -cost))
+      if left <= EPS then redis.call('HDEL', key, 'f:' .. at) end
+      f = math.max(0, f - cost - math.min(0, left))
+    end
+    if refund < 0 then
+      t = t + refund
+    else
+      t = math.max(t, math.min(t + refund, cap_t - f))
+    end
   end
 elseif op == 'drain' then
   r, t = math.min(r, 0), math.min(t, 0)

@@ -16,6 +16,8 @@ class ProviderResponse:
     # What the provider says is left of its limits (x-ratelimit-remaining-*), if it says.
     remaining_requests: float | None = None
     remaining_tokens: float | None = None
+    # The body exactly as the provider sent it, where there is one: stored as is.
+    raw: bytes | None = None
 
 
 class Provider(Protocol):

@@ -1,15 +1,25 @@
 """Any OpenAI-compatible HTTP API: OpenAI itself, vLLM, SGLang, Ollama, the mock server.
 
-Errors from httpx are translated here, at the edge, into quotaflow's
-retryable/permanent provider errors, so nothing above knows about httpx.
+One provider, hence one aiohttp session and its keep-alive connections, lives
+as long as its worker process's event loop: a client per batch cost a TLS
+context and a TCP handshake per batch, and httpx's pool cost about ten times
+aiohttp's CPU per request, which on a batch processor is the machine's whole
+budget. Bodies go out as orjson bytes and come back parsed once; the answer's
+own bytes are what gets stored.
+
+Errors from aiohttp are translated here, at the edge, into quotaflow's
+retryable/permanent provider errors, so nothing above knows about aiohttp.
 """
 
+import asyncio
 import email.utils
 import time
+from collections.abc import Mapping
 from typing import Any
 
-import httpx
+import aiohttp
 
+from quotaflow import jsoncodec
 from quotaflow.config import Deployment
 from quotaflow.errors import PermanentProviderError, RetryableProviderError
 from quotaflow.providers.base import ProviderResponse, usage_of
@@ -18,7 +28,7 @@ from quotaflow.providers.base import ProviderResponse, usage_of
 RETRYABLE_STATUS = frozenset({408, 409, 429})
 
 
-def parse_retry_after(headers: httpx.Headers) -> float | None:
+def parse_retry_after(headers: Mapping[str, str]) -> float | None:
     """Seconds to wait from Retry-After (seconds or HTTP date) or retry-after-ms."""
     if (ms := headers.get("retry-after-ms")) is not None:
         try:
@@ -36,47 +46,61 @@ def parse_retry_after(headers: httpx.Headers) -> float | None:
 
 
 class OpenAICompatProvider:
-    """Sends batch lines to {base_url}/chat/completions etc. with the deployment's key."""
+    """Sends batch lines to {base_url}/chat/completions etc. with the deployment's key.
+
+    Built once per worker process and event loop (quotaflow/execution/runtime.py);
+    the session opens on the first call, inside the loop that will use it.
+    """
 
     def __init__(self, deployment: Deployment) -> None:
-        headers = {"Content-Type": "application/json"}
+        self._headers = {"Content-Type": "application/json"}
         key = deployment.api_key()
         if key:
-            headers["Authorization"] = f"Bearer {key}"
-        self._client = httpx.AsyncClient(
-            base_url=deployment.base_url.rstrip("/") + "/",
-            headers=headers,
-            timeout=httpx.Timeout(deployment.timeout_s, connect=min(10.0, deployment.timeout_s)),
-            limits=httpx.Limits(max_connections=deployment.max_concurrency),
-        )
+            self._headers["Authorization"] = f"Bearer {key}"
+        self._base = deployment.base_url.rstrip("/") + "/"
+        self._timeout = aiohttp.ClientTimeout(total=deployment.timeout_s,
+                                              connect=min(10.0, deployment.timeout_s))
         self._name = deployment.name
+        self._session: aiohttp.ClientSession | None = None
+
+    def _open(self) -> aiohttp.ClientSession:
+        # No connection cap here: the executor admits at most max_concurrency calls per
+        # deployment per batch, and an admitted call must not queue for a connection
+        # (budget spent while waiting is refill the provider never sees).
+        connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=30)
+        self._session = aiohttp.ClientSession(connector=connector, headers=self._headers,
+                                              timeout=self._timeout)
+        return self._session
 
     async def send(self, url: str, body: dict[str, Any]) -> ProviderResponse:
+        session = self._session or self._open()
         # Batch lines say /v1/chat/completions; base_url already ends in /v1.
-        path = url.removeprefix("/v1/")
+        target = self._base + url.removeprefix("/v1/")
         try:
-            response = await self._client.post(path, json=body)
-        except httpx.TimeoutException as exc:
+            async with session.post(target, data=jsoncodec.dumps(body)) as response:
+                raw = await response.read()
+                status, headers, reason = response.status, response.headers, response.reason
+        except TimeoutError as exc:
             raise RetryableProviderError(f"{self._name}: request timed out") from exc
-        except httpx.TransportError as exc:
+        except aiohttp.ClientError as exc:
             raise RetryableProviderError(
                 f"{self._name}: connection failed ({exc.__class__.__name__})") from exc
-        return self._interpret(response)
+        return self._interpret(status, headers, reason, raw)
 
-    def _interpret(self, response: httpx.Response) -> ProviderResponse:
+    def _interpret(self, status: int, headers: Mapping[str, str], reason: str | None,
+                   raw: bytes) -> ProviderResponse:
         try:
-            payload = response.json()
+            payload = jsoncodec.loads(raw)
         except ValueError:
             payload = None
-        status = response.status_code
         if status >= 400:
-            message = _error_message(payload) or response.reason_phrase
+            message = _error_message(payload) or reason or f"HTTP {status}"
             error_cls = (RetryableProviderError
                          if status in RETRYABLE_STATUS or status >= 500 else PermanentProviderError)
             raise error_cls(
                 f"{self._name}: HTTP {status}: {message}",
                 status_code=status,
-                retry_after=parse_retry_after(response.headers),
+                retry_after=parse_retry_after(headers),
                 body=payload if isinstance(payload, dict) else None,
             )
         if not isinstance(payload, dict):
@@ -86,18 +110,23 @@ class OpenAICompatProvider:
         return ProviderResponse(
             status_code=status,
             body=payload,
-            request_id=response.headers.get("x-request-id"),
+            request_id=headers.get("x-request-id"),
             prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,
-            remaining_requests=_header_number(response.headers, "x-ratelimit-remaining-requests"),
-            remaining_tokens=_header_number(response.headers, "x-ratelimit-remaining-tokens"),
+            remaining_requests=_header_number(headers, "x-ratelimit-remaining-requests"),
+            remaining_tokens=_header_number(headers, "x-ratelimit-remaining-tokens"),
+            raw=raw,
         )
 
     async def aclose(self) -> None:
-        await self._client.aclose()
+        if self._session is not None:
+            session, self._session = self._session, None
+            await session.close()
+            # Let the transports' close callbacks run before the loop may end.
+            await asyncio.sleep(0)
 
 
-def _header_number(headers: httpx.Headers, name: str) -> float | None:
+def _header_number(headers: Mapping[str, str], name: str) -> float | None:
     try:
         return float(headers[name])
     except (KeyError, ValueError):

@@ -1,0 +1,131 @@
+"""Admit a route's items in order, a chunk at a time, each chunk to the deployment the
+router picks, as budget allows; start each item's call once admitted.
+
+Only what can be sent at once is admitted (a deployment's max_concurrency):
+budget taken for a request that then queues here would be refill the
+provider never sees. A wait longer than max_inline_wait hands the unstarted
+items back to the queue with a countdown (Celery), or is slept through
+(the embedded runner).
+"""
+
+import asyncio
+import logging
+from datetime import timedelta
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from quotaflow.config import Deployment, Deployments, Route, Settings
+from quotaflow.errors import ServiceUnavailable
+from quotaflow.execution.attempts import LIMITER_DOWN_BACKOFF_S, MAX_ROUTE_WAIT_S, Caller, poll_time
+from quotaflow.execution.batch import Admitted, BatchRun
+from quotaflow.execution.prepare import Preparer
+from quotaflow.leases import ClaimedItem, release
+from quotaflow.models import utcnow
+from quotaflow.outcomes import Failure
+from quotaflow.ratelimit import Limiter, sleep_time
+from quotaflow.routing import Router
+
+log = logging.getLogger(__name__)
+
+# Requests admitted to one deployment per routing decision, where a route has several.
+GROUP_CHUNK = 4
+
+
+class Admitter:
+    """Runs a route's items through the limiter and into calls."""
+
+    def __init__(self, sessions: sessionmaker[Session], deployments: Deployments,
+                 router: Router, limiter: Limiter, preparer: Preparer, caller: Caller,
+                 settings: Settings, max_inline_wait: float) -> None:
+        self.sessions = sessions
+        self.deployments = deployments
+        self.router = router
+        self.limiter = limiter
+        self.preparer = preparer
+        self.caller = caller
+        self.settings = settings
+        self.max_inline_wait = max_inline_wait
+
+    async def run_route(self, run: BatchRun, route: Route, items: list[ClaimedItem]) -> None:
+        waiting = list(items)
+        calls: dict[str, set[asyncio.Task[None]]] = {}
+        while waiting:
+            for name in calls:
+                calls[name] = {call for call in calls[name] if not call.done()}
+            busy = {name for name, flying in calls.items()
+                    if len(flying) >= self.deployments.deployments[name].max_concurrency}
+            try:
+                choice = self.router.choose(route, exclude=busy)
+            except ServiceUnavailable as exc:
+                log.warning("%s; giving %d items back to the queue", exc, len(waiting))
+                self._defer(run, waiting, LIMITER_DOWN_BACKOFF_S)
+                break
+            if choice.deployment is None:
+                if busy:
+                    await asyncio.wait(set().union(*calls.values()),
+                                       return_when=asyncio.FIRST_COMPLETED)
+                elif not await self._pause(run, waiting, choice.wait_s, refunds_due=False):
+                    break
+                continue
+            deployment = choice.deployment
+            free = 1 if choice.probe else (
+                deployment.max_concurrency - len(calls.get(deployment.name, ())))
+            if len(route.names) > 1:
+                # Where there is a choice, decide often: every batch run reads the same
+                # levels, and large chunks would all land on the least used deployment.
+                free = min(free, GROUP_CHUNK)
+            asked = self._prepare_chunk(run, deployment, waiting, free)
+            if not asked:
+                continue
+            try:
+                admission = self.limiter.acquire(asked[0].budget, [a.cost for a in asked],
+                                                 run.floor)
+            except ServiceUnavailable as exc:
+                log.warning("%s; giving %d items back to the queue", exc, len(waiting))
+                self._defer(run, waiting, LIMITER_DOWN_BACKOFF_S)
+                break
+            del waiting[:admission.admitted]
+            flying = calls.setdefault(deployment.name, set())
+            for entry in asked[:admission.admitted]:
+                entry.slot = admission.slot
+                flying.add(asyncio.create_task(self.caller.call(run, route, entry)))
+            if admission.admitted == len(asked):
+                continue
+            # Refunds of calls in flight will shorten a reconciling deployment's wait:
+            # keep polling rather than handing the batch back.
+            refunds_due = admission.tokens_in_flight > 0 and deployment.reconcile_usage
+            if not await self._pause(run, waiting, admission.wait_s, refunds_due, deployment):
+                break
+        await asyncio.gather(*(call for flying in calls.values() for call in flying))
+
+    def _prepare_chunk(self, run: BatchRun, deployment: Deployment,
+                       waiting: list[ClaimedItem], size: int) -> list[Admitted]:
+        """The next `size` waiting items prepared for `deployment`; those that cannot go
+        there fail now and leave `waiting`, so the result is its head, in order."""
+        asked: list[Admitted] = []
+        for item in waiting[:size]:
+            prepared = self.preparer.prepare(run.url, deployment, item)
+            if isinstance(prepared, Failure):
+                waiting.remove(item)
+                run.finish(item, prepared)
+            else:
+                asked.append(prepared)
+        return asked
+
+    async def _pause(self, run: BatchRun, waiting: list[ClaimedItem], wait_s: float,
+                     refunds_due: bool, deployment: Deployment | None = None) -> bool:
+        """Sleep through a short wait (True), or hand the items back to the queue (False)."""
+        if wait_s > self.max_inline_wait and not refunds_due:
+            self._defer(run, waiting, wait_s)
+            return False
+        run.feedback.flush()  # this batch's own refunds count before it asks again
+        pause = poll_time(deployment, wait_s) if deployment else sleep_time(wait_s)
+        await asyncio.sleep(min(pause, MAX_ROUTE_WAIT_S))
+        return True
+
+    def _defer(self, run: BatchRun, waiting: list[ClaimedItem], wait_s: float) -> None:
+        """Give unstarted items back, to be run again when their wait is over."""
+        countdown = min(wait_s, self.settings.max_countdown_s)
+        queued_until = utcnow() + timedelta(seconds=countdown + self.settings.queue_patience_s)
+        release(self.sessions, run.ref.job_id, run.owner, waiting, queued_until)
+        run.later(countdown)

@@ -1,0 +1,110 @@
+"""One admitted item's calls: the first is paid for, every retry is routed and pays again.
+
+A failed attempt is routed again: a 429 keeps it off the deployments sharing
+that quota, a failure counts against the deployment's circuit (feedback.py);
+the wait between attempts is the retry policy's (quotaflow/retries.py).
+"""
+
+import asyncio
+import logging
+
+from quotaflow.config import Deployment, Route
+from quotaflow.errors import PermanentProviderError, ProviderError, ServiceUnavailable
+from quotaflow.execution.batch import Admitted, BatchRun
+from quotaflow.execution.prepare import Preparer
+from quotaflow.leases import ClaimedItem
+from quotaflow.outcomes import Failure, FailureCode, Outcome
+from quotaflow.providers import ProviderResponse
+from quotaflow.ratelimit import Limiter, sleep_time
+from quotaflow.routing import Router
+
+log = logging.getLogger(__name__)
+
+# How long to wait before asking an unreachable limiter again.
+LIMITER_DOWN_BACKOFF_S = 5.0
+# The longest one sleep while no deployment is available: circuits and blocks can
+# end early (a probe succeeds), so look again at least this often.
+MAX_ROUTE_WAIT_S = 5.0
+# A wait computed from the refill rate ignores refunds that other workers' calls
+# will bring back sooner; where usage is reconciled, look again this often.
+REFUND_POLL_S = 0.05
+
+
+class Caller:
+    """Calls providers for admitted items, retrying as the run's policy allows."""
+
+    def __init__(self, router: Router, limiter: Limiter, preparer: Preparer) -> None:
+        self.router = router
+        self.limiter = limiter
+        self.preparer = preparer
+
+    async def call(self, run: BatchRun, route: Route, admitted: Admitted) -> None:
+        run.finish(admitted.item, await self._attempts(run, route, admitted))
+
+    async def _attempts(self, run: BatchRun, route: Route, admitted: Admitted) -> Outcome:
+        last: ProviderError | None = None
+        avoid: frozenset[str] = frozenset()
+        attempts = run.policy.max_attempts
+        for attempt in range(1, attempts + 1):
+            if attempt > 1:
+                readmitted = await self._readmit(run, route, admitted.item, avoid)
+                if isinstance(readmitted, Failure):
+                    return readmitted
+                admitted = readmitted
+            deployment = admitted.deployment
+            response: ProviderResponse | None = None
+            try:
+                response = await self.preparer.providers.get(deployment).send(
+                    run.url, admitted.body)
+            except PermanentProviderError as exc:
+                run.feedback.answered(deployment, admitted.budget, admitted.slot,
+                                      admitted.cost, None)
+                return Failure(FailureCode.PROVIDER_ERROR,
+                               f"{exc} (attempt {attempt}, not retried)",
+                               exc.status_code, exc.body, attempt)
+            except ProviderError as exc:
+                last = exc
+                run.feedback.answered(deployment, admitted.budget, admitted.slot,
+                                      admitted.cost, None)
+                quota = run.feedback.failed(deployment, admitted.budget, exc)
+                avoid = self.router.siblings(deployment) if quota else frozenset()
+            else:
+                run.feedback.answered(deployment, admitted.budget, admitted.slot,
+                                      admitted.cost, response)
+                return response
+            if attempt < attempts:
+                await asyncio.sleep(run.policy.delay(attempt, last.retry_after))
+        assert last is not None
+        return Failure(FailureCode.PROVIDER_ERROR,
+                       f"{last} (gave up after {attempts} attempts)",
+                       last.status_code, last.body, attempts)
+
+    async def _readmit(self, run: BatchRun, route: Route, item: ClaimedItem,
+                       avoid: frozenset[str]) -> Admitted | Failure:
+        """Route a retry and pay for it, waiting as long as no deployment can take it."""
+        while True:
+            try:
+                choice = self.router.choose(route, exclude=avoid)
+                if choice.deployment is None:
+                    await asyncio.sleep(min(sleep_time(choice.wait_s), MAX_ROUTE_WAIT_S))
+                    continue
+                prepared = self.preparer.prepare(run.url, choice.deployment, item)
+                if isinstance(prepared, Failure):
+                    return prepared
+                run.feedback.flush()  # refunds first: they may be what lets it in
+                admission = self.limiter.acquire(prepared.budget, [prepared.cost], run.floor)
+            except ServiceUnavailable as exc:
+                log.warning("%s; retrying in %.0fs", exc, LIMITER_DOWN_BACKOFF_S)
+                await asyncio.sleep(LIMITER_DOWN_BACKOFF_S)
+                continue
+            if admission.admitted:
+                prepared.slot = admission.slot
+                return prepared
+            await asyncio.sleep(min(poll_time(choice.deployment, admission.wait_s),
+                                    MAX_ROUTE_WAIT_S))
+
+
+def poll_time(deployment: Deployment | None, wait_s: float) -> float:
+    """How long to sleep before asking the limiter again."""
+    pause = sleep_time(wait_s)
+    return min(pause, REFUND_POLL_S) if deployment and deployment.reconcile_usage else pause

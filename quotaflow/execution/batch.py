@@ -1,0 +1,57 @@
+"""The state one batch run carries from claim to report, shared by the loop's parts."""
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from quotaflow.config import Deployment
+from quotaflow.execution.feedback import Feedback
+from quotaflow.execution.writer import ResultWriter
+from quotaflow.jobs import BatchRef
+from quotaflow.leases import ClaimedItem
+from quotaflow.outcomes import Outcome
+from quotaflow.ratelimit import Budget
+from quotaflow.retries import RetryPolicy
+
+
+@dataclass(frozen=True)
+class BatchReport:
+    """What one run of a batch did; retry_in is set when some items must be run later."""
+
+    claimed: int
+    succeeded: int
+    failed: int
+    retry_in: float | None = None
+
+
+@dataclass
+class Admitted:
+    """An item prepared for one deployment: the request as sent there, its admission
+    cost, and the slot of the admission that paid for it."""
+
+    item: ClaimedItem
+    deployment: Deployment
+    budget: Budget
+    body: dict[str, Any]
+    cost: int
+    slot: int = 0
+
+
+@dataclass
+class BatchRun:
+    """One run of a batch: its job, claim owner, endpoint, queue floor and retry policy;
+    where its outcomes and provider feedback go; and when to run it again."""
+
+    ref: BatchRef
+    owner: str
+    url: str
+    floor: float
+    policy: RetryPolicy
+    writer: ResultWriter
+    feedback: Feedback
+    retry_in: float | None = field(default=None)
+
+    def finish(self, item: ClaimedItem, outcome: Outcome) -> None:
+        self.writer.add(item, outcome)
+
+    def later(self, seconds: float) -> None:
+        self.retry_in = seconds if self.retry_in is None else min(self.retry_in, seconds)

@@ -1,0 +1,149 @@
+"""Run one batch of a job: claim -> route -> acquire budget -> call -> settle -> store.
+
+The Celery task and the embedded runner both come through BatchExecutor. The
+loop itself is admission.py (which deployment, how much budget) and
+attempts.py (calls and retries); the policies it consults plug in beside it:
+the retry policy, provider feedback (feedback.py), lease renewal and result
+writing (writer.py), each a chunk at a time rather than per request.
+"""
+
+import asyncio
+import uuid
+from collections.abc import Callable
+from datetime import timedelta
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from quotaflow.circuit import CircuitBreaker, LocalCircuitBreaker
+from quotaflow.config import Deployments, Settings
+from quotaflow.execution import runtime
+from quotaflow.execution.admission import Admitter
+from quotaflow.execution.attempts import Caller
+from quotaflow.execution.batch import BatchReport, BatchRun
+from quotaflow.execution.feedback import Feedback
+from quotaflow.execution.prepare import Preparer
+from quotaflow.execution.runtime import PROVIDERS, ProviderPool
+from quotaflow.execution.writer import ResultWriter
+from quotaflow.jobs import BatchRef, finish_if_done
+from quotaflow.leases import ClaimedItem, claim, leased_elsewhere_for, renew
+from quotaflow.models import Job
+from quotaflow.outcomes import Failure, FailureCode
+from quotaflow.ratelimit import Limiter
+from quotaflow.retries import RetryPolicy
+from quotaflow.reuse import earlier_answers
+from quotaflow.routing import Router
+
+# How often a running batch looks whether feedback or results are due to be written.
+FLUSH_TICK_S = 0.01
+# After a failed write, the next try waits this long (the database may be restarting).
+WRITE_RETRY_S = 1.0
+
+
+class BatchExecutor:
+    """Runs batches against the configured deployments; one per worker process.
+
+    `breaker` must be shared by every worker (the Redis one) in a cluster; the
+    in-process one serves the embedded runner. `defer` says whether a long wait
+    for budget may hand items back to the queue (Celery) or must be slept
+    through (the embedded runner).
+    """
+
+    def __init__(self, sessions: sessionmaker[Session], deployments: Deployments,
+                 limiter: Limiter, settings: Settings, breaker: CircuitBreaker | None = None,
+                 defer: bool = True, providers: ProviderPool = PROVIDERS) -> None:
+        self.sessions = sessions
+        self.deployments = deployments
+        self.limiter = limiter
+        self.breaker = breaker or LocalCircuitBreaker()
+        self.settings = settings
+        self.lease = timedelta(seconds=settings.lease_seconds)
+        self.providers = providers
+        router = Router(deployments, limiter, self.breaker)
+        preparer = Preparer(deployments, self.providers)
+        self.admitter = Admitter(
+            sessions, deployments, router, limiter, preparer, Caller(router, limiter, preparer),
+            settings, settings.max_inline_wait_s if defer else float("inf"))
+
+    def run(self, ref: BatchRef, on_item: Callable[[bool], None] | None = None) -> BatchReport:
+        """Run the batch on this thread's long-lived loop (its connections stay open)."""
+        return runtime.run(self.run_async(ref, on_item))
+
+    async def aclose(self) -> None:
+        """Close the running loop's provider connections."""
+        await self.providers.aclose()
+
+    async def run_async(self, ref: BatchRef,
+                        on_item: Callable[[bool], None] | None = None) -> BatchReport:
+        owner = uuid.uuid4().hex
+        items = claim(self.sessions, ref, owner, self.lease)
+        if not items:
+            return self._report(ref, BatchReport(0, 0, 0))
+        with self.sessions() as session:
+            url, queue, max_attempts, tenant = session.execute(
+                select(Job.endpoint, Job.queue, Job.max_attempts, Job.tenant)
+                .where(Job.id == ref.job_id)).one()
+        policy = RetryPolicy(max_attempts=max_attempts or self.settings.provider_max_attempts)
+        run = BatchRun(ref, owner, url, self.settings.floor_for(queue), policy,
+                       ResultWriter(self.sessions, ref.job_id, on_item),
+                       Feedback(self.limiter, self.breaker))
+        reused = (earlier_answers(self.sessions, ref.job_id, tenant, items)
+                  if self.settings.dedup_across_jobs else {})
+        by_model: dict[str | None, list[ClaimedItem]] = {}
+        for item in items:
+            if item.line_no in reused:
+                run.finish(item, reused[item.line_no])
+            else:
+                by_model.setdefault(item.body.get("model"), []).append(item)
+        keeper = asyncio.create_task(self._keep_leases(ref, owner))
+        done = asyncio.Event()
+        flusher = asyncio.create_task(self._flush_when_due(run, done))
+        try:
+            await asyncio.gather(*(self._run_model(run, model, group)
+                                   for model, group in by_model.items()))
+        finally:
+            keeper.cancel()
+            done.set()
+            await flusher  # a write under way finishes, never cut in half
+            run.feedback.flush()
+        await run.writer.flush()
+        report = BatchReport(len(items), run.writer.succeeded, run.writer.failed, run.retry_in)
+        return self._report(ref, report)
+
+    def _report(self, ref: BatchRef, report: BatchReport) -> BatchReport:
+        """Close the job if this was its last work; look again later at foreign leases."""
+        finish_if_done(self.sessions, ref.job_id)
+        elsewhere = leased_elsewhere_for(self.sessions, ref)
+        if elsewhere is None:
+            return report
+        retry_in = elsewhere if report.retry_in is None else min(report.retry_in, elsewhere)
+        return BatchReport(report.claimed, report.succeeded, report.failed, retry_in)
+
+    async def _run_model(self, run: BatchRun, model: str | None,
+                         items: list[ClaimedItem]) -> None:
+        route = self.deployments.route_for(model)
+        if route is None:
+            for item in items:
+                run.finish(item, Failure(FailureCode.NO_DEPLOYMENT,
+                                         f"no deployment serves model {model!r}"))
+            return
+        await self.admitter.run_route(run, route, items)
+
+    async def _keep_leases(self, ref: BatchRef, owner: str) -> None:
+        """Renew this batch's leases at a third of their length while it runs."""
+        while True:
+            await asyncio.sleep(self.lease.total_seconds() / 3)
+            await asyncio.to_thread(renew, self.sessions, ref.job_id, owner, self.lease)
+
+    @staticmethod
+    async def _flush_when_due(run: BatchRun, done: asyncio.Event) -> None:
+        """Settle and store a chunk at a time while the batch runs, not only at its end."""
+        while not done.is_set():
+            await asyncio.sleep(FLUSH_TICK_S)
+            if run.feedback.due():
+                run.feedback.flush()
+            if run.writer.due():
+                try:
+                    await run.writer.flush()
+                except Exception:  # kept for the next try; the batch's end raises it
+                    await asyncio.sleep(WRITE_RETRY_S)

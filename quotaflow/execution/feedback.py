@@ -1,0 +1,115 @@
+"""What a provider's answers tell the limiter and the circuit breaker.
+
+Every admitted call is settled once (its estimate against real usage), its
+x-ratelimit-remaining headers clamp the buckets, and a success closes the
+deployment's circuit count. Doing that per call cost two Lua calls per
+request; here settlements wait a few milliseconds and go as one call per
+budget, with one clamp (the newest headers) and one success per deployment.
+Failures are not buffered: a 429 drains the budget for everyone at once and
+a failure counts towards the circuit at once, after what was buffered before
+them, so the order the provider answered in is the order recorded.
+
+Feedback is best effort: a limiter or breaker that is down must not fail a
+finished call (its in-flight tally lapses by itself after the flight timeout).
+"""
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from quotaflow.circuit import CircuitBreaker
+from quotaflow.config import Deployment
+from quotaflow.errors import ProviderError, ServiceUnavailable
+from quotaflow.providers import ProviderResponse
+from quotaflow.ratelimit import Budget, Limiter, Settlement
+
+log = logging.getLogger(__name__)
+
+# Without Retry-After, a 429 keeps the whole deployment quiet this long.
+DEFAULT_429_PAUSE_S = 1.0
+# Settle once this many calls wait, or once the oldest has waited this long.
+FLUSH_SIZE = 64
+FLUSH_AFTER_S = 0.02
+
+
+@dataclass
+class _Pending:
+    """A budget's settlements and newest remaining-headers since the last flush."""
+
+    budget: Budget
+    settlements: list[Settlement] = field(default_factory=list)
+    remaining: tuple[float | None, float | None] | None = None
+
+
+@dataclass
+class Feedback:
+    limiter: Limiter
+    breaker: CircuitBreaker
+    _pending: dict[str, _Pending] = field(default_factory=dict)
+    _succeeded: dict[str, Deployment] = field(default_factory=dict)
+    _count: int = 0
+    _since: float = 0.0
+
+    def answered(self, deployment: Deployment, budget: Budget, slot: int, cost: int,
+                 response: ProviderResponse | None) -> None:
+        """Record an admitted call's end: settled once, whatever became of it. A failed
+        call refunds nothing, since the provider may have counted it."""
+        used = 0 if response is None else response.prompt_tokens + response.completion_tokens
+        refund = float(cost - used) if deployment.reconcile_usage and used > 0 else 0.0
+        pending = self._pending.get(budget.name)
+        if pending is None:
+            pending = self._pending[budget.name] = _Pending(budget)
+        if not self._count:
+            self._since = time.monotonic()
+        self._count += 1
+        pending.settlements.append(Settlement(slot, cost, refund))
+        if response is None:
+            return
+        self._succeeded[deployment.name] = deployment
+        # Where usage is reconciled, a token count in the headers races with the
+        # refunds of other calls (an older header would undo a newer refund), so
+        # only the requests bucket is clamped; 429s still drain both.
+        tokens = None if deployment.reconcile_usage else response.remaining_tokens
+        if response.remaining_requests is not None or tokens is not None:
+            pending.remaining = (response.remaining_requests, tokens)
+
+    def failed(self, deployment: Deployment, budget: Budget, error: ProviderError) -> bool:
+        """Tell the limiter or the breaker now; True when it was the quota (a 429).
+
+        A 429 is the quota speaking, not a broken deployment: the budget is drained
+        for everyone until Retry-After. Anything else counts towards opening the
+        deployment's circuit.
+        """
+        self.flush()
+        if error.status_code == 429:
+            _best_effort(self.limiter.drain, budget, error.retry_after or DEFAULT_429_PAUSE_S)
+            return True
+        _best_effort(self.breaker.record_failure, deployment)
+        return False
+
+    def due(self) -> bool:
+        return self._count >= FLUSH_SIZE or (
+            self._count > 0 and time.monotonic() - self._since >= FLUSH_AFTER_S)
+
+    def flush(self) -> None:
+        """One settle (and at most one clamp) per budget, one success per deployment."""
+        if not self._count and not self._succeeded:
+            return
+        pending, self._pending = self._pending, {}
+        succeeded, self._succeeded = self._succeeded, {}
+        self._count = 0
+        for entry in pending.values():
+            _best_effort(self.limiter.settle, entry.budget, entry.settlements)
+            if entry.remaining is not None:
+                _best_effort(self.limiter.clamp, entry.budget, *entry.remaining)
+        for deployment in succeeded.values():
+            _best_effort(self.breaker.record_success, deployment)
+
+
+def _best_effort(operation: Callable[..., Any], *args: Any) -> None:
+    try:
+        operation(*args)
+    except ServiceUnavailable as exc:
+        log.warning("feedback skipped: %s", exc)
