@@ -49,6 +49,9 @@ class Circuit:
         return self.state in (CircuitState.CLOSED, CircuitState.PROBE_FREE)
 
 
+CLOSED = Circuit(CircuitState.CLOSED)
+
+
 class CircuitBreaker(Protocol):
     def state(self, deployment: Deployment) -> Circuit: ...
 
@@ -69,11 +72,19 @@ def _probe_s(deployment: Deployment) -> float:
 
 
 class RedisCircuitBreaker:
-    """The cluster-wide breaker: one Lua call per operation, on the Redis server's clock."""
+    """The cluster-wide breaker: one Lua call per operation, on the Redis server's clock.
 
-    def __init__(self, url: str) -> None:
+    With `closed_for_s`, a circuit read as closed is taken as closed for that long
+    without asking again: the router looks before every chunk it admits, and a
+    round trip each time cost more than the call it guarded. Another worker's
+    failures are then seen that much later; this process's own are seen at once.
+    """
+
+    def __init__(self, url: str, closed_for_s: float = 0.0) -> None:
         self._redis = redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5)
         self._script = self._redis.register_script(SCRIPT.read_text())
+        self._closed_for_s = closed_for_s
+        self._closed_until: dict[str, float] = {}
 
     def _call(self, deployment: Deployment, op: str, *extra: str) -> tuple[bool, Circuit]:
         try:
@@ -86,7 +97,12 @@ class RedisCircuitBreaker:
         return claimed == b"1", Circuit(CircuitState(int(state)), float(wait))
 
     def state(self, deployment: Deployment) -> Circuit:
-        return self._call(deployment, "peek")[1]
+        if self._closed_until.get(deployment.name, 0.0) > time.monotonic():
+            return CLOSED
+        circuit = self._call(deployment, "peek")[1]
+        if circuit.state == CircuitState.CLOSED and self._closed_for_s:
+            self._closed_until[deployment.name] = time.monotonic() + self._closed_for_s
+        return circuit
 
     def try_probe(self, deployment: Deployment) -> bool:
         return self._call(deployment, "probe", repr(_probe_s(deployment)))[0]
@@ -95,6 +111,7 @@ class RedisCircuitBreaker:
         self._call(deployment, "success")
 
     def record_failure(self, deployment: Deployment) -> Circuit:
+        self._closed_until.pop(deployment.name, None)
         return self._call(deployment, "failure", str(deployment.circuit_failures),
                           repr(deployment.circuit_cooldown_s))[1]
 
@@ -158,6 +175,6 @@ class LocalCircuitBreaker:
             return self._circuit(breaker, now)
 
 
-def make_breaker(url: str | None) -> CircuitBreaker:
+def make_breaker(url: str | None, closed_for_s: float = 0.0) -> CircuitBreaker:
     """The shared Redis breaker when a Redis URL is configured, else the in-process twin."""
-    return RedisCircuitBreaker(url) if url else LocalCircuitBreaker()
+    return RedisCircuitBreaker(url, closed_for_s) if url else LocalCircuitBreaker()

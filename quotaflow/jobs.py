@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import IO, Any, Protocol
 
-from sqlalchemy import delete, exists, func, insert, select, update
+from sqlalchemy import case, delete, exists, func, insert, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from quotaflow.config import Deployments, Settings
@@ -369,13 +369,16 @@ def finish_if_done(sessions: sessionmaker[Session], job_id: str) -> None:
     """
     open_items = exists().where(Item.job_id == job_id, Item.status.in_(ItemStatus.OPEN))
     now = utcnow()
+    running = Job.status == JobStatus.IN_PROGRESS
     with sessions.begin() as session:
-        session.execute(update(Job)
-                        .where(Job.id == job_id, Job.status == JobStatus.IN_PROGRESS, ~open_items)
-                        .values(status=JobStatus.COMPLETED, finalizing_at=now, completed_at=now))
-        session.execute(update(Job)
-                        .where(Job.id == job_id, Job.status == JobStatus.CANCELLING, ~open_items)
-                        .values(status=JobStatus.CANCELLED, cancelled_at=now))
+        session.execute(
+            update(Job)
+            .where(Job.id == job_id, Job.status.in_((JobStatus.IN_PROGRESS,
+                                                     JobStatus.CANCELLING)), ~open_items)
+            .values(status=case((running, JobStatus.COMPLETED), else_=JobStatus.CANCELLED),
+                    finalizing_at=case((running, now), else_=Job.finalizing_at),
+                    completed_at=case((running, now), else_=Job.completed_at),
+                    cancelled_at=case((running, Job.cancelled_at), else_=now)))
 
 
 def iter_output(session: Session, job_id: str, errors: bool) -> Iterator[str]:

@@ -82,10 +82,11 @@ def leased_elsewhere_for(sessions: sessionmaker[Session], ref: BatchRef) -> floa
 
 
 def store_many(sessions: sessionmaker[Session], job_id: str,
-               entries: Sequence[tuple[ClaimedItem, Outcome]]) -> tuple[int, int]:
+               entries: Sequence[tuple[ClaimedItem, Outcome]],
+               share: bool = True) -> tuple[int, int]:
     """Write a chunk of results in one transaction, close their items, and share each
-    result with the identical requests waiting for it; (succeeded, failed), the
-    sharers included.
+    result with the identical requests waiting for it (unless `share` is False: the
+    job has none); (succeeded, failed), the sharers included.
 
     A statement per chunk, not per result: a round trip per answer was most of a
     worker's time. Results are insert-or-ignore, and an item's status follows the
@@ -108,7 +109,7 @@ def store_many(sessions: sessionmaker[Session], job_id: str,
                                 else_=ItemStatus.FAILED),
                     lease_owner=None, lease_expires_at=None)
             .returning(Item.status)).scalars().all()
-        shared = _share(session, job_id, lines, now)
+        shared = _share(session, job_id, lines, now) if share else []
     succeeded = sum(status == ItemStatus.SUCCEEDED for status in [*closed, *shared])
     return succeeded, len(closed) + len(shared) - succeeded
 

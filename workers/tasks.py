@@ -16,6 +16,10 @@ from quotaflow.providers.local import runner_for, serve_only
 from quotaflow.ratelimit import make_limiter
 from workers.app import app
 
+# A closed circuit is read again after this long (quotaflow/circuit.py): another
+# worker's failures reach this one's routing at most this late.
+CIRCUIT_CLOSED_FOR_S = 0.25
+
 
 @lru_cache
 def executor() -> BatchExecutor:
@@ -23,7 +27,7 @@ def executor() -> BatchExecutor:
     settings = get_settings()
     return BatchExecutor(session_factory(settings.database_url), settings.load_deployments(),
                          make_limiter(settings.limiter_url), settings,
-                         breaker=make_breaker(settings.limiter_url))
+                         breaker=make_breaker(settings.limiter_url, CIRCUIT_CLOSED_FOR_S))
 
 
 @worker_init.connect

@@ -10,9 +10,10 @@ writing (writer.py), each a chunk at a time rather than per request.
 import asyncio
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import timedelta
 
-from sqlalchemy import select
+from sqlalchemy import exists, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from quotaflow.circuit import CircuitBreaker, LocalCircuitBreaker
@@ -27,17 +28,28 @@ from quotaflow.execution.runtime import PROVIDERS, ProviderPool
 from quotaflow.execution.writer import ResultWriter
 from quotaflow.jobs import BatchRef, finish_if_done
 from quotaflow.leases import ClaimedItem, claim, leased_elsewhere_for, renew
-from quotaflow.models import Job
+from quotaflow.models import Item, Job
 from quotaflow.outcomes import Failure, FailureCode
 from quotaflow.ratelimit import Limiter
 from quotaflow.retries import RetryPolicy
 from quotaflow.reuse import earlier_answers
 from quotaflow.routing import Router
 
+# Jobs whose facts a worker process keeps (the oldest read is forgotten first).
+JOB_FACTS_KEPT = 1024
 # How often a running batch looks whether feedback or results are due to be written.
 FLUSH_TICK_S = 0.01
 # After a failed write, the next try waits this long (the database may be restarting).
 WRITE_RETRY_S = 1.0
+
+
+@dataclass(frozen=True)
+class _JobFacts:
+    url: str
+    queue: str
+    max_attempts: int | None
+    tenant: str
+    has_duplicates: bool  # some items wait for an identical line's answer
 
 
 class BatchExecutor:
@@ -59,6 +71,7 @@ class BatchExecutor:
         self.settings = settings
         self.lease = timedelta(seconds=settings.lease_seconds)
         self.providers = providers
+        self._jobs: dict[str, _JobFacts] = {}
         router = Router(deployments, limiter, self.breaker)
         preparer = Preparer(deployments, self.providers)
         self.admitter = Admitter(
@@ -79,15 +92,13 @@ class BatchExecutor:
         items = claim(self.sessions, ref, owner, self.lease)
         if not items:
             return self._report(ref, BatchReport(0, 0, 0))
-        with self.sessions() as session:
-            url, queue, max_attempts, tenant = session.execute(
-                select(Job.endpoint, Job.queue, Job.max_attempts, Job.tenant)
-                .where(Job.id == ref.job_id)).one()
-        policy = RetryPolicy(max_attempts=max_attempts or self.settings.provider_max_attempts)
-        run = BatchRun(ref, owner, url, self.settings.floor_for(queue), policy,
-                       ResultWriter(self.sessions, ref.job_id, on_item),
+        job = self._facts(ref.job_id)
+        policy = RetryPolicy(max_attempts=job.max_attempts
+                             or self.settings.provider_max_attempts)
+        run = BatchRun(ref, owner, job.url, self.settings.floor_for(job.queue), policy,
+                       ResultWriter(self.sessions, ref.job_id, on_item, job.has_duplicates),
                        Feedback(self.limiter, self.breaker))
-        reused = (earlier_answers(self.sessions, ref.job_id, tenant, items)
+        reused = (earlier_answers(self.sessions, ref.job_id, job.tenant, items)
                   if self.settings.dedup_across_jobs else {})
         by_model: dict[str | None, list[ClaimedItem]] = {}
         for item in items:
@@ -109,6 +120,21 @@ class BatchExecutor:
         await run.writer.flush()
         report = BatchReport(len(items), run.writer.succeeded, run.writer.failed, run.retry_in)
         return self._report(ref, report)
+
+    def _facts(self, job_id: str) -> "_JobFacts":
+        """What a job's batches all need to know of it, read once per process: none of
+        it changes after the job is created."""
+        facts = self._jobs.get(job_id)
+        if facts is None:
+            twins = exists().where(Item.job_id == job_id, Item.duplicate_of.is_not(None))
+            with self.sessions() as session:
+                row = session.execute(
+                    select(Job.endpoint, Job.queue, Job.max_attempts, Job.tenant,
+                           twins.label("twins")).where(Job.id == job_id)).one()
+            if len(self._jobs) >= JOB_FACTS_KEPT:
+                self._jobs.pop(next(iter(self._jobs)))
+            facts = self._jobs[job_id] = _JobFacts(*row)
+        return facts
 
     def _report(self, ref: BatchRef, report: BatchReport) -> BatchReport:
         """Close the job if this was its last work; look again later at foreign leases."""

@@ -28,6 +28,8 @@ class ResultWriter:
     sessions: sessionmaker[Session]
     job_id: str
     on_item: Callable[[bool], None] | None = None
+    # Whether identical requests of the job wait for these answers (shared on store).
+    share: bool = True
     succeeded: int = 0
     failed: int = 0
     _buffer: list[tuple[ClaimedItem, Outcome]] = field(default_factory=list)
@@ -51,7 +53,7 @@ class ResultWriter:
             chunk, self._buffer = self._buffer, []
             try:
                 succeeded, failed = await asyncio.to_thread(
-                    store_many, self.sessions, self.job_id, chunk)
+                    store_many, self.sessions, self.job_id, chunk, self.share)
             except BaseException:
                 self._buffer[:0] = chunk
                 raise
