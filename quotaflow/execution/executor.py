@@ -3,8 +3,10 @@
 The Celery task and the embedded runner both come through BatchExecutor. The
 loop itself is admission.py (which deployment, how much budget) and
 attempts.py (calls and retries); the policies it consults plug in beside it:
-the retry policy, provider feedback (feedback.py), lease renewal and result
-writing (writer.py), each a chunk at a time rather than per request.
+the retry policy (quotaflow/retries.py), provider feedback (feedback.py),
+lease renewal (leasing.py) and result writing (writer.py), the last two a
+chunk at a time rather than per request. Outcomes and their failure codes
+are quotaflow/outcomes.py.
 """
 
 import asyncio
@@ -23,11 +25,12 @@ from quotaflow.execution.admission import Admitter
 from quotaflow.execution.attempts import Caller
 from quotaflow.execution.batch import BatchReport, BatchRun
 from quotaflow.execution.feedback import Feedback
+from quotaflow.execution.leasing import keep_leases
 from quotaflow.execution.prepare import Preparer
 from quotaflow.execution.runtime import PROVIDERS, ProviderPool
 from quotaflow.execution.writer import ResultWriter
 from quotaflow.jobs import BatchRef, finish_if_done
-from quotaflow.leases import ClaimedItem, claim, leased_elsewhere_for, renew
+from quotaflow.leases import ClaimedItem, claim, leased_elsewhere_for
 from quotaflow.models import Item, Job
 from quotaflow.outcomes import Failure, FailureCode
 from quotaflow.ratelimit import Limiter
@@ -106,7 +109,7 @@ class BatchExecutor:
                 run.finish(item, reused[item.line_no])
             else:
                 by_model.setdefault(item.body.get("model"), []).append(item)
-        keeper = asyncio.create_task(self._keep_leases(ref, owner))
+        keeper = asyncio.create_task(keep_leases(self.sessions, ref.job_id, owner, self.lease))
         done = asyncio.Event()
         flusher = asyncio.create_task(self._flush_when_due(run, done))
         try:
@@ -154,12 +157,6 @@ class BatchExecutor:
                                          f"no deployment serves model {model!r}"))
             return
         await self.admitter.run_route(run, route, items)
-
-    async def _keep_leases(self, ref: BatchRef, owner: str) -> None:
-        """Renew this batch's leases at a third of their length while it runs."""
-        while True:
-            await asyncio.sleep(self.lease.total_seconds() / 3)
-            await asyncio.to_thread(renew, self.sessions, ref.job_id, owner, self.lease)
 
     @staticmethod
     async def _flush_when_due(run: BatchRun, done: asyncio.Event) -> None:

@@ -1,0 +1,21 @@
+"""Lease renewal: a live batch's items must never look abandoned to the reaper.
+
+A claim leases its items for `lease_seconds`; while the batch runs, the lease
+is renewed at a third of its length, so only a worker that stopped running
+(killed, frozen, cut off from the database) lets its items' leases run out.
+"""
+
+import asyncio
+from datetime import timedelta
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from quotaflow.leases import renew
+
+
+async def keep_leases(sessions: sessionmaker[Session], job_id: str, owner: str,
+                      lease: timedelta) -> None:
+    """Renew `owner`'s leases on the job's items until cancelled."""
+    while True:
+        await asyncio.sleep(lease.total_seconds() / 3)
+        await asyncio.to_thread(renew, sessions, job_id, owner, lease)
