@@ -363,22 +363,27 @@ def expire_overdue(sessions: sessionmaker[Session]) -> list[str]:
 
 
 def finish_if_done(sessions: sessionmaker[Session], job_id: str) -> None:
-    """Move the job to its final status once no item is pending or running.
-
-    Conditional updates make this safe to call from every worker at once.
-    """
-    open_items = exists().where(Item.job_id == job_id, Item.status.in_(ItemStatus.OPEN))
-    now = utcnow()
-    running = Job.status == JobStatus.IN_PROGRESS
+    """Move the job to its final status once no item is pending or running."""
     with sessions.begin() as session:
-        session.execute(
-            update(Job)
-            .where(Job.id == job_id, Job.status.in_((JobStatus.IN_PROGRESS,
-                                                     JobStatus.CANCELLING)), ~open_items)
-            .values(status=case((running, JobStatus.COMPLETED), else_=JobStatus.CANCELLED),
-                    finalizing_at=case((running, now), else_=Job.finalizing_at),
-                    completed_at=case((running, now), else_=Job.completed_at),
-                    cancelled_at=case((running, Job.cancelled_at), else_=now)))
+        close_if_done(session, job_id)
+
+
+def close_if_done(session: Session, job_id: str) -> None:
+    """finish_if_done inside the caller's transaction. One conditional UPDATE on the
+    table (not the ORM entity: this runs after every batch), safe to run from every
+    worker at once."""
+    jobs, items = Job.__table__.c, Item.__table__.c
+    open_items = exists().where(items.job_id == job_id, items.status.in_(ItemStatus.OPEN))
+    now = utcnow()
+    running = jobs.status == JobStatus.IN_PROGRESS
+    session.execute(
+        update(Job.__table__)
+        .where(jobs.id == job_id,
+               jobs.status.in_((JobStatus.IN_PROGRESS, JobStatus.CANCELLING)), ~open_items)
+        .values(status=case((running, JobStatus.COMPLETED), else_=JobStatus.CANCELLED),
+                finalizing_at=case((running, now), else_=jobs.finalizing_at),
+                completed_at=case((running, now), else_=jobs.completed_at),
+                cancelled_at=case((running, jobs.cancelled_at), else_=now)))
 
 
 def iter_output(session: Session, job_id: str, errors: bool) -> Iterator[str]:

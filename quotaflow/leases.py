@@ -20,6 +20,12 @@ from quotaflow.jsoncodec import RawJson
 from quotaflow.models import Item, ItemStatus, Job, JobStatus, Result, utcnow
 from quotaflow.outcomes import Failure, Outcome, Shared
 
+# Core tables, not ORM entities: an ORM-enabled UPDATE costs several times the CPU of
+# the same statement on the table, and these run for every batch and chunk.
+ITEMS = Item.__table__
+RESULTS = Result.__table__
+JOBS = Job.__table__
+
 
 @dataclass(frozen=True)
 class ClaimedItem:
@@ -34,17 +40,18 @@ def claim(sessions: sessionmaker[Session], ref: BatchRef, owner: str,
           lease: timedelta) -> list[ClaimedItem]:
     """Take the batch's pending items (and items whose lease ran out) for this worker."""
     now = utcnow()
-    job_running = exists().where(Job.id == ref.job_id, Job.status == JobStatus.IN_PROGRESS)
+    job_running = exists().where(JOBS.c.id == ref.job_id, JOBS.c.status == JobStatus.IN_PROGRESS)
     statement = (
-        update(Item)
-        .where(Item.job_id == ref.job_id,
-               Item.line_no.between(ref.first_line, ref.last_line),
-               or_(Item.status == ItemStatus.PENDING,
-                   and_(Item.status == ItemStatus.RUNNING, Item.lease_expires_at < now)),
+        update(ITEMS)
+        .where(ITEMS.c.job_id == ref.job_id,
+               ITEMS.c.line_no.between(ref.first_line, ref.last_line),
+               or_(ITEMS.c.status == ItemStatus.PENDING,
+                   and_(ITEMS.c.status == ItemStatus.RUNNING, ITEMS.c.lease_expires_at < now)),
                job_running)
-        .values(status=ItemStatus.RUNNING, attempts=Item.attempts + 1,
+        .values(status=ItemStatus.RUNNING, attempts=ITEMS.c.attempts + 1,
                 lease_owner=owner, lease_expires_at=now + lease)
-        .returning(Item.line_no, Item.custom_id, Item.body, Item.attempts, Item.body_hash)
+        .returning(ITEMS.c.line_no, ITEMS.c.custom_id, ITEMS.c.body, ITEMS.c.attempts,
+                   ITEMS.c.body_hash)
     )
     with sessions.begin() as session:
         rows = session.execute(statement).all()
@@ -59,21 +66,20 @@ def release(sessions: sessionmaker[Session], job_id: str, owner: str,
     """
     with sessions.begin() as session:
         session.execute(
-            update(Item)
-            .where(Item.job_id == job_id, Item.line_no.in_([i.line_no for i in items]),
-                   Item.lease_owner == owner, Item.status == ItemStatus.RUNNING)
+            update(ITEMS)
+            .where(ITEMS.c.job_id == job_id, ITEMS.c.line_no.in_([i.line_no for i in items]),
+                   ITEMS.c.lease_owner == owner, ITEMS.c.status == ItemStatus.RUNNING)
             .values(status=ItemStatus.PENDING, lease_owner=None, lease_expires_at=queued_until,
-                    attempts=Item.attempts - 1))
+                    attempts=ITEMS.c.attempts - 1))
 
 
-def leased_elsewhere_for(sessions: sessionmaker[Session], ref: BatchRef) -> float | None:
+def leased_elsewhere_for(session: Session, ref: BatchRef) -> float | None:
     """Seconds until the last foreign lease in the range runs out, or None if none is held."""
-    with sessions() as session:
-        latest = session.scalar(
-            select(func.max(Item.lease_expires_at))
-            .where(Item.job_id == ref.job_id,
-                   Item.line_no.between(ref.first_line, ref.last_line),
-                   Item.status == ItemStatus.RUNNING))
+    latest = session.scalar(
+        select(func.max(ITEMS.c.lease_expires_at))
+        .where(ITEMS.c.job_id == ref.job_id,
+               ITEMS.c.line_no.between(ref.first_line, ref.last_line),
+               ITEMS.c.status == ItemStatus.RUNNING))
     if latest is None:
         return None
     if latest.tzinfo is None:  # SQLite hands datetimes back without their zone
@@ -98,17 +104,17 @@ def store_many(sessions: sessionmaker[Session], job_id: str,
     rows = [_result_row(job_id, item, outcome, now) for item, outcome in entries]
     lines = [item.line_no for item, _ in entries]
     with sessions.begin() as session:
-        session.execute(insert_ignore(session, Result.__table__), rows)
-        stored = select(Result.error).where(Result.job_id == Item.job_id,
-                                            Result.line_no == Item.line_no).scalar_subquery()
+        session.execute(insert_ignore(session, RESULTS), rows)
+        stored = select(RESULTS.c.error).where(RESULTS.c.job_id == ITEMS.c.job_id,
+                                            RESULTS.c.line_no == ITEMS.c.line_no).scalar_subquery()
         closed = session.execute(
-            update(Item)
-            .where(Item.job_id == job_id, Item.line_no.in_(lines),
-                   Item.status.in_(ItemStatus.OPEN))
+            update(ITEMS)
+            .where(ITEMS.c.job_id == job_id, ITEMS.c.line_no.in_(lines),
+                   ITEMS.c.status.in_(ItemStatus.OPEN))
             .values(status=case((stored.is_(None), ItemStatus.SUCCEEDED),
                                 else_=ItemStatus.FAILED),
                     lease_owner=None, lease_expires_at=None)
-            .returning(Item.status)).scalars().all()
+            .returning(ITEMS.c.status)).scalars().all()
         shared = _share(session, job_id, lines, now) if share else []
     succeeded = sum(status == ItemStatus.SUCCEEDED for status in [*closed, *shared])
     return succeeded, len(closed) + len(shared) - succeeded
@@ -142,21 +148,21 @@ def _share(session: Session, job_id: str, lines: list[int], now: datetime) -> li
     One UPDATE finds nothing in the common case (no identical requests waiting); the
     stored originals are read only when some are.
     """
+    answered = exists().where(RESULTS.c.job_id == job_id,
+                              RESULTS.c.line_no == ITEMS.c.duplicate_of)
     twins = session.execute(
-        update(Item)
-        .where(Item.job_id == job_id, Item.duplicate_of.in_(lines),
-               Item.status == ItemStatus.WAITING,
-               exists().where(Result.job_id == job_id, Result.line_no == Item.duplicate_of))
-        .values(status=case(
-            (exists().where(Result.job_id == job_id, Result.line_no == Item.duplicate_of,
-                            Result.error.is_(None)), ItemStatus.SUCCEEDED),
-            else_=ItemStatus.FAILED))
-        .returning(Item.line_no, Item.custom_id, Item.duplicate_of, Item.status)).all()
+        update(ITEMS)
+        .where(ITEMS.c.job_id == job_id, ITEMS.c.duplicate_of.in_(lines),
+               ITEMS.c.status == ItemStatus.WAITING, answered)
+        .values(status=case((answered.where(RESULTS.c.error.is_(None)), ItemStatus.SUCCEEDED),
+                            else_=ItemStatus.FAILED))
+        .returning(ITEMS.c.line_no, ITEMS.c.custom_id, ITEMS.c.duplicate_of,
+                   ITEMS.c.status)).all()
     if not twins:
         return []
-    originals = {row.line_no: row for row in session.scalars(
-        select(Result).where(Result.job_id == job_id,
-                             Result.line_no.in_({twin.duplicate_of for twin in twins})))}
+    originals = {row.line_no: row for row in session.execute(
+        select(RESULTS).where(RESULTS.c.job_id == job_id,
+                             RESULTS.c.line_no.in_({twin.duplicate_of for twin in twins})))}
     rows = []
     for line_no, custom_id, duplicate_of, _ in twins:
         original = originals[duplicate_of]
@@ -167,7 +173,7 @@ def _share(session: Session, job_id: str, lines: list[int], now: datetime) -> li
                          request_id=new_request_id(), status_code=original.status_code,
                          response=original.response, error=error, prompt_tokens=0,
                          completion_tokens=0, shared_from=source, created_at=now))
-    session.execute(insert_ignore(session, Result.__table__), rows)
+    session.execute(insert_ignore(session, RESULTS), rows)
     return [twin.status for twin in twins]
 
 
@@ -175,7 +181,7 @@ def renew(sessions: sessionmaker[Session], job_id: str, owner: str, lease: timed
     """Extend this worker's leases: a live worker's items must never look abandoned."""
     with sessions.begin() as session:
         return session.execute(
-            update(Item)
-            .where(Item.job_id == job_id, Item.lease_owner == owner,
-                   Item.status == ItemStatus.RUNNING)
+            update(ITEMS)
+            .where(ITEMS.c.job_id == job_id, ITEMS.c.lease_owner == owner,
+                   ITEMS.c.status == ItemStatus.RUNNING)
             .values(lease_expires_at=utcnow() + lease)).rowcount

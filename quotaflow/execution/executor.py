@@ -10,6 +10,7 @@ are quotaflow/outcomes.py.
 """
 
 import asyncio
+import contextlib
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,7 +30,7 @@ from quotaflow.execution.leasing import keep_leases
 from quotaflow.execution.prepare import Preparer
 from quotaflow.execution.runtime import PROVIDERS, ProviderPool
 from quotaflow.execution.writer import ResultWriter
-from quotaflow.jobs import BatchRef, finish_if_done
+from quotaflow.jobs import BatchRef, close_if_done
 from quotaflow.leases import ClaimedItem, claim, leased_elsewhere_for
 from quotaflow.models import Item, Job
 from quotaflow.outcomes import Failure, FailureCode
@@ -110,15 +111,15 @@ class BatchExecutor:
             else:
                 by_model.setdefault(item.body.get("model"), []).append(item)
         keeper = asyncio.create_task(keep_leases(self.sessions, ref.job_id, owner, self.lease))
-        done = asyncio.Event()
-        flusher = asyncio.create_task(self._flush_when_due(run, done))
+        flusher = asyncio.create_task(self._flush_when_due(run))
         try:
             await asyncio.gather(*(self._run_model(run, model, group)
                                    for model, group in by_model.items()))
         finally:
             keeper.cancel()
-            done.set()
-            await flusher  # a write under way finishes, never cut in half
+            flusher.cancel()  # a write under way goes on (shielded); the next one waits
+            with contextlib.suppress(asyncio.CancelledError):
+                await flusher
             run.feedback.flush()
         await run.writer.flush()
         report = BatchReport(len(items), run.writer.succeeded, run.writer.failed, run.retry_in)
@@ -141,8 +142,9 @@ class BatchExecutor:
 
     def _report(self, ref: BatchRef, report: BatchReport) -> BatchReport:
         """Close the job if this was its last work; look again later at foreign leases."""
-        finish_if_done(self.sessions, ref.job_id)
-        elsewhere = leased_elsewhere_for(self.sessions, ref)
+        with self.sessions.begin() as session:
+            close_if_done(session, ref.job_id)
+            elsewhere = leased_elsewhere_for(session, ref)
         if elsewhere is None:
             return report
         retry_in = elsewhere if report.retry_in is None else min(report.retry_in, elsewhere)
@@ -159,14 +161,25 @@ class BatchExecutor:
         await self.admitter.run_route(run, route, items)
 
     @staticmethod
-    async def _flush_when_due(run: BatchRun, done: asyncio.Event) -> None:
+    async def _flush_when_due(run: BatchRun) -> None:
         """Settle and store a chunk at a time while the batch runs, not only at its end."""
-        while not done.is_set():
+        while True:
             await asyncio.sleep(FLUSH_TICK_S)
             if run.feedback.due():
                 run.feedback.flush()
             if run.writer.due():
+                write = asyncio.ensure_future(run.writer.flush())
+                write.add_done_callback(_retrieve)
                 try:
-                    await run.writer.flush()
+                    await asyncio.shield(write)
+                except asyncio.CancelledError:
+                    raise
                 except Exception:  # kept for the next try; the batch's end raises it
                     await asyncio.sleep(WRITE_RETRY_S)
+
+
+def _retrieve(task: "asyncio.Future[None]") -> None:
+    """A shielded write that fails after its batch moved on has its chunk back in the
+    buffer, for the batch's last write; its exception needs no other reader."""
+    if not task.cancelled():
+        task.exception()
