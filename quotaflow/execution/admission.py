@@ -23,12 +23,17 @@ from quotaflow.leases import ClaimedItem, release
 from quotaflow.models import utcnow
 from quotaflow.outcomes import Failure
 from quotaflow.ratelimit import Limiter, sleep_time
-from quotaflow.routing import Router
+from quotaflow.routing import Choice, Router
 
 log = logging.getLogger(__name__)
 
 # Requests admitted to one deployment per routing decision, where a route has several.
 GROUP_CHUNK = 4
+# With calls in flight, admit once at least max_concurrency / GATHER_FRACTION slots are
+# free, or after waiting GATHER_S for them: short against any provider's latency, long
+# enough for an instant one's answers to come back together.
+GATHER_FRACTION = 4
+GATHER_S = 0.002
 
 
 class Admitter:
@@ -49,6 +54,7 @@ class Admitter:
     async def run_route(self, run: BatchRun, route: Route, items: list[ClaimedItem]) -> None:
         waiting = list(items)
         calls: dict[str, set[asyncio.Task[None]]] = {}
+        gathered = False
         while waiting:
             for name in calls:
                 calls[name] = {call for call in calls[name] if not call.done()}
@@ -68,12 +74,16 @@ class Admitter:
                     break
                 continue
             deployment = choice.deployment
-            free = 1 if choice.probe else (
-                deployment.max_concurrency - len(calls.get(deployment.name, ())))
-            if len(route.names) > 1:
-                # Where there is a choice, decide often: every batch run reads the same
-                # levels, and large chunks would all land on the least used deployment.
-                free = min(free, GROUP_CHUNK)
+            flying = calls.get(deployment.name, set())
+            free = _free_slots(choice, route, len(flying))
+            if not (choice.probe or gathered) and flying and free < min(
+                    len(waiting), max(1, deployment.max_concurrency // GATHER_FRACTION)):
+                # A slot or two just came free: let a few more calls end first, so one
+                # admission (one round trip to the limiter) pays for several requests.
+                await asyncio.wait(flying, timeout=GATHER_S)
+                gathered = True
+                continue
+            gathered = False
             asked = self._prepare_chunk(run, deployment, waiting, free)
             if not asked:
                 continue
@@ -85,7 +95,7 @@ class Admitter:
                 self._defer(run, waiting, LIMITER_DOWN_BACKOFF_S)
                 break
             del waiting[:admission.admitted]
-            flying = calls.setdefault(deployment.name, set())
+            flying = calls.setdefault(deployment.name, flying)
             for entry in asked[:admission.admitted]:
                 entry.slot = admission.slot
                 flying.add(asyncio.create_task(self.caller.call(run, route, entry)))
@@ -129,3 +139,16 @@ class Admitter:
         queued_until = utcnow() + timedelta(seconds=countdown + self.settings.queue_patience_s)
         release(self.sessions, run.ref.job_id, run.owner, waiting, queued_until)
         run.later(countdown)
+
+
+def _free_slots(choice: Choice, route: Route, flying: int) -> int:
+    """How many requests the chosen deployment may take now: one for a probe."""
+    if choice.probe:
+        return 1
+    assert choice.deployment is not None
+    free = choice.deployment.max_concurrency - flying
+    if len(route.names) > 1:
+        # Where there is a choice, decide often: every batch run reads the same
+        # levels, and large chunks would all land on the least used deployment.
+        free = min(free, GROUP_CHUNK)
+    return free
