@@ -78,6 +78,8 @@ class RedisCircuitBreaker:
     without asking again: the router looks before every chunk it admits, and a
     round trip each time cost more than the call it guarded. Another worker's
     failures are then seen that much later; this process's own are seen at once.
+    A success is only sent where the last read found failures to forget, so a
+    healthy deployment costs no round trip per answer either.
     """
 
     def __init__(self, url: str, closed_for_s: float = 0.0) -> None:
@@ -85,6 +87,7 @@ class RedisCircuitBreaker:
         self._script = self._redis.register_script(SCRIPT.read_text())
         self._closed_for_s = closed_for_s
         self._closed_until: dict[str, float] = {}
+        self._clean: set[str] = set()  # closed, no failures counted, as last read
 
     def _call(self, deployment: Deployment, op: str, *extra: str) -> tuple[bool, Circuit]:
         try:
@@ -93,25 +96,40 @@ class RedisCircuitBreaker:
             raise ServiceUnavailable(
                 f"the circuit breaker's Redis is unreachable ({exc.__class__.__name__}); "
                 "check QUOTAFLOW_REDIS_URL and that Redis is running") from exc
-        claimed, state, wait = reply.split()
-        return claimed == b"1", Circuit(CircuitState(int(state)), float(wait))
+        claimed, state, wait, fails = reply.split()
+        circuit = Circuit(CircuitState(int(state)), float(wait))
+        if self._closed_for_s and circuit.state == CircuitState.CLOSED:
+            self._closed_until[deployment.name] = time.monotonic() + self._closed_for_s
+            if fails == b"0":
+                self._clean.add(deployment.name)
+            else:
+                self._clean.discard(deployment.name)
+        else:
+            self._forget(deployment)
+        return claimed == b"1", circuit
+
+    def _fresh(self, deployment: Deployment) -> bool:
+        return self._closed_until.get(deployment.name, 0.0) > time.monotonic()
+
+    def _forget(self, deployment: Deployment) -> None:
+        self._closed_until.pop(deployment.name, None)
+        self._clean.discard(deployment.name)
 
     def state(self, deployment: Deployment) -> Circuit:
-        if self._closed_until.get(deployment.name, 0.0) > time.monotonic():
+        if self._fresh(deployment):
             return CLOSED
-        circuit = self._call(deployment, "peek")[1]
-        if circuit.state == CircuitState.CLOSED and self._closed_for_s:
-            self._closed_until[deployment.name] = time.monotonic() + self._closed_for_s
-        return circuit
+        return self._call(deployment, "peek")[1]
 
     def try_probe(self, deployment: Deployment) -> bool:
         return self._call(deployment, "probe", repr(_probe_s(deployment)))[0]
 
     def record_success(self, deployment: Deployment) -> None:
+        if deployment.name in self._clean and self._fresh(deployment):
+            return  # nothing to forget: closed with no failures, as read just now
         self._call(deployment, "success")
 
     def record_failure(self, deployment: Deployment) -> Circuit:
-        self._closed_until.pop(deployment.name, None)
+        self._forget(deployment)
         return self._call(deployment, "failure", str(deployment.circuit_failures),
                           repr(deployment.circuit_cooldown_s))[1]
 

@@ -26,12 +26,14 @@ class Clock:
         return self.now
 
 
-@pytest.fixture(params=["redis", "local"])
+@pytest.fixture(params=["redis", "redis-cached", "local"])
 def breaker(request, redis_url: str) -> Iterator[tuple[CircuitBreaker, Callable[[float], None]]]:
     """A breaker and a way to let time pass: real time for Redis (its clock is the
-    server's), a hand-moved clock for the in-process one."""
-    if request.param == "redis":
-        redis_breaker = RedisCircuitBreaker(redis_url)
+    server's), a hand-moved clock for the in-process one. The cached Redis breaker is
+    the workers' (closed circuits read again after 0.25 s)."""
+    if request.param.startswith("redis"):
+        redis_breaker = RedisCircuitBreaker(redis_url,
+                                            0.25 if request.param == "redis-cached" else 0.0)
         yield redis_breaker, time.sleep
         redis_breaker.close()
     else:
@@ -118,3 +120,36 @@ def test_an_unreachable_redis_is_a_clear_error() -> None:
     circuits = RedisCircuitBreaker("redis://127.0.0.1:1/0")
     with pytest.raises(ServiceUnavailable, match="circuit breaker's Redis is unreachable"):
         circuits.state(deployment())
+
+
+def test_a_cached_breaker_sees_its_own_failures_at_once_and_others_soon(redis_url) -> None:
+    # Given a worker's breaker that takes a closed circuit as closed for 0.3 s
+    cached = RedisCircuitBreaker(redis_url, closed_for_s=0.3)
+    other = RedisCircuitBreaker(redis_url)
+    target, own = deployment(failures=2), deployment(failures=2)
+    assert cached.state(target).state == CircuitState.CLOSED
+    # When another worker's failures open the circuit
+    other.record_failure(target)
+    assert other.record_failure(target).state == CircuitState.OPEN
+    # Then this worker routes there at most 0.3 s longer
+    assert cached.state(target).state == CircuitState.CLOSED
+    time.sleep(0.35)
+    assert cached.state(target).state == CircuitState.OPEN
+    # And its own failures count at once
+    assert cached.state(own).state == CircuitState.CLOSED
+    cached.record_failure(own)
+    assert cached.record_failure(own).state == CircuitState.OPEN
+    assert cached.state(own).state == CircuitState.OPEN
+
+
+def test_a_cached_breaker_forgets_failures_it_has_read(redis_url) -> None:
+    # Given a failure counted by another worker, read by this one once its cache lapsed
+    cached = RedisCircuitBreaker(redis_url, closed_for_s=0.2)
+    other = RedisCircuitBreaker(redis_url)
+    target = deployment(failures=2)
+    other.record_failure(target)
+    assert cached.state(target).state == CircuitState.CLOSED
+    # When this worker's call succeeds, then another fails
+    cached.record_success(target)
+    # Then the failures were not in a row: the circuit stays closed
+    assert other.record_failure(target).state == CircuitState.CLOSED

@@ -21,7 +21,7 @@ then, by op:
   failure  ARGV[2] failures in a row that open it, ARGV[3] cooldown seconds.
            A failed probe opens it again for the cooldown; failures of calls
            that were in flight when it opened only count.
-Every op returns one string, "claimed state wait_seconds", state being
+Every op returns one string, "claimed state wait_seconds fails", state being
 0 closed, 1 open (wait = until a probe may go), 2 half-open with the probe
 free, 3 half-open with a probe in flight (wait = until it times out).
 ]]
@@ -68,4 +68,4 @@ elseif op == "failure" then
 end
 
 local s, wait = state()
-return string.format("%d %d %.6f", claimed, s, wait)
+return string.format("%d %d %.6f %d", claimed, s, wait, fails)
