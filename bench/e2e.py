@@ -364,6 +364,9 @@ class Bench:
         self.procs.remove(proc)
 
     def close(self) -> None:
+        # Bounded (each stop has a timeout); a second Ctrl-C must not leave half of it running.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         for proc in reversed(self.procs):
             with contextlib.suppress(Exception):
                 proc.stop()
@@ -421,7 +424,7 @@ class Bench:
                                       f"warm{workers}x{size}", self.args.max_tokens)
                 self._run_job(warm, self.args.warmup, procs, label="warm-up")
             path = write_requests(self.workdir / f"cluster-{size}.jsonl", size,
-                                  f"w{workers}", self.args.max_tokens)
+                                  f"w{workers}n{size}", self.args.max_tokens)
             row = self._run_job(path, size, procs,
                                 label=f"cluster, {workers} worker{'s' * (workers > 1)}")
         finally:
@@ -475,7 +478,7 @@ class Bench:
     # --- embedded and bare ---
 
     def embedded_row(self, size: int) -> Row:
-        path = write_requests(self.workdir / f"embedded-{size}.jsonl", size, "emb",
+        path = write_requests(self.workdir / f"embedded-{size}.jsonl", size, f"emb{size}",
                               self.args.max_tokens)
         out = self.workdir / f"embedded-{size}.out.jsonl"
         database = self.workdir / f"embedded-{size}.db"
@@ -504,7 +507,7 @@ class Bench:
                    notes=_sent_note(sent, size, repeats) + "; SQLite, process start to exit")
 
     def bare_row(self, size: int, kind: str) -> Row:
-        path = write_requests(self.workdir / f"bare-{size}.jsonl", size, "bare",
+        path = write_requests(self.workdir / f"bare-{size}.jsonl", size, f"bare{size}",
                               self.args.max_tokens)
         result_path = self.workdir / f"bare-{kind}-{size}.json"
         argv = [sys.executable, "-m", "bench.e2e", "--bare-client", kind, self.provider_url,
@@ -797,7 +800,9 @@ def workspace(keep: bool) -> Iterator[Path]:
 
 def run(args: argparse.Namespace) -> list[Row]:
     rows: list[Row] = []
+    # Also where SIGINT came in ignored (a background job of a script): we stop what we started.
     signal.signal(signal.SIGTERM, _raise_interrupt)
+    signal.signal(signal.SIGINT, _raise_interrupt)
     with workspace(args.keep) as workdir:
         bench = Bench(args, workdir)
         try:
@@ -841,7 +846,11 @@ def main() -> None:
         bare_client(kind, url, Path(requests_path), Path(result_path), int(in_flight),
                     int(shards))
         return
-    run(parse_args())
+    try:
+        run(parse_args())
+    except KeyboardInterrupt as exc:
+        print(f"interrupted ({exc}); everything this run started is stopped", file=sys.stderr)
+        sys.exit(130)
 
 
 if __name__ == "__main__":
