@@ -689,6 +689,15 @@ def machine(versions: dict[str, str]) -> str:
             f"load average at start {load}")
 
 
+def default_batch_size() -> str:
+    """QUOTAFLOW_BATCH_SIZE's default in the checkout being measured."""
+    read = subprocess.run([sys.executable, "-c", "from quotaflow.config import Settings; "
+                           "print(Settings(_env_file=None).batch_size)"],
+                          env=child_env(), cwd=tempfile.gettempdir(), capture_output=True,
+                          text=True, timeout=60, check=False)
+    return read.stdout.strip() or "?"
+
+
 def checkout() -> str:
     def git(*args: str) -> str:
         return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True,
@@ -811,8 +820,9 @@ def run(args: argparse.Namespace) -> list[Row]:
                 bench.start_cluster()
             print(machine(bench.versions), flush=True)
             print(checkout(), flush=True)
-            print(f"workers: --concurrency {args.concurrency}; batch size "
-                  f"{args.batch_size or 'default'}; max_tokens {args.max_tokens}; "
+            batch_size = args.batch_size or f"default ({default_batch_size()})"
+            print(f"workers: --concurrency {args.concurrency}; batch size {batch_size}; "
+                  f"max_tokens {args.max_tokens}; "
                   f"CPU columns are CPU-seconds per 1,000 requests (= CPU-ms per request)\n",
                   flush=True)
             plan: list[tuple[str, Callable[[], Row]]] = []
