@@ -27,8 +27,9 @@ Rows:
   prompts so nothing is deduplicated, small max_tokens) are uploaded with POST /jobs
   (multipart); the clock runs from the start of the upload until the job's status in
   PostgreSQL is `completed` (read every 50 ms on one connection). Then the results in
-  PostgreSQL must number N and the API must report N completed, 0 failed, and the
-  provider must have seen no body twice. A warm-up job runs first on fresh workers,
+  PostgreSQL must number N and the API must report N completed, 0 failed; a provider
+  that saw other than N calls, or a body twice, is reported under the table. A
+  warm-up job runs first on fresh workers,
   and each row starts on emptied tables.
 - embedded: `quotaflow run FILE -o OUT` (SQLite in a temporary directory, no broker),
   against the same provider; timed from process start to exit, so it includes the
@@ -262,15 +263,20 @@ class ThrowawayRedis:
              "--appendonly", "no", "--dir", str(workdir)],
             stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
         client = redis.Redis(port=self.port)
-        for _ in range(200):
-            with contextlib.suppress(redis.ConnectionError):
-                client.ping()
-                break
-            time.sleep(0.05)
-        else:
-            raise TimeoutError("throwaway redis did not start")
-        self.version = client.info()["redis_version"]
-        client.close()
+        try:
+            for _ in range(200):
+                with contextlib.suppress(redis.ConnectionError):
+                    client.ping()
+                    break
+                time.sleep(0.05)
+            else:
+                raise TimeoutError("throwaway redis did not start")
+            self.version = client.info()["redis_version"]
+        except BaseException:
+            self.stop()
+            raise
+        finally:
+            client.close()
 
     @property
     def url(self) -> str:
@@ -544,7 +550,7 @@ class Bench:
 def _sent_note(sent: int, size: int, repeats: int) -> str:
     note = f"provider saw {sent} calls"
     if sent != size or repeats:
-        note += f", {repeats} repeated bodies (expected {size}, 0)"
+        note += f", {repeats} repeated bodies (WARNING: expected {size} calls, no repeats)"
     return note
 
 
@@ -721,6 +727,7 @@ def table(rows: list[Row]) -> str:
         lines.append(f"{row.scenario:<38} {row.requests:>8,} {row.seconds:>8.2f} "
                      f"{row.rate:>7,.0f} {submit:>8} " + " ".join(cells)
                      + f" {other:>8.2f} {'-' if worker is None else f'{worker:.2f}':>13}")
+    lines += [f"{row.scenario}: {row.notes}" for row in rows if "WARNING" in row.notes]
     return "\n".join(lines)
 
 
