@@ -19,6 +19,16 @@ enforce the full limit and the judge would be too lenient.
 
 Every answer is simulated (quotaflow.providers.mock.simulated_body sets
 system_fingerprint "quotaflow-simulated"); no model is involved.
+
+Unlimited mode (`quotaflow mock-provider --unlimited`, QUOTAFLOW_MOCK_UNLIMITED=1)
+is another server for another purpose: a provider that never refuses and costs
+as little CPU per request as possible, for throughput benchmarks
+(bench/e2e.py) where it shares the machine with what it measures. It is a raw
+ASGI app (`LeanProvider`: no FastAPI routing, validation or response classes),
+answers the same simulated bodies, keeps no buckets and sends no
+x-ratelimit-* headers, and counts requests, usage and repeated bodies (by the
+hash of the raw body bytes) for GET /stats. The strict judge above is untouched
+by it.
 """
 
 import asyncio
@@ -455,8 +465,12 @@ def _env_api_key() -> str | None:
     return key
 
 
-def app_from_env() -> FastAPI:
-    """uvicorn factory: the app configured from QUOTAFLOW_MOCK_* variables."""
+def app_from_env() -> "FastAPI | LeanProvider":
+    """uvicorn factory: the app configured from QUOTAFLOW_MOCK_* variables; the lean
+    unlimited server when QUOTAFLOW_MOCK_UNLIMITED=1 (then RPM/TPM are not read)."""
+    if os.environ.get("QUOTAFLOW_MOCK_UNLIMITED", "0") not in ("", "0"):
+        return LeanProvider(latency_ms=_env("QUOTAFLOW_MOCK_LATENCY_MS", float, 0.0),
+                            api_key=_env_api_key())
     return create_app(
         rpm=_env("QUOTAFLOW_MOCK_RPM", int),
         tpm=_env("QUOTAFLOW_MOCK_TPM", int),
@@ -474,3 +488,134 @@ def _env_faults() -> Faults:
         return Faults.from_env()
     except ValueError as exc:
         raise ConfigError(f"mock provider: {exc}") from exc
+
+
+# --- unlimited mode: a lean provider for throughput benchmarks ----------------------------------
+
+_JSON_HEADERS = ((b"content-type", b"application/json"),)
+_MODEL_PATHS = frozenset(ENDPOINTS)
+
+
+@dataclass
+class LeanStats:
+    """What the unlimited server has seen; kept to a few integer additions per request.
+
+    Repeats are counted by the hash of the raw body bytes, not of a canonical form of
+    the JSON: a client that sends one request twice sends the same bytes, and hashing
+    bytes costs far less than sorting and serialising the body again. Python's 64-bit
+    hash makes a false repeat among a million bodies about a 1-in-10^7 event.
+    """
+
+    requests_total: int = 0
+    admitted: int = 0
+    rejected_429: int = 0  # never, by design; kept so /stats reads like the strict judge's
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    first_admitted_at: float | None = None
+    last_admitted_at: float | None = None
+    duplicate_bodies: int = 0
+    calls_per_body: dict[int, int] = field(default_factory=dict)
+
+    def as_json(self) -> dict[str, Any]:
+        fields = {k: v for k, v in vars(self).items() if k != "calls_per_body"}
+        return {**fields, "max_calls_per_body": max(self.calls_per_body.values(), default=0),
+                "unlimited": True}
+
+
+class LeanProvider:
+    """Raw ASGI app: POST /v1/chat/completions, /v1/completions, /v1/embeddings answer
+    simulated bodies at once (or after `latency_ms`); GET /stats, POST /stats/reset,
+    GET /healthz. Every request is admitted: no buckets, no faults."""
+
+    def __init__(self, latency_ms: float = 0.0, api_key: str | None = None) -> None:
+        if latency_ms < 0:
+            raise ConfigError(f"mock provider: latency_ms must be 0 or more, got {latency_ms!r}")
+        self.latency_s = latency_ms / 1000
+        self._authorization = None if api_key is None else f"Bearer {api_key}".encode()
+        self.stats = LeanStats()
+
+    async def __call__(self, scope: dict[str, Any], receive: Callable[[], Any],
+                       send: Callable[[dict[str, Any]], Any]) -> None:
+        if scope["type"] == "lifespan":
+            await _lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return
+        path, method = scope["path"], scope["method"]
+        if path in _MODEL_PATHS and method == "POST":
+            status, payload = await self._model(path, scope, receive)
+        elif path == "/healthz" and method == "GET":
+            status, payload = 200, {"status": "ok"}
+        elif path == "/stats" and method == "GET":
+            status, payload = 200, self.stats.as_json()
+        elif path == "/stats/reset" and method == "POST":
+            self.stats = LeanStats()
+            status, payload = 200, self.stats.as_json()
+        else:
+            status, payload = 404, error_body(f"no route {method} {path} (unlimited mock)",
+                                              "invalid_request_error", None)
+        content = json.dumps(payload, separators=(",", ":")).encode()
+        await send({"type": "http.response.start", "status": status, "headers": [
+            *_JSON_HEADERS, (b"content-length", str(len(content)).encode()),
+            (b"x-request-id", _request_id().encode())]})
+        await send({"type": "http.response.body", "body": content})
+
+    async def _model(self, url: str, scope: dict[str, Any],
+                     receive: Callable[[], Any]) -> tuple[int, dict[str, Any]]:
+        stats = self.stats  # a reset during the latency sleep must not split this request
+        stats.requests_total += 1
+        raw = await _read_body(receive)
+        if self._authorization is not None and not self._authorized(scope):
+            message = "Incorrect or missing API key. Send 'Authorization: Bearer <key>'."
+            return 401, error_body(message, "invalid_request_error", "invalid_api_key")
+        try:
+            body = json.loads(raw)
+            answer = simulated_body(url, body) if isinstance(body, dict) else None
+        except (ValueError, UnicodeDecodeError, AttributeError, TypeError):
+            answer = None
+        if answer is None:
+            message = "We could not parse the JSON body of your request (expected a JSON object)."
+            return 400, error_body(message, "invalid_request_error", None)
+        key = hash(raw)
+        calls = stats.calls_per_body.get(key, 0)
+        stats.calls_per_body[key] = calls + 1
+        stats.duplicate_bodies += calls > 0
+        stats.admitted += 1
+        now = time.time()
+        if stats.first_admitted_at is None:
+            stats.first_admitted_at = now
+        stats.last_admitted_at = now
+        usage = answer["usage"]
+        stats.prompt_tokens += usage.get("prompt_tokens", 0)
+        stats.completion_tokens += usage.get("completion_tokens", 0)
+        if self.latency_s > 0:
+            await asyncio.sleep(self.latency_s)
+        return 200, answer
+
+    def _authorized(self, scope: dict[str, Any]) -> bool:
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                return hmac.compare_digest(value, self._authorization or b"")
+        return False
+
+
+async def _read_body(receive: Callable[[], Any]) -> bytes:
+    message = await receive()
+    body = message.get("body", b"")
+    if not message.get("more_body"):
+        return body
+    chunks = [body]
+    while message.get("more_body"):
+        message = await receive()
+        chunks.append(message.get("body", b""))
+    return b"".join(chunks)
+
+
+async def _lifespan(receive: Callable[[], Any], send: Callable[[dict[str, Any]], Any]) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return

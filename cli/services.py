@@ -112,26 +112,55 @@ def register(cli: click.Group) -> None:
                   help="Bill real usage after each answer (refund unused max_tokens).")
     @click.option("--fault", "faults", multiple=True, metavar="KIND=FRACTION",
                   help="Inject failures: 429, 500, reset, hang, malformed (e.g. --fault 500=0.05).")
+    @click.option("--unlimited", is_flag=True,
+                  help="Admit everything, as cheaply as possible (a raw ASGI app, no buckets, "
+                       "no x-ratelimit headers): for throughput benchmarks. --rpm, --tpm, "
+                       "--burst-seconds and --reconcile do not apply.")
     def mock_provider(host: str, port: int, rpm: int, tpm: int, latency_ms: float,
                       burst_seconds: float, default_max_tokens: int,
-                      api_key_env: str | None, reconcile: bool, faults: tuple[str, ...]) -> None:
-        """Serve a simulated OpenAI-compatible API that enforces RPM/TPM strictly (429s)."""
-        import uvicorn
-
-        os.environ.update({
-            "QUOTAFLOW_MOCK_RPM": str(rpm), "QUOTAFLOW_MOCK_TPM": str(tpm),
-            "QUOTAFLOW_MOCK_LATENCY_MS": str(latency_ms),
-            "QUOTAFLOW_MOCK_BURST_SECONDS": str(burst_seconds),
-            "QUOTAFLOW_MOCK_DEFAULT_MAX_TOKENS": str(default_max_tokens),
-            "QUOTAFLOW_MOCK_RECONCILE": "1" if reconcile else "0",
-        })
+                      api_key_env: str | None, reconcile: bool, faults: tuple[str, ...],
+                      unlimited: bool) -> None:
+        """Serve a simulated OpenAI-compatible API that enforces RPM/TPM strictly (429s), or,
+        with --unlimited, one that admits everything at the least CPU per request."""
         if api_key_env:
             os.environ["QUOTAFLOW_MOCK_API_KEY_ENV"] = api_key_env
-        for fault in faults:
-            kind, _, fraction = fault.partition("=")
-            if kind not in ("429", "500", "reset", "hang", "malformed") or not fraction:
-                raise ConfigError(f"--fault {fault!r}: use KIND=FRACTION with KIND one of "
-                                  "429, 500, reset, hang, malformed")
-            os.environ[f"QUOTAFLOW_MOCK_FAULT_{kind.upper()}"] = fraction
-        uvicorn.run("api.mock_provider:app_from_env", factory=True, host=host, port=port,
-                    log_level="warning")
+        if unlimited:
+            _serve_unlimited_mock(host, port, latency_ms, faults)
+            return
+        _serve_strict_mock(host, port, rpm, tpm, latency_ms, burst_seconds, default_max_tokens,
+                           reconcile, faults)
+
+
+def _serve_unlimited_mock(host: str, port: int, latency_ms: float,
+                          faults: tuple[str, ...]) -> None:
+    import uvicorn
+
+    if faults:
+        raise ConfigError("--fault needs the strict provider; leave out --unlimited")
+    os.environ.update({"QUOTAFLOW_MOCK_UNLIMITED": "1",
+                       "QUOTAFLOW_MOCK_LATENCY_MS": str(latency_ms)})
+    # No access log: formatting a line per request would cost more than the answer.
+    uvicorn.run("api.mock_provider:app_from_env", factory=True, host=host, port=port,
+                log_level="warning", access_log=False)
+
+
+def _serve_strict_mock(host: str, port: int, rpm: int, tpm: int, latency_ms: float,
+                       burst_seconds: float, default_max_tokens: int, reconcile: bool,
+                       faults: tuple[str, ...]) -> None:
+    import uvicorn
+
+    os.environ.update({
+        "QUOTAFLOW_MOCK_RPM": str(rpm), "QUOTAFLOW_MOCK_TPM": str(tpm),
+        "QUOTAFLOW_MOCK_LATENCY_MS": str(latency_ms),
+        "QUOTAFLOW_MOCK_BURST_SECONDS": str(burst_seconds),
+        "QUOTAFLOW_MOCK_DEFAULT_MAX_TOKENS": str(default_max_tokens),
+        "QUOTAFLOW_MOCK_RECONCILE": "1" if reconcile else "0",
+    })
+    for fault in faults:
+        kind, _, fraction = fault.partition("=")
+        if kind not in ("429", "500", "reset", "hang", "malformed") or not fraction:
+            raise ConfigError(f"--fault {fault!r}: use KIND=FRACTION with KIND one of "
+                              "429, 500, reset, hang, malformed")
+        os.environ[f"QUOTAFLOW_MOCK_FAULT_{kind.upper()}"] = fraction
+    uvicorn.run("api.mock_provider:app_from_env", factory=True, host=host, port=port,
+                log_level="warning")

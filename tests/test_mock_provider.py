@@ -310,6 +310,92 @@ def test_api_key_is_required_when_configured(serve: Serve) -> None:
     assert client.get("/healthz").json() == {"status": "ok"}
 
 
+# --- unlimited mode: the lean provider of the throughput benchmark ------------------------------
+
+
+def _without_ids(answer: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in answer.items() if k not in ("id", "created")}
+
+
+def test_unlimited_mode_admits_everything_with_the_same_simulated_answers(serve: Serve) -> None:
+    # Given the unlimited server: no RPM/TPM at all, and a strict one to compare with
+    lean = serve(unlimited=1)
+    strict = serve(rpm=60_000, tpm=10_000_000)
+    bodies = {CHAT: chat("What is 2+2?", max_tokens=4),
+              "/v1/completions": {"model": "m", "prompt": "Say hi"},
+              "/v1/embeddings": {"model": "e", "input": "Say hi"}}
+
+    # When each endpoint is called, and one chat body three times more
+    answers = {url: lean.post(url, json=body) for url, body in bodies.items()}
+    repeats = [lean.post(CHAT, json=bodies[CHAT]) for _ in range(3)]
+
+    # Then the answers are the strict server's simulated bodies, without rate-limit headers
+    for url, answer in answers.items():
+        assert answer.status_code == 200
+        expected = strict.post(url, json=bodies[url]).json()
+        assert _without_ids(answer.json()) == _without_ids(expected)
+        assert not [h for h in answer.headers if h.startswith("x-ratelimit")]
+        assert re.fullmatch(r"req_[0-9a-f]+", answer.headers["x-request-id"])
+    assert answers[CHAT].json()["system_fingerprint"] == "quotaflow-simulated"
+    assert all(r.status_code == 200 for r in repeats)
+    # And /stats counts requests, usage and repeated bodies as the strict judge's does
+    stats = lean.get("/stats").json()
+    usages = [a.json()["usage"] for a in [*answers.values(), *repeats]]
+    assert stats["unlimited"] is True
+    assert (stats["requests_total"], stats["admitted"], stats["rejected_429"]) == (6, 6, 0)
+    assert (stats["duplicate_bodies"], stats["max_calls_per_body"]) == (3, 4)
+    assert stats["prompt_tokens"] == sum(u["prompt_tokens"] for u in usages)
+    assert stats["completion_tokens"] == sum(u.get("completion_tokens", 0) for u in usages)
+    assert 0 < stats["first_admitted_at"] <= stats["last_admitted_at"] <= time.time()
+
+    # And bad bodies are 400s, unknown routes 404s, and a reset zeroes the counts
+    for content in (b"{not json", b"[1, 2]", b'{"messages": ["not a dict"]}'):
+        bad = lean.post(CHAT, content=content, headers={"content-type": "application/json"})
+        assert bad.status_code == 400, content
+        assert bad.json()["error"]["type"] == "invalid_request_error"
+    assert lean.get(CHAT).status_code == lean.post("/v1/nothing", json={}).status_code == 404
+    assert lean.post("/stats/reset").json()["admitted"] == 0
+    assert lean.get("/healthz").json() == {"status": "ok"}
+
+
+def test_unlimited_mode_served_by_the_cli_and_checks_the_key(tmp_path: Path) -> None:
+    # Given `quotaflow mock-provider --unlimited` with a key, as bench/e2e.py starts it
+    port = _free_port()
+    log = tmp_path / "lean.log"
+    env = _server_env({"api_key": "sk-lean"})
+    command = [sys.executable, "-c", "from cli.main import main; main()", "mock-provider",
+               "--unlimited", "--latency-ms", "0", "--port", str(port),
+               "--api-key-env", KEY_VAR]
+    with log.open("wb") as out:
+        proc = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=out,
+                                stderr=subprocess.STDOUT)
+    try:
+        _wait_healthy(proc, f"http://127.0.0.1:{port}", log)
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=5.0) as client:
+            # Then it answers with the key only, and many requests in a row are all admitted
+            assert client.post(CHAT, json=chat("hi")).status_code == 401
+            auth = {"Authorization": "Bearer sk-lean"}
+            codes = {client.post(CHAT, json=chat(f"n{i}"), headers=auth).status_code
+                     for i in range(200)}
+            assert codes == {200}
+            stats = client.get("/stats").json()
+            assert (stats["requests_total"], stats["admitted"]) == (201, 200)
+            assert stats["duplicate_bodies"] == 0
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def test_unlimited_mode_refuses_faults() -> None:
+    from click.testing import CliRunner
+
+    from cli.main import cli
+
+    result = CliRunner().invoke(cli, ["mock-provider", "--unlimited", "--fault", "500=0.1"])
+    assert isinstance(result.exception, ConfigError)
+    assert "--fault needs the strict provider" in str(result.exception)
+
+
 # --- in process: buckets, headers, configuration -----------------------------------------------
 
 
