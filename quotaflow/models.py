@@ -94,9 +94,13 @@ class Job(Base):
     enqueued_tokens: Mapped[int | None] = mapped_column(BigInteger)
     # OpenAI's `errors.data` of a batch whose input file was refused as a whole.
     errors: Mapped[dict[str, Any] | None] = mapped_column(JsonType)
+    # The Idempotency-Key the job was created with: the same tenant sending the same key
+    # again gets this job back instead of a second one (a retried upload).
+    idempotency_key: Mapped[str | None] = mapped_column(String(255))
 
 
 Index("ix_jobs_tenant_created", Job.tenant, Job.created_at)
+Index("uq_jobs_tenant_idempotency_key", Job.tenant, Job.idempotency_key, unique=True)
 
 
 class Item(Base):
