@@ -26,10 +26,11 @@ stdout = Console(soft_wrap=True)
 FINAL = (JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.EXPIRED, JobStatus.CANCELLED)
 
 
-def client() -> ApiClient:
+def client(submit_timeout: float | None = None) -> ApiClient:
     settings = get_settings()
     key = settings.api_key.get_secret_value() if settings.api_key else None
-    return ApiClient(settings.api_url, api_key=key)
+    return ApiClient(settings.api_url, api_key=key,
+                     submit_timeout=submit_timeout or settings.submit_timeout_s)
 
 
 @click.group()
@@ -68,10 +69,26 @@ def run(input_file: Path, output: IO[str], errors_path: Path | None, queue: str,
 @click.option("--max-attempts", type=click.IntRange(1, 20),
               help="Tries per request at the provider (default: "
                    "QUOTAFLOW_PROVIDER_MAX_ATTEMPTS).")
-def submit(input_file: Path, queue: str, metadata: str | None,
-           max_attempts: int | None) -> None:
-    """Upload INPUT_FILE to the API as a new job and print its id."""
-    job = client().create_job(input_file, queue, metadata, max_attempts)
+@click.option("--idempotency-key", metavar="KEY",
+              help="Name this submission: sending it again with the same key returns the "
+                   "job it made instead of a second one (default: a new key, reused by "
+                   "this command's own retries).")
+@click.option("--timeout", type=click.FloatRange(min=1), metavar="SECONDS",
+              help="How long to wait for the API to store the file before sending it again "
+                   "(default: QUOTAFLOW_SUBMIT_TIMEOUT_S, 1800).")
+def submit(input_file: Path, queue: str, metadata: str | None, max_attempts: int | None,
+           idempotency_key: str | None, timeout: float | None) -> None:
+    """Upload INPUT_FILE to the API as a new job and print its id.
+
+    The API answers once the whole file is stored (a million lines take tens of
+    seconds); a retry after a timeout or a broken connection reuses the key, so
+    it never makes a second job.
+    """
+    settings = get_settings()
+    api = client(submit_timeout=timeout or settings.submit_timeout_s)
+    job = api.create_job(input_file, queue, metadata, max_attempts,
+                         idempotency_key=idempotency_key,
+                         on_retry=lambda note: click.echo(f"note: {note}", err=True))
     click.echo(job["id"])
 
 

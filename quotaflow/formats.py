@@ -12,7 +12,6 @@ Out: OpenAI batch output and error lines.
 
 import hashlib
 import json
-import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import IO, Any
@@ -26,7 +25,9 @@ MAX_CUSTOM_ID_CHARS = 512
 _BLOCK = 1024 * 1024
 # orjson (3.8) turns an integer of 20 or more digits into a float; such lines take the
 # standard library's parser, which keeps the number exact (PostgreSQL's JSONB does too).
-_LONG_DIGITS = re.compile(rb"[0-9]{20}")
+# Digits map to "0" and all else to " ", so a run is a substring test (a regex is 7x slower).
+_DIGITS_ONLY = bytes(48 if 48 <= byte <= 57 else 32 for byte in range(256))
+_LONG_NUMBER = b"0" * 20
 NUL_REASON = "line contains a NUL character (\\u0000), which cannot be stored; remove it"
 
 
@@ -109,7 +110,7 @@ def load_object(raw: bytes) -> dict[str, Any] | str:
     the reason exactly as before (or to accept a number orjson cannot hold exactly).
     """
     try:
-        if _LONG_DIGITS.search(raw) is not None:
+        if _LONG_NUMBER in raw.translate(_DIGITS_ONLY):
             raise ValueError("a long number: let the standard library parse it")
         obj = orjson.loads(raw)
     except ValueError:  # orjson.JSONDecodeError is a ValueError
