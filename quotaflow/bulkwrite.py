@@ -210,10 +210,9 @@ class _InsertWriter:
         earlier: dict[str, int] = {}
         ids = [row["custom_id"] for row in self._rows if row["custom_id"] is not None]
         for start in range(0, len(ids), 500):
-            earlier.update(self._session.execute(
+            earlier.update((cid, line) for cid, line in self._session.execute(
                 select(Item.custom_id, Item.line_no)
-                .where(Item.job_id == self._job_id, Item.custom_id.in_(ids[start:start + 500]))
-            ).tuples().all())
+                .where(Item.job_id == self._job_id, Item.custom_id.in_(ids[start:start + 500]))))
         for row in self._rows:
             cid = row["custom_id"]
             if cid is not None:
