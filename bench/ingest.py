@@ -79,7 +79,7 @@ def write_file(path: Path, lines: int) -> int:
         for start in range(0, lines, 10_000):
             chunk = []
             for n in range(start, min(lines, start + 10_000)):
-                prompt = f"Request {n}: " + " ".join(rng.choices(WORDS, k=36))
+                prompt = f"Request {n}: " + " ".join(rng.choices(WORDS, k=23))
                 chunk.append(orjson.dumps({
                     "custom_id": f"request-{n:07d}", "method": "POST",
                     "url": "/v1/chat/completions",

@@ -13,17 +13,17 @@ from rich.live import Live
 from rich.table import Table
 
 from cli.client import ApiClient
-from cli.embedded import run_file
 from cli.progress import request_progress
 from quotaflow.config import get_settings
 from quotaflow.constants import DEFAULT_QUEUE, QUEUES
 from quotaflow.errors import QuotaflowError
-from quotaflow.models import JobStatus
 
 QUEUE_OPTION = click.option("--queue", type=click.Choice(QUEUES), default=DEFAULT_QUEUE,
                             show_default=True, help="Priority class of the job.")
 stdout = Console(soft_wrap=True)
-FINAL = (JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.EXPIRED, JobStatus.CANCELLED)
+# JobStatus's final ones, spelled out: the commands that talk to the API start without
+# importing the database layer (SQLAlchemy), which `run` and `keys` load when they run.
+FINAL = ("completed", "failed", "expired", "cancelled")
 
 
 def client(submit_timeout: float | None = None) -> ApiClient:
@@ -54,6 +54,8 @@ def run(input_file: Path, output: IO[str], errors_path: Path | None, queue: str,
     if errors_path is None:
         base = Path(output.name) if output.name != "<stdout>" else input_file
         errors_path = base.with_name(base.stem + ".errors.jsonl")
+    from cli.embedded import run_file  # the whole engine: only this command needs it
+
     job = run_file(get_settings(), input_file, output, errors_path, queue, concurrency)
     counts = job["request_counts"]
     click.echo(f"job {job['id']} {job['status']}: {counts['completed']} succeeded, "
