@@ -75,7 +75,7 @@ def create_app() -> FastAPI:
             response.status_code = 200
             response.headers[REPLAYED_HEADER] = "true"
         with sessions() as session:
-            return jobs.job_object(session, jobs.get_job(session, made.job.id))
+            return jobs.job_object(session, jobs.get_job(session, made.job.id), made.counts)
 
     @app.get("/jobs")
     def list_jobs(session: SessionDep, tenant: TenantDep,

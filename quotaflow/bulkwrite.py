@@ -16,7 +16,9 @@ DuplicateCustomId and the caller rolls the transaction back.
 
 import binascii
 import contextlib
+import queue
 import tempfile
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -30,7 +32,8 @@ from sqlalchemy.orm import Session
 
 from quotaflow.models import Item, ItemStatus, utcnow
 
-ROWS_PER_SEND = 1000
+ROWS_PER_SEND = 1000  # about 400 KiB of COPY data for typical lines
+QUEUED_SENDS = 16  # pieces waiting for the COPY thread: a few MiB at most
 CUSTOM_ID_INDEX = "uq_items_job_custom_id"
 _ITEM_COLUMNS = "job_id, line_no, custom_id, body, status, attempts, lease_expires_at, body_hash"
 _RESULT_COLUMNS = ("job_id, line_no, custom_id, request_id, error, prompt_tokens, "
@@ -95,7 +98,7 @@ class _CopyWriter:
         self._spool = tempfile.SpooledTemporaryFile(max_size=1024 * 1024)  # noqa: SIM115
         self._cursor = self._connection.cursor()
         self._copy_block = self._cursor.copy(f"COPY items ({_ITEM_COLUMNS}) FROM STDIN")
-        self._copy = self._copy_block.__enter__()
+        self._sender = _Sender(self._copy_block.__enter__())
 
     def pending(self, line_no: int, custom_id: str, body: bytes, digest: bytes) -> None:
         self._rows.append(b"%b\t%d\t%b\t%b\tpending\t0\t%b\t%b\n" % (
@@ -116,13 +119,15 @@ class _CopyWriter:
 
     def _send(self) -> None:
         with self._translated():
-            self._copy.write(b"".join(self._rows))
+            self._sender.put(b"".join(self._rows))
         self._rows = []
 
     def close(self) -> None:
         try:
             if self._rows:
                 self._send()
+            with self._translated():
+                self._sender.finish()
         except BaseException:
             self.abort()
             raise
@@ -140,6 +145,8 @@ class _CopyWriter:
 
     def abort(self) -> None:
         """End the COPY with an error (the server discards it) so the rollback can run."""
+        with contextlib.suppress(Exception):
+            self._sender.finish()
         with contextlib.suppress(psycopg.Error):
             self._copy_block.__exit__(RuntimeError, RuntimeError("ingest stopped"), None)
         self._spool.close()
@@ -157,6 +164,42 @@ class _CopyWriter:
             prefix = f"Key (job_id, custom_id)=({self._job.decode()}, "
             custom_id = detail.removeprefix(prefix).removesuffix(") already exists.")
             raise DuplicateCustomId(custom_id) from None
+
+
+class _Sender:
+    """Feeds the COPY from a thread of its own. A write blocks while the socket's buffer
+    is full, that is, until the server has stored what came before; from here it blocks
+    only this thread, so the server stores rows while the caller parses the next lines.
+    At most QUEUED_SENDS pieces wait, so memory stays bounded when the server is slower."""
+
+    def __init__(self, copy: psycopg.Copy) -> None:
+        self._copy = copy
+        self._queue: queue.Queue[bytes | None] = queue.Queue(maxsize=QUEUED_SENDS)
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="quotaflow-copy", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            while (data := self._queue.get()) is not None:
+                self._copy.write(data)
+        except BaseException as exc:  # handed to the caller at its next put or finish
+            self._error = exc
+            while self._queue.get() is not None:  # let the caller's puts through
+                pass
+
+    def put(self, data: bytes) -> None:
+        if self._error is not None:
+            raise self._error
+        self._queue.put(data)
+
+    def finish(self) -> None:
+        """Wait until everything is written; the first error, if any, is raised here."""
+        if self._thread.is_alive():
+            self._queue.put(None)
+            self._thread.join()
+        if self._error is not None:
+            raise self._error
 
 
 class _InsertWriter:

@@ -44,7 +44,7 @@ from quotaflow.formats import (
 )
 from quotaflow.formats import to_request as _to_request
 from quotaflow.jobs import MAX_ATTEMPTS_LIMIT, BatchRef, Dispatcher, new_request_id
-from quotaflow.models import Job, JobStatus, utcnow
+from quotaflow.models import ItemStatus, Job, JobStatus, utcnow
 from quotaflow.tokens import estimate_tokens, prompt_text
 
 MAX_PROBLEMS = 1000  # line problems kept for the refusal message (as many as the API shows)
@@ -71,10 +71,12 @@ class JobSpec:
 
 @dataclass(frozen=True)
 class Created:
-    """The job, and whether it was made earlier with the same idempotency key."""
+    """The job, and whether it was made earlier with the same idempotency key; a new
+    one's item counts per status (jobs.job_object need not count them again)."""
 
     job: Job
     replayed: bool = False
+    counts: dict[str, int] | None = None
 
 
 def find_by_key(session: Session, tenant: str, key: str) -> Job | None:
@@ -101,18 +103,19 @@ def create_job(sessions: sessionmaker[Session], stream: IO[bytes], *, settings: 
     job_id = f"batch_{uuid.uuid4().hex}"
     with sessions.begin() as session:
         if not insert_job(session, job_id, spec, settings, JobStatus.VALIDATING):
-            batches = None  # the same key, committed while this request waited for it
+            scan = None  # the same key, committed while this request waited for it
         else:
-            batches = _fill(session, job_id, stream, spec, settings, deployments, reopen)
+            scan = _fill(session, job_id, stream, spec, settings, deployments, reopen)
     with sessions() as session:
-        if batches is None:
+        if scan is None:
             assert spec.idempotency_key is not None
             earlier = find_by_key(session, spec.tenant, spec.idempotency_key)
             assert earlier is not None
             return Created(earlier, replayed=True)
         job = session.get_one(Job, job_id)
-    dispatcher.dispatch(spec.queue, batches)
-    return Created(job)
+    dispatcher.dispatch(spec.queue, scan.batches)
+    return Created(job, counts={ItemStatus.FAILED: scan.total - scan.valid,
+                                ItemStatus.PENDING: scan.valid})
 
 
 def insert_job(session: Session, job_id: str, spec: JobSpec, settings: Settings, status: str,
@@ -132,7 +135,7 @@ def insert_job(session: Session, job_id: str, spec: JobSpec, settings: Settings,
 
 
 def _fill(session: Session, job_id: str, stream: IO[bytes], spec: JobSpec, settings: Settings,
-          deployments: Deployments, reopen: Callable[[], IO[bytes]] | None) -> list[BatchRef]:
+          deployments: Deployments, reopen: Callable[[], IO[bytes]] | None) -> "_Scan":
     """Items and error rows for every line, then the checks that need the whole file."""
     room = quotas.headroom(session, settings, spec.tenant) if spec.enforce_quota else None
     lease_until = utcnow() + timedelta(seconds=settings.queue_patience_s)
@@ -151,17 +154,16 @@ def _fill(session: Session, job_id: str, stream: IO[bytes], spec: JobSpec, setti
         raise InputFileError("the file is empty: it has no request lines")
     if not scan.valid:
         raise InputFileError("no line of the file is a valid request", scan.problems)
-    batches = scan.batches
     # Suspects: bodies that may repeat an earlier line's (None: too many to list them).
     if (scan.suspects is None or scan.suspects) and share_identical(session, job_id,
                                                                      scan.suspects):
-        batches = pending_batches(session, job_id, settings.batch_size)
+        scan.batches = pending_batches(session, job_id, settings.batch_size)
     if spec.enforce_quota:
         quotas.admit(session, settings, spec.tenant, scan.tokens)
     session.execute(update(Job).where(Job.id == job_id).values(
         total=scan.total, endpoint=scan.endpoint or "", status=JobStatus.IN_PROGRESS,
         in_progress_at=utcnow(), enqueued_tokens=scan.tokens))
-    return batches
+    return scan
 
 
 class _Scan:

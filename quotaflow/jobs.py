@@ -127,10 +127,17 @@ def _unix(moment: datetime | None) -> int | None:
     return None if moment is None else int(moment.timestamp())
 
 
-def job_object(session: Session, job: Job) -> dict[str, Any]:
-    """The job as OpenAI describes a batch, plus quotaflow's queue."""
-    counts = item_counts(session, job.id)
-    prompt, completion = usage_totals(session, job.id)
+def job_object(session: Session, job: Job,
+               counts: dict[str, int] | None = None) -> dict[str, Any]:
+    """The job as OpenAI describes a batch, plus quotaflow's queue.
+
+    `counts` (items per status) are given by ingest for a job it has just made, which
+    has no usage yet: counting a million fresh rows again would take seconds."""
+    if counts is None:
+        counts = item_counts(session, job.id)
+        prompt, completion = usage_totals(session, job.id)
+    else:
+        prompt = completion = 0
     return {
         "id": job.id,
         "object": "batch",
