@@ -82,6 +82,8 @@ def row_writer(session: Session, job_id: str, lease_until: datetime) -> Iterator
 
 def _copy_text(value: str) -> bytes:
     """A string as a COPY text-format field (JSON needs only its backslashes doubled)."""
+    if value.isprintable() and "\\" not in value:  # tab, newline and CR are not printable
+        return value.encode()
     return value.translate(_COPY_SPECIAL).encode()
 
 

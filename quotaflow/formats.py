@@ -28,6 +28,7 @@ _BLOCK = 1024 * 1024
 # Digits map to "0" and all else to " ", so a run is a substring test (a regex is 7x slower).
 _DIGITS_ONLY = bytes(48 if 48 <= byte <= 57 else 32 for byte in range(256))
 _LONG_NUMBER = b"0" * 20
+_DIGEST_PREFIX: dict[str, Any] = {}  # endpoint -> sha256 of '["endpoint",'
 NUL_REASON = "line contains a NUL character (\\u0000), which cannot be stored; remove it"
 
 
@@ -318,8 +319,15 @@ def canonical_body(body: dict[str, Any]) -> bytes:
 
 
 def body_digest(url: str, canonical: bytes) -> bytes:
-    """Equal for identical requests (key order aside), which are then sent only once."""
-    return hashlib.sha256(b'["' + url.encode() + b'",' + canonical + b"]").digest()
+    """Equal for identical requests (key order aside), which are then sent only once:
+    SHA-256 of ["url",body], continued from a hash of the endpoint's prefix."""
+    prefix = _DIGEST_PREFIX.get(url)
+    if prefix is None:
+        prefix = _DIGEST_PREFIX.setdefault(url, hashlib.sha256(b'["' + url.encode() + b'",'))
+    digest = prefix.copy()
+    digest.update(canonical)
+    digest.update(b"]")
+    return digest.digest()
 
 
 def request_digest(url: str, body: dict[str, Any]) -> str:
