@@ -5,7 +5,7 @@ the Anthropic Message Batches line {"custom_id", "params"}, and the shorthand
 {"prompt": "..."} or {"messages": [...]} (custom_id defaults to the line
 number). Every accepted line becomes a `Request` in OpenAI's shape; every
 refused line becomes a `BadLine` naming its line number and reason. The file
-is read line by line and never held whole.
+is read in 1 MiB blocks and never held whole; orjson parses the good lines.
 
 Out: OpenAI batch output and error lines.
 """
