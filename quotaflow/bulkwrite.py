@@ -30,6 +30,7 @@ from sqlalchemy import DateTime, bindparam, select, text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from quotaflow.errors import QuotaflowError
 from quotaflow.models import Item, ItemStatus, utcnow
 
 ROWS_PER_SEND = 1000  # about 400 KiB of COPY data for typical lines
@@ -42,13 +43,17 @@ _COPY_SPECIAL = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\
 
 
 @dataclass
-class DuplicateCustomId(Exception):
-    """Two lines share a custom_id. PostgreSQL names only the id; the lines are found
-    by the caller (None here)."""
+class DuplicateCustomId(QuotaflowError):
+    """Two lines share a custom_id. SQLite's writer names both lines; PostgreSQL names
+    only the id, so the lines are None and the caller finds them. Ingest turns this
+    into the InputFileError the user sees."""
 
     custom_id: str
     first_line: int | None = None
     second_line: int | None = None
+
+    def __post_init__(self) -> None:
+        super().__init__(f"duplicate custom_id {self.custom_id!r}")
 
 
 class RowWriter(Protocol):

@@ -17,16 +17,18 @@ from quotaflow.jobs import BatchRef
 from quotaflow.models import Item, ItemStatus
 
 _three_words = struct.Struct("<3Q").unpack_from
+MAX_BITS_LOG2 = 27  # 2**27 bits: 16 MiB
 
 
 class SeenFilter:
     """A Bloom filter of request digests in a fixed bit array (16 to 32 bits for each line
-    the file may have: 4 MiB for 2M lines): it never misses a body seen before and
-    rarely (about 0.1%) flags a new one, so only the flagged bodies need the
-    database's exact check."""
+    the file may have: 4 MiB for 2M lines, never more than 16 MiB): it never misses a
+    body seen before and rarely (about 0.1%) flags a new one, so only the flagged bodies
+    need the database's exact check. Past 8M lines it flags more, which costs time
+    (share_identical), never correctness."""
 
     def __init__(self, capacity: int) -> None:
-        size = max(20, min(32, (capacity * 16 - 1).bit_length()))
+        size = max(20, min(MAX_BITS_LOG2, (capacity * 16 - 1).bit_length()))
         self._bits = bytearray(1 << (size - 3))
         self._shift = 64 - size  # a position is the top bits of a 64-bit word
 

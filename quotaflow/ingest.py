@@ -290,7 +290,8 @@ def _locate(stream: IO[bytes], custom_id: str, max_line_bytes: int) -> tuple[int
     """The first two lines with this custom_id. Only for a refused file: PostgreSQL names
     the id, not the lines, and keeping every custom_id in memory is what ingest avoids."""
     needle = orjson.dumps(custom_id)
-    numbered = int(custom_id) if custom_id.isdigit() and str(int(custom_id)) == custom_id else 0
+    # A shorthand line's custom_id is its line number, which no byte of it spells.
+    numbered = int(custom_id) if custom_id.isascii() and custom_id.isdigit() else 0
     found: list[int] = []
     for line_no, raw in read_lines(stream, max_line_bytes):
         if raw is None or not (needle in raw or b"\\" in raw or line_no == numbered):
