@@ -28,7 +28,7 @@ from api.deps import (
     TenantDep,
     tenant,
 )
-from quotaflow import __version__, ingest, jobs
+from quotaflow import __version__, ingest, jobs, output
 from quotaflow.config import get_settings
 from quotaflow.constants import DEFAULT_QUEUE
 from quotaflow.errors import DeploymentNotFound, QuotaflowError
@@ -166,7 +166,7 @@ def _stream(sessions: sessionmaker[Session], job_id: str, errors: bool) -> Strea
 
     def chunks() -> Iterator[bytes]:
         with sessions() as session:
-            yield from jobs.output_chunks(jobs.iter_output(session, job_id, errors=errors))
+            yield from output.output_chunks(jobs.iter_output(session, job_id, errors=errors))
 
     return StreamingResponse(chunks(), media_type=JSONL)
 

@@ -24,7 +24,7 @@ from api.deps import (
     SettingsDep,
     TenantDep,
 )
-from quotaflow import batches, files, jobs
+from quotaflow import batches, files, jobs, output
 from quotaflow.config import get_settings
 
 router = APIRouter(prefix="/v1", tags=["OpenAI-compatible"])
@@ -104,7 +104,7 @@ def file_content(file_id: IdPath, sessions: SessionsDep, tenant: TenantDep) -> S
 
 def _lines(sessions: sessionmaker[Session], virtual: files.VirtualFile) -> Iterator[bytes]:
     with sessions() as session:
-        yield from jobs.output_chunks(files.virtual_lines(session, virtual))
+        yield from output.output_chunks(files.virtual_lines(session, virtual))
 
 
 def _chunks(sessions: sessionmaker[Session], file_id: str) -> Iterator[bytes]:

@@ -6,8 +6,7 @@ the Anthropic Message Batches line {"custom_id", "params"}, and the shorthand
 number). Every accepted line becomes a `Request` in OpenAI's shape; every
 refused line becomes a `BadLine` naming its line number and reason. The file
 is read in 1 MiB blocks and never held whole; orjson parses the good lines.
-
-Out: OpenAI batch output and error lines.
+(Out: OpenAI batch output lines, quotaflow/output.py.)
 """
 
 import hashlib
@@ -284,31 +283,6 @@ def _shorthand_body(obj: dict[str, Any]) -> dict[str, Any]:
     return body
 
 
-def output_line(
-    request_id: str,
-    custom_id: str | None,
-    status_code: int | None,
-    response: dict[str, Any] | None,
-    error: dict[str, Any] | None,
-    shared_from: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """One line of an OpenAI batch output or error file; `shared_from` (quotaflow's own
-    key) names the identical request whose answer this line shares."""
-    line = {
-        "id": request_id,
-        "custom_id": custom_id,
-        "response": None if status_code is None else {
-            "status_code": status_code,
-            "request_id": request_id,
-            "body": response,
-        },
-        "error": error,
-    }
-    if shared_from is not None:
-        line["shared_from"] = shared_from
-    return line
-
-
 def canonical_body(body: dict[str, Any]) -> bytes:
     """The body as compact JSON with sorted keys: what is stored, and what is hashed."""
     try:
@@ -333,7 +307,3 @@ def body_digest(url: str, canonical: bytes) -> bytes:
 def request_digest(url: str, body: dict[str, Any]) -> str:
     """body_digest as stored in items.body_hash (hex)."""
     return body_digest(url, canonical_body(body)).hex()
-
-
-def dumps_line(obj: dict[str, Any]) -> str:
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")) + "\n"

@@ -5,20 +5,19 @@ job (REST, CLI, embedded run) reports the same statuses and counts.
 """
 
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import IO, Any, Protocol
 
-import orjson
 from sqlalchemy import Text, and_, cast, delete, exists, func, or_, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from quotaflow.config import Deployments, Settings
 from quotaflow.constants import DEFAULT_TENANT
 from quotaflow.errors import JobNotFound, JobStateError
-from quotaflow.formats import dumps_line, output_line
 from quotaflow.models import Item, ItemStatus, Job, JobStatus, Result, utcnow
+from quotaflow.output import dumps_line, output_line, render_stored
 
 # Rows fetched per round trip when results are downloaded.
 OUTPUT_ROWS = 2000
@@ -267,7 +266,7 @@ def iter_output(session: Session, job_id: str, errors: bool) -> Iterator[str]:
                  .where(Result.job_id == job_id, Result.error.is_(None)))
         for _line, *row in session.execute(query.order_by(Result.line_no)
                                            .execution_options(yield_per=OUTPUT_ROWS)):
-            yield _render(*row)
+            yield render_stored(*row)
         return
     unsent = (ItemStatus.CANCELLED, ItemStatus.EXPIRED)
     query = (select(Item.line_no, Item.custom_id, Item.status, Result.line_no, *stored)
@@ -278,35 +277,9 @@ def iter_output(session: Session, job_id: str, errors: bool) -> Iterator[str]:
     for line_no, custom_id, status, result_line, *row in session.execute(
             query.order_by(Item.line_no).execution_options(yield_per=OUTPUT_ROWS)):
         if result_line is not None:
-            yield _render(*row)
+            yield render_stored(*row)
             continue
         how = "cancelled" if status == ItemStatus.CANCELLED else "expired"
         yield dumps_line(output_line(stable_request_id(job_id, line_no), custom_id, None, None, {
             "code": f"batch_{how}", "line": line_no,
             "message": f"line {line_no}: not sent because the job was {how}"}))
-
-
-def _render(request_id: str, custom_id: str | None, status_code: int | None,
-            response: str | None, error: str | None, shared_from: str | None) -> str:
-    """formats.output_line's shape, written around JSON that is already text."""
-    rid = orjson.dumps(request_id).decode()
-    cid = "null" if custom_id is None else orjson.dumps(custom_id).decode()
-    answer = "null" if status_code is None else (
-        f'{{"status_code":{status_code},"request_id":{rid},"body":{response or "null"}}}')
-    tail = "}\n" if shared_from is None else f',"shared_from":{shared_from}}}\n'
-    return f'{{"id":{rid},"custom_id":{cid},"response":{answer},"error":{error or "null"}{tail}'
-
-
-def output_chunks(lines: Iterable[str], size: int = 64 * 1024) -> Iterator[bytes]:
-    """Lines joined into pieces of about `size` bytes: a streaming response hands each
-    piece to the event loop from a thread, which per line would cost more than the line."""
-    pending: list[str] = []
-    held = 0
-    for line in lines:
-        pending.append(line)
-        held += len(line)
-        if held >= size:
-            yield "".join(pending).encode()
-            pending, held = [], 0
-    if pending:
-        yield "".join(pending).encode()
