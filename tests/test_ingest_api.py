@@ -101,7 +101,8 @@ def test_the_same_key_gives_the_same_job(cluster: V1Cluster, pg_url: str) -> Non
 def test_the_cli_retries_a_slow_upload_with_the_same_key(cluster: V1Cluster,
                                                          pg_url: str) -> None:
     # Given the API stuck before it can commit the job (the test holds the tenant's lock)
-    path = write_jsonl(cluster.workdir / "slow.jsonl", [chat_line(f"s{i}") for i in range(25)])
+    path = write_jsonl(cluster.workdir / "cli-retry.jsonl",
+                       [chat_line(f"s{i}") for i in range(25)])
     dsn = make_url(pg_url).set(drivername="postgresql").render_as_string(hide_password=False)
     lock = psycopg.connect(dsn, autocommit=True)
     lock.execute("SELECT pg_advisory_lock(%s)", (tenant_lock_key("team-a"),))
@@ -135,12 +136,12 @@ def test_the_cli_retries_a_slow_upload_with_the_same_key(cluster: V1Cluster,
     assert not any("cannot reach" in note for note in notes)
     with get_engine(pg_url).connect() as conn:
         made = conn.execute(text("SELECT id, idempotency_key FROM jobs WHERE tenant = 'team-a' "
-                                 "AND input_filename = 'slow.jsonl'")).all()
+                                 "AND input_filename = 'cli-retry.jsonl'")).all()
     assert len(made) == 1 and made[0][1].startswith("qf-submit-")
     assert stdout.strip() == made[0][0]
 
 
-def test_a_busy_api_is_not_called_unreachable(cluster: V1Cluster) -> None:
+def test_an_api_that_is_not_there_is_reported_at_once(cluster: V1Cluster) -> None:
     # A port where nothing listens is unreachable; that stays the message for it
     env = {**cluster.env, "QUOTAFLOW_API_URL": "http://127.0.0.1:9", "QUOTAFLOW_API_KEY": "x"}
     path = write_jsonl(cluster.workdir / "one.jsonl", [chat_line("u1")])
