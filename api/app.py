@@ -9,7 +9,7 @@ import json
 from collections.abc import Iterator
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, File, Form, Query, UploadFile
+from fastapi import Depends, FastAPI, File, Form, Query, Response, UploadFile
 from fastapi.responses import StreamingResponse
 from sqlalchemy import text
 from sqlalchemy.orm import Session, sessionmaker
@@ -19,6 +19,7 @@ from api.deps import (
     AfterQuery,
     DeploymentsDep,
     DispatcherDep,
+    IdempotencyKey,
     IdPath,
     LimiterDep,
     SessionDep,
@@ -27,13 +28,14 @@ from api.deps import (
     TenantDep,
     tenant,
 )
-from quotaflow import __version__, jobs, quotas
+from quotaflow import __version__, ingest, jobs, output
 from quotaflow.config import get_settings
 from quotaflow.constants import DEFAULT_QUEUE
 from quotaflow.errors import DeploymentNotFound, QuotaflowError
 from quotaflow.ratelimit import describe
 
 JSONL = "application/jsonl"
+REPLAYED_HEADER = "Idempotent-Replayed"
 
 
 def create_app() -> FastAPI:
@@ -52,26 +54,28 @@ def create_app() -> FastAPI:
     def create_job(
         file: Annotated[UploadFile, File(description="JSONL input, OpenAI batch format")],
         sessions: SessionsDep, settings: SettingsDep, deployments: DeploymentsDep,
-        dispatcher: DispatcherDep, tenant: TenantDep,
+        dispatcher: DispatcherDep, tenant: TenantDep, response: Response,
         queue: Annotated[str, Form()] = DEFAULT_QUEUE,
         metadata: Annotated[str | None, Form(description="JSON object of strings")] = None,
         max_attempts: Annotated[int | None, Form(
             ge=1, le=jobs.MAX_ATTEMPTS_LIMIT,
             description="Tries per request at the provider (default: "
                         "QUOTAFLOW_PROVIDER_MAX_ATTEMPTS)")] = None,
+        idempotency_key: IdempotencyKey = None,
     ) -> dict[str, Any]:
-        # Starlette spooled the upload to a seekable file: estimate, then ingest.
-        estimate = quotas.estimate(file.file, settings.max_line_bytes)
-        file.file.seek(0)
-        with quotas.reserve(sessions, settings, tenant, estimate.tokens):
-            job = jobs.create_job(sessions, file.file, settings=settings,
-                                  deployments=deployments, dispatcher=dispatcher, queue=queue,
-                                  filename=_filename(file.filename),
-                                  metadata=_metadata(metadata),
-                                  tenant=tenant, enqueued_tokens=estimate.tokens,
-                                  max_attempts=max_attempts)
+        """Make a job of the uploaded file (201), or return the tenant's job made earlier
+        with the same Idempotency-Key (200, `Idempotent-Replayed: true`)."""
+        # Starlette has spooled the upload to a temporary file; ingest reads it once.
+        spec = ingest.JobSpec(queue=queue, tenant=tenant, filename=_filename(file.filename),
+                              metadata=_metadata(metadata), max_attempts=max_attempts,
+                              idempotency_key=idempotency_key)
+        made = ingest.create_job(sessions, file.file, settings=settings,
+                                 deployments=deployments, dispatcher=dispatcher, spec=spec)
+        if made.replayed:
+            response.status_code = 200
+            response.headers[REPLAYED_HEADER] = "true"
         with sessions() as session:
-            return jobs.job_object(session, jobs.get_job(session, job.id))
+            return jobs.job_object(session, jobs.get_job(session, made.job.id), made.counts)
 
     @app.get("/jobs")
     def list_jobs(session: SessionDep, tenant: TenantDep,
@@ -160,11 +164,11 @@ def _stream(sessions: sessionmaker[Session], job_id: str, errors: bool) -> Strea
     with sessions() as session:
         jobs.get_job(session, job_id)  # 404 before the stream starts
 
-    def lines() -> Iterator[str]:
+    def chunks() -> Iterator[bytes]:
         with sessions() as session:
-            yield from jobs.iter_output(session, job_id, errors=errors)
+            yield from output.output_chunks(jobs.iter_output(session, job_id, errors=errors))
 
-    return StreamingResponse(lines(), media_type=JSONL)
+    return StreamingResponse(chunks(), media_type=JSONL)
 
 
 app = create_app()

@@ -3,7 +3,7 @@
 from functools import lru_cache
 from typing import Annotated
 
-from fastapi import Depends, Path, Query
+from fastapi import Depends, Header, Path, Query
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -62,6 +62,11 @@ def tenant(credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(b
 # object, and is refused before it reaches the database (a NUL there is a server error).
 ID_PATTERN = r"^[A-Za-z0-9_.:-]{1,128}$"
 IdPath = Annotated[str, Path(pattern=ID_PATTERN)]
+# A client's name for one creation request (printable ASCII): sent again with a retried
+# upload, it gets the job the first one made instead of a second job.
+IdempotencyKey = Annotated[str | None, Header(
+    alias="Idempotency-Key", pattern=r"^[\x21-\x7e]{1,255}$",
+    description="Retry-safe creation: the same key gives the job made with it before")]
 AfterQuery = Annotated[str | None, Query(pattern=ID_PATTERN,
                                          description="Id of the last object of the previous page")]
 

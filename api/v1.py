@@ -18,12 +18,13 @@ from api.deps import (
     AfterQuery,
     DeploymentsDep,
     DispatcherDep,
+    IdempotencyKey,
     IdPath,
     SessionsDep,
     SettingsDep,
     TenantDep,
 )
-from quotaflow import batches, files, jobs
+from quotaflow import batches, files, jobs, output
 from quotaflow.config import get_settings
 
 router = APIRouter(prefix="/v1", tags=["OpenAI-compatible"])
@@ -103,8 +104,7 @@ def file_content(file_id: IdPath, sessions: SessionsDep, tenant: TenantDep) -> S
 
 def _lines(sessions: sessionmaker[Session], virtual: files.VirtualFile) -> Iterator[bytes]:
     with sessions() as session:
-        for line in files.virtual_lines(session, virtual):
-            yield line.encode()
+        yield from output.output_chunks(files.virtual_lines(session, virtual))
 
 
 def _chunks(sessions: sessionmaker[Session], file_id: str) -> Iterator[bytes]:
@@ -126,11 +126,13 @@ def create_batch(
     deployments: DeploymentsDep, dispatcher: DispatcherDep, tenant: TenantDep,
     x_quotaflow_queue: Annotated[str | None, Header(
         description="quotaflow extension: realtime, standard or bulk")] = None,
+    idempotency_key: IdempotencyKey = None,
 ) -> dict[str, Any]:
+    """Make a batch of an uploaded file; the same Idempotency-Key again returns that batch."""
     request = batches.BatchRequest(
         input_file_id=body.input_file_id, endpoint=body.endpoint,
         completion_window=body.completion_window, metadata=body.metadata, tenant=tenant,
-        queue=x_quotaflow_queue)
+        queue=x_quotaflow_queue, idempotency_key=idempotency_key)
     job = batches.create_batch(sessions, request, settings=settings, deployments=deployments,
                                dispatcher=dispatcher)
     with sessions() as session:

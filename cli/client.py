@@ -1,6 +1,8 @@
 """A small client for quotaflow's REST API, translating HTTP failures into QuotaflowError."""
 
-from collections.abc import Iterator
+import time
+import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -8,36 +10,94 @@ import httpx
 
 from quotaflow.errors import QuotaflowError, ServiceUnavailable
 
+IDEMPOTENCY_HEADER = "Idempotency-Key"
+SUBMIT_ATTEMPTS = 3
+# Answers worth sending the same upload again for: the key makes it safe.
+RETRY_STATUSES = (502, 503, 504)
+
+
+def new_idempotency_key() -> str:
+    """One per `quotaflow submit`, reused by its own retries."""
+    return f"qf-submit-{uuid.uuid4().hex}"
+
 
 class NotFound(QuotaflowError):
     """The API has no such job or deployment."""
 
 
 class ApiClient:
-    def __init__(self, base_url: str, timeout: float = 60.0, api_key: str | None = None) -> None:
+    def __init__(self, base_url: str, timeout: float = 60.0, api_key: str | None = None,
+                 submit_timeout: float = 1800.0) -> None:
         # QUOTAFLOW_API_KEY, sent as OpenAI clients send theirs; never logged.
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._http = httpx.Client(base_url=base_url, timeout=timeout, headers=headers)
         self._base_url = base_url
+        self._timeout = timeout
+        self._submit_timeout = submit_timeout
 
     def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         try:
             response = self._http.request(method, path, **kwargs)
         except httpx.TransportError as exc:
-            raise ServiceUnavailable(
-                f"cannot reach the quotaflow API at {self._base_url} ({exc.__class__.__name__}); "
-                "start it with `quotaflow api` or set QUOTAFLOW_API_URL") from exc
+            raise ServiceUnavailable(self._failure(exc)) from exc
         _raise_for_error(response)
         return response
 
+    def _failure(self, exc: httpx.TransportError) -> str:
+        """What went wrong, in words: an API that is busy is not an unreachable one."""
+        if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout):
+            return (f"cannot reach the quotaflow API at {self._base_url} "
+                    f"({exc.__class__.__name__}); start it with `quotaflow api` or set "
+                    "QUOTAFLOW_API_URL")
+        if isinstance(exc, httpx.ReadTimeout | httpx.WriteTimeout):
+            return f"the quotaflow API at {self._base_url} is busy: no answer in time"
+        return (f"the connection to the quotaflow API at {self._base_url} broke "
+                f"({exc.__class__.__name__})")
+
     def create_job(self, path: Path, queue: str, metadata: str | None,
-                   max_attempts: int | None = None) -> dict[str, Any]:
-        with path.open("rb") as handle:
-            data = {"queue": queue} | ({"metadata": metadata} if metadata else {})
-            if max_attempts is not None:
-                data["max_attempts"] = str(max_attempts)
-            return self._request("POST", "/jobs", files={"file": (path.name, handle)},
-                                 data=data).json()
+                   max_attempts: int | None = None, *, idempotency_key: str | None = None,
+                   attempts: int = SUBMIT_ATTEMPTS,
+                   on_retry: Callable[[str], None] | None = None) -> dict[str, Any]:
+        """Upload the file as a job. The API answers once it has stored the whole file, so
+        the answer may take minutes (the submit timeout); when it does not come, or the
+        connection breaks, or the API says it is unavailable, the same upload is sent
+        again with the same Idempotency-Key, which gets the job the first one made
+        rather than a second job."""
+        key = idempotency_key or new_idempotency_key()
+        data = {"queue": queue} | ({"metadata": metadata} if metadata else {})
+        if max_attempts is not None:
+            data["max_attempts"] = str(max_attempts)
+        timeout = httpx.Timeout(self._timeout, read=self._submit_timeout,
+                                write=self._submit_timeout)
+        for attempt in range(1, attempts + 1):
+            try:
+                with path.open("rb") as handle:
+                    response = self._http.post(
+                        "/jobs", files={"file": (path.name, handle)}, data=data,
+                        headers={IDEMPOTENCY_HEADER: key}, timeout=timeout)
+            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+                if attempt == 1:
+                    raise ServiceUnavailable(self._failure(exc)) from exc
+                reason = self._failure(exc)
+            except httpx.ReadTimeout:
+                reason = (f"the quotaflow API is busy: no answer within "
+                          f"{self._submit_timeout:g} s of sending the file")
+            except httpx.TransportError as exc:
+                reason = self._failure(exc)
+            else:
+                if response.status_code not in RETRY_STATUSES:
+                    _raise_for_error(response)
+                    return response.json()
+                reason = f"the quotaflow API is unavailable (HTTP {response.status_code})"
+            if attempt < attempts:
+                if on_retry is not None:
+                    on_retry(f"{reason}; sending the file again with the same Idempotency-Key "
+                             f"(attempt {attempt + 1} of {attempts})")
+                time.sleep(min(2.0 ** (attempt - 1), 10.0))
+        raise ServiceUnavailable(
+            f"{reason} ({attempts} attempts). The API may still make the job: "
+            f"`quotaflow submit {path} --idempotency-key {key}` returns it once it exists, "
+            "without making a second one")
 
     def get_job(self, job_id: str) -> dict[str, Any]:
         return self._request("GET", f"/jobs/{job_id}").json()
@@ -65,7 +125,7 @@ class ApiClient:
                     _raise_for_error(response)
                 yield from response.iter_bytes()
         except httpx.TransportError as exc:
-            raise ServiceUnavailable(f"lost the connection to {self._base_url}: {exc}") from exc
+            raise ServiceUnavailable(self._failure(exc)) from exc
 
 
 def _raise_for_error(response: httpx.Response) -> None:

@@ -7,9 +7,7 @@ alone (so `KEY=$(quotaflow keys create --tenant t)` works); only its digest is s
 
 import click
 
-from quotaflow import auth
 from quotaflow.config import get_settings
-from quotaflow.db import session_factory, translate_db_errors
 
 
 def register(cli: click.Group) -> None:
@@ -24,6 +22,9 @@ def register(cli: click.Group) -> None:
                        "(default: QUOTAFLOW_MAX_ENQUEUED_TOKENS).")
     def create(tenant: str, max_enqueued_tokens: int | None) -> None:
         """Create a key for TENANT and print it (shown this once only)."""
+        from quotaflow import auth
+        from quotaflow.db import session_factory, translate_db_errors
+
         with translate_db_errors():
             key = auth.create_key(session_factory(get_settings().database_url), tenant,
                                   max_enqueued_tokens)
@@ -34,6 +35,9 @@ def register(cli: click.Group) -> None:
     @keys.command("list")
     def list_keys() -> None:
         """Key ids, tenants and whether they are revoked (never the keys themselves)."""
+        from quotaflow import auth
+        from quotaflow.db import session_factory, translate_db_errors
+
         with translate_db_errors(), session_factory(get_settings().database_url)() as session:
             for row in auth.list_keys(session):
                 state = f"revoked {row.revoked_at:%Y-%m-%d}" if row.revoked_at else "active"
@@ -43,6 +47,9 @@ def register(cli: click.Group) -> None:
     @click.argument("key_id")
     def revoke(key_id: str) -> None:
         """Revoke a key by its id: requests with it get 401 from now on."""
+        from quotaflow import auth
+        from quotaflow.db import session_factory, translate_db_errors
+
         with translate_db_errors():
             auth.revoke_key(session_factory(get_settings().database_url), key_id)
         click.echo(f"{key_id} revoked")

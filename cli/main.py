@@ -13,23 +13,24 @@ from rich.live import Live
 from rich.table import Table
 
 from cli.client import ApiClient
-from cli.embedded import run_file
 from cli.progress import request_progress
 from quotaflow.config import get_settings
 from quotaflow.constants import DEFAULT_QUEUE, QUEUES
 from quotaflow.errors import QuotaflowError
-from quotaflow.models import JobStatus
 
 QUEUE_OPTION = click.option("--queue", type=click.Choice(QUEUES), default=DEFAULT_QUEUE,
                             show_default=True, help="Priority class of the job.")
 stdout = Console(soft_wrap=True)
-FINAL = (JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.EXPIRED, JobStatus.CANCELLED)
+# JobStatus's final ones, spelled out: the commands that talk to the API start without
+# importing the database layer (SQLAlchemy), which `run` and `keys` load when they run.
+FINAL = ("completed", "failed", "expired", "cancelled")
 
 
-def client() -> ApiClient:
+def client(submit_timeout: float | None = None) -> ApiClient:
     settings = get_settings()
     key = settings.api_key.get_secret_value() if settings.api_key else None
-    return ApiClient(settings.api_url, api_key=key)
+    return ApiClient(settings.api_url, api_key=key,
+                     submit_timeout=submit_timeout or settings.submit_timeout_s)
 
 
 @click.group()
@@ -53,6 +54,8 @@ def run(input_file: Path, output: IO[str], errors_path: Path | None, queue: str,
     if errors_path is None:
         base = Path(output.name) if output.name != "<stdout>" else input_file
         errors_path = base.with_name(base.stem + ".errors.jsonl")
+    from cli.embedded import run_file  # the whole engine: only this command needs it
+
     job = run_file(get_settings(), input_file, output, errors_path, queue, concurrency)
     counts = job["request_counts"]
     click.echo(f"job {job['id']} {job['status']}: {counts['completed']} succeeded, "
@@ -68,10 +71,26 @@ def run(input_file: Path, output: IO[str], errors_path: Path | None, queue: str,
 @click.option("--max-attempts", type=click.IntRange(1, 20),
               help="Tries per request at the provider (default: "
                    "QUOTAFLOW_PROVIDER_MAX_ATTEMPTS).")
-def submit(input_file: Path, queue: str, metadata: str | None,
-           max_attempts: int | None) -> None:
-    """Upload INPUT_FILE to the API as a new job and print its id."""
-    job = client().create_job(input_file, queue, metadata, max_attempts)
+@click.option("--idempotency-key", metavar="KEY",
+              help="Name this submission: sending it again with the same key returns the "
+                   "job it made instead of a second one (default: a new key, reused by "
+                   "this command's own retries).")
+@click.option("--timeout", type=click.FloatRange(min=1), metavar="SECONDS",
+              help="How long to wait for the API to store the file before sending it again "
+                   "(default: QUOTAFLOW_SUBMIT_TIMEOUT_S, 1800).")
+def submit(input_file: Path, queue: str, metadata: str | None, max_attempts: int | None,
+           idempotency_key: str | None, timeout: float | None) -> None:
+    """Upload INPUT_FILE to the API as a new job and print its id.
+
+    The API answers once the whole file is stored (a million lines take tens of
+    seconds); a retry after a timeout or a broken connection reuses the key, so
+    it never makes a second job.
+    """
+    settings = get_settings()
+    api = client(submit_timeout=timeout or settings.submit_timeout_s)
+    job = api.create_job(input_file, queue, metadata, max_attempts,
+                         idempotency_key=idempotency_key,
+                         on_retry=lambda note: click.echo(f"note: {note}", err=True))
     click.echo(job["id"])
 
 

@@ -12,7 +12,6 @@ import click
 
 from quotaflow.config import get_settings
 from quotaflow.constants import QUEUES, local_queue
-from quotaflow.db import upgrade
 from quotaflow.errors import ConfigError
 
 
@@ -94,6 +93,8 @@ def register(cli: click.Group) -> None:
     @db.command("upgrade")
     def db_upgrade() -> None:
         """Apply every Alembic migration to QUOTAFLOW_DATABASE_URL."""
+        from quotaflow.db import upgrade
+
         upgrade(get_settings().database_url)
         click.echo("database is at the newest migration")
 

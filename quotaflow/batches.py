@@ -1,7 +1,7 @@
 """The OpenAI Batch API's view of quotaflow's jobs.
 
 A batch *is* a job (same id, same rows): POST /v1/batches creates one from an
-uploaded file through quotaflow.jobs.create_job, and the batch object is the
+uploaded file through quotaflow.ingest, and the batch object is the
 job described in OpenAI's shape. As at OpenAI, a file refused as a whole
 still gives a batch, with status `failed` and the reasons, line by line, in
 `errors.data`; a good file with some bad lines runs its good lines, and the
@@ -10,18 +10,18 @@ bad ones are listed in `errors.data` and in the error file.
 
 import re
 import uuid
-from dataclasses import dataclass
-from datetime import timedelta
+from dataclasses import dataclass, replace
 from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from quotaflow import files, jobs, quotas
+from quotaflow import files, ingest, jobs
 from quotaflow.config import Deployments, Settings
 from quotaflow.constants import DEFAULT_QUEUE, ENDPOINTS, QUEUES
-from quotaflow.errors import InputFileError, LineProblem, QuotaflowError
+from quotaflow.errors import InputFileError, QuotaflowError
 from quotaflow.models import Item, Job, JobStatus, Result, utcnow
+from quotaflow.outcomes import FailureCode
 
 # Where a batch names its queue (quotaflow's extension; the X-Quotaflow-Queue header
 # takes precedence).
@@ -42,6 +42,7 @@ class BatchRequest:
     metadata: dict[str, str] | None
     tenant: str
     queue: str | None = None
+    idempotency_key: str | None = None
 
 
 def window_seconds(window: str) -> int:
@@ -63,64 +64,57 @@ def choose_queue(header: str | None, metadata: dict[str, str] | None) -> str:
 
 def create_batch(sessions: sessionmaker[Session], request: BatchRequest, *, settings: Settings,
                  deployments: Deployments, dispatcher: jobs.Dispatcher) -> Job:
-    """Run create_job over the stored file, within the tenant's token quota.
+    """Ingest the stored file as a job (quotaflow/ingest.py), within the tenant's token
+    quota and OpenAI's 50,000 lines (QUOTAFLOW_MAX_BATCH_LINES).
 
     A request that cannot be a batch at all (unknown endpoint, file or queue) raises;
     a file that cannot run gives a failed batch, as OpenAI reports validation failures.
+    The same idempotency key again gives the same batch.
     """
     if request.endpoint not in ENDPOINTS:
         raise QuotaflowError(f"endpoint {request.endpoint!r} is not supported; "
                              f"use one of {', '.join(ENDPOINTS)}")
-    window = window_seconds(request.completion_window)
-    queue = choose_queue(request.queue, request.metadata)
+    spec = ingest.JobSpec(
+        queue=choose_queue(request.queue, request.metadata), tenant=request.tenant,
+        metadata=request.metadata, input_file_id=request.input_file_id,
+        idempotency_key=request.idempotency_key, endpoint=request.endpoint,
+        max_lines=settings.max_batch_lines,
+        completion_window_s=window_seconds(request.completion_window))
     with sessions() as session:
         upload = files.get_file(session, request.input_file_id, request.tenant)
-        estimate = quotas.estimate(files.open_stored(session, upload.id), settings.max_line_bytes)
-    other_urls = {url: lines for url, lines in estimate.lines_by_url.items()
-                  if url != request.endpoint}
-    if other_urls:
-        problems = [LineProblem(line, f"url {url} differs from the batch's endpoint "
-                                      f"{request.endpoint}")
-                    for url, lines in other_urls.items() for line in lines]
-        return _failed_batch(sessions, request, queue, window, InputFileError(
-            f"the input file has requests for another endpoint than {request.endpoint}",
-            sorted(problems, key=lambda p: p.line_no)))
-    with quotas.reserve(sessions, settings, request.tenant, estimate.tokens):
         try:
-            with sessions() as session:
-                job = jobs.create_job(
-                    sessions, files.open_stored(session, upload.id), settings=settings,
-                    deployments=deployments, dispatcher=dispatcher, queue=queue,
-                    filename=upload.filename, metadata=request.metadata, tenant=request.tenant,
-                    input_file_id=upload.id, enqueued_tokens=estimate.tokens)
+            return ingest.create_job(
+                sessions, files.open_stored(session, upload.id), settings=settings,
+                deployments=deployments, dispatcher=dispatcher,
+                spec=replace(spec, filename=upload.filename),
+                reopen=lambda: files.open_stored(session, upload.id)).job
         except InputFileError as exc:
-            return _failed_batch(sessions, request, queue, window, exc)
-    with sessions.begin() as session:
-        row = jobs.get_job(session, job.id)
-        row.expires_at = row.created_at + timedelta(seconds=window)
-    return job
+            return _failed_batch(sessions, spec, settings, exc)
 
 
-def _failed_batch(sessions: sessionmaker[Session], request: BatchRequest, queue: str,
-                  window: int, exc: InputFileError) -> Job:
+def _failed_batch(sessions: sessionmaker[Session], spec: ingest.JobSpec, settings: Settings,
+                  exc: InputFileError) -> Job:
     """A batch whose file was refused: nothing runs; the reasons are in `errors`."""
     data = [_error(p.line_no, p.reason) for p in exc.problems[:MAX_ERRORS_SHOWN]]
     if not data:
         data = [_error(None, exc.message)]
-    now = utcnow()
-    job = Job(id=f"batch_{uuid.uuid4().hex}", status=JobStatus.FAILED, queue=queue,
-              endpoint=request.endpoint, input_filename=None, total=0,
-              metadata_=request.metadata, created_at=now, failed_at=now,
-              expires_at=now + timedelta(seconds=window), tenant=request.tenant,
-              input_file_id=request.input_file_id, enqueued_tokens=0,
-              errors={"object": "list", "data": data})
+    job_id = f"batch_{uuid.uuid4().hex}"
     with sessions.begin() as session:
-        session.add(job)
-    return job
+        made = ingest.insert_job(session, job_id, spec, settings, JobStatus.FAILED,
+                                 failed_at=utcnow(), enqueued_tokens=0,
+                                 errors={"object": "list", "data": data})
+    with sessions() as session:
+        if made:
+            return session.get_one(Job, job_id)
+        assert spec.idempotency_key is not None
+        earlier = ingest.find_by_key(session, spec.tenant, spec.idempotency_key)
+        assert earlier is not None
+        return earlier
 
 
 def _error(line: int | None, message: str) -> dict[str, Any]:
-    return {"code": "invalid_request", "message": message, "param": None, "line": line}
+    return {"code": str(FailureCode.INVALID_REQUEST), "message": message, "param": None,
+            "line": line}
 
 
 def invalid_lines(session: Session, job_id: str) -> list[dict[str, Any]]:

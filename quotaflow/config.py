@@ -241,11 +241,16 @@ class Settings(BaseSettings):
     # large enough that one message amortises its round trips (a message, its events,
     # its claim and its report cost a worker about as much CPU as 25 requests).
     batch_size: int = Field(default=100, gt=0, le=10_000)
-    max_file_bytes: int = Field(default=200 * 1024 * 1024, gt=0)
+    # A file for POST /jobs (`quotaflow submit`): ingest streams it in constant memory,
+    # so these bound the database's work, not the API's memory.
+    max_file_bytes: int = Field(default=1024 * 1024 * 1024, gt=0)
     # OpenAI caps a batch input line's request body; 1 MiB keeps a bad line from
     # exhausting memory while leaving room for long prompts.
     max_line_bytes: int = Field(default=1024 * 1024, gt=0)
-    max_lines: int = Field(default=50_000, gt=0)
+    # Requests per job made through POST /jobs; POST /v1/batches keeps OpenAI's 50,000
+    # (max_batch_lines), so code written for OpenAI meets the limits it expects.
+    max_lines: int = Field(default=2_000_000, gt=0)
+    max_batch_lines: int = Field(default=50_000, gt=0)
 
     # A job's completion window, as OpenAI's "24h": then unsent requests expire.
     completion_window_s: int = Field(default=24 * 3600, gt=0)
@@ -290,6 +295,10 @@ class Settings(BaseSettings):
     auth: bool = True
     # The key the CLI sends as `Authorization: Bearer ...`; read from the environment only.
     api_key: SecretStr | None = None
+    # How long `quotaflow submit` waits for the API's answer to an upload (the API stores
+    # the whole file before it answers) before it sends it again with the same
+    # Idempotency-Key; a busy API is never taken for an unreachable one.
+    submit_timeout_s: float = Field(default=1800.0, gt=0)
     # POST /v1/files refuses larger uploads while they stream (OpenAI's limit is 200 MB).
     max_upload_bytes: int = Field(default=200 * 1024 * 1024, gt=0)
     # Prompt tokens one tenant's unfinished batches may hold, like OpenAI's enqueued-token

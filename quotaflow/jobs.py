@@ -10,23 +10,18 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import IO, Any, Protocol
 
-from sqlalchemy import case, delete, exists, func, insert, select, update
+from sqlalchemy import Text, and_, case, cast, delete, exists, func, or_, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from quotaflow.config import Deployments, Settings
-from quotaflow.constants import DEFAULT_TENANT, QUEUES
-from quotaflow.errors import InputFileError, JobNotFound, JobStateError, LineProblem
-from quotaflow.formats import (
-    BadLine,
-    Request,
-    dumps_line,
-    output_line,
-    parse_stream,
-    request_digest,
-)
+from quotaflow.constants import DEFAULT_TENANT
+from quotaflow.errors import JobNotFound, JobStateError
 from quotaflow.models import Item, ItemStatus, Job, JobStatus, Result, utcnow
+from quotaflow.outcomes import FailureCode
+from quotaflow.output import dumps_line, output_line, render_stored
 
-INSERT_CHUNK = 1000
+# Rows fetched per round trip when results are downloaded.
+OUTPUT_ROWS = 2000
 # A job may ask for more tries per request than the default, within reason.
 MAX_ATTEMPTS_LIMIT = 20
 
@@ -55,105 +50,6 @@ def stable_request_id(job_id: str, line_no: int) -> str:
     return f"batch_req_{uuid.uuid5(uuid.NAMESPACE_URL, f'{job_id}/{line_no}').hex}"
 
 
-class _SizeLimitedReader:
-    """Wraps an upload so a file over the size limit is refused while it streams."""
-
-    def __init__(self, stream: IO[bytes], limit: int) -> None:
-        self._stream = stream
-        self._limit = limit
-        self._read = 0
-
-    def readline(self, size: int = -1) -> bytes:
-        line = self._stream.readline(size)
-        self._read += len(line)
-        if self._read > self._limit:
-            raise InputFileError(
-                f"the file is larger than the limit of {self._limit} bytes "
-                "(QUOTAFLOW_MAX_FILE_BYTES)")
-        return line
-
-
-class _Ingest:
-    """Accumulates one file's rows; raises InputFileError for file-level problems."""
-
-    def __init__(self, job_id: str, deployments: Deployments, max_lines: int,
-                 queued_until: datetime, dedup: bool) -> None:
-        self.job_id = job_id
-        self.dedup = dedup
-        self.first_of: dict[str, int] = {}  # request digest -> the line that is sent
-        self.queued_until = queued_until
-        self.deployments = deployments
-        self.max_lines = max_lines
-        self.endpoint: str | None = None
-        self.seen: dict[str, int] = {}
-        self.items: list[dict[str, Any]] = []
-        self.results: list[dict[str, Any]] = []
-        self.valid_lines: list[int] = []
-        self.total = 0
-
-    def add(self, entry: Request | BadLine) -> None:
-        self.total += 1
-        if self.total > self.max_lines:
-            raise InputFileError(f"the file has more than {self.max_lines} requests "
-                                 "(QUOTAFLOW_MAX_LINES); split it into several jobs")
-        if isinstance(entry, Request):
-            entry = self._check_request(entry)
-        if entry.custom_id is not None:
-            first = self.seen.setdefault(entry.custom_id, entry.line_no)
-            if first != entry.line_no:
-                raise InputFileError(
-                    f"duplicate custom_id {entry.custom_id!r} on lines {first} and "
-                    f"{entry.line_no}; each custom_id must be unique within a file",
-                    [LineProblem(entry.line_no, f"duplicate custom_id {entry.custom_id!r}")])
-        if isinstance(entry, Request):
-            self._add_request(entry)
-        else:
-            self.items.append(dict(job_id=self.job_id, line_no=entry.line_no,
-                                   custom_id=entry.custom_id, body=None,
-                                   status=ItemStatus.FAILED, attempts=0))
-            self.results.append(dict(
-                job_id=self.job_id, line_no=entry.line_no, custom_id=entry.custom_id,
-                request_id=new_request_id(), status_code=None, response=None,
-                error={"code": "invalid_request", "line": entry.line_no,
-                       "message": f"line {entry.line_no}: {entry.reason}"},
-                prompt_tokens=0, completion_tokens=0))
-
-    def _add_request(self, request: Request) -> None:
-        """A valid line: sent, or, when an identical request came earlier, waiting for
-        that one's answer."""
-        digest = request_digest(request.url, request.body)
-        first = self.first_of.setdefault(digest, request.line_no) if self.dedup else None
-        duplicate_of = first if first is not None and first != request.line_no else None
-        if duplicate_of is None:
-            self.valid_lines.append(request.line_no)
-        self.items.append(dict(
-            job_id=self.job_id, line_no=request.line_no, custom_id=request.custom_id,
-            body=request.body, body_hash=digest, duplicate_of=duplicate_of,
-            status=ItemStatus.PENDING if duplicate_of is None else ItemStatus.WAITING,
-            attempts=0, lease_expires_at=self.queued_until if duplicate_of is None else None))
-
-    def _check_request(self, request: Request) -> Request | BadLine:
-        if self.endpoint is None:
-            self.endpoint = request.url
-        elif request.url != self.endpoint:
-            return BadLine(request.line_no, request.custom_id,
-                           f"url {request.url} differs from the job's endpoint {self.endpoint}; "
-                           "all lines of one file must use the same endpoint")
-        if self.deployments.route_for(request.body.get("model")) is None:
-            return BadLine(request.line_no, request.custom_id,
-                           f"no deployment serves model {request.body.get('model')!r}; "
-                           "add a route for it to the deployments file")
-        return request
-
-    def flush(self, session: Session) -> None:
-        if self.items:
-            session.execute(insert(Item), self.items)
-            self.items = []
-        if self.results:
-            session.execute(insert(Result), self.results)
-            self.results = []
-
-
 def create_job(
     sessions: sessionmaker[Session],
     stream: IO[bytes],
@@ -166,53 +62,23 @@ def create_job(
     metadata: dict[str, str] | None = None,
     max_attempts: int | None = None,
     tenant: str = DEFAULT_TENANT,
-    input_file_id: str | None = None,
-    enqueued_tokens: int | None = None,
 ) -> Job:
     """Store a JSONL file as a job and dispatch its batches, or store nothing at all.
 
     Lines that fail validation become failed items with their line number and
     reason; the job runs its good lines. A file-level problem (empty, too big,
-    duplicate custom_id, no valid line) raises InputFileError inside the
-    transaction, so nothing of the file is written. Identical requests are stored
-    once as sent and otherwise as waiting for that one's answer (QUOTAFLOW_DEDUP).
+    duplicate custom_id, no valid line) raises InputFileError and nothing of the file
+    is written. Identical requests are stored once as sent and otherwise as waiting
+    for that one's answer (QUOTAFLOW_DEDUP). The work is quotaflow.ingest's; this is
+    its entry point for `quotaflow run` and other in-process callers, which the
+    tenant token quota (an API matter) does not apply to.
     """
-    if queue not in QUEUES:
-        raise JobStateError(f"unknown queue {queue!r}; choose one of {', '.join(QUEUES)}")
-    if max_attempts is not None and not 1 <= max_attempts <= MAX_ATTEMPTS_LIMIT:
-        raise JobStateError(f"max_attempts must be between 1 and {MAX_ATTEMPTS_LIMIT}, "
-                            f"got {max_attempts}")
-    job_id = f"batch_{uuid.uuid4().hex}"
-    queued_until = utcnow() + timedelta(seconds=settings.queue_patience_s)
-    ingest = _Ingest(job_id, deployments, settings.max_lines, queued_until, settings.dedup)
-    reader = _SizeLimitedReader(stream, settings.max_file_bytes)
-    problems: list[LineProblem] = []
-    with sessions.begin() as session:
-        now = utcnow()
-        job = Job(id=job_id, status=JobStatus.VALIDATING, queue=queue, endpoint="",
-                  input_filename=filename, total=0, metadata_=metadata, created_at=now,
-                  max_attempts=max_attempts,
-                  expires_at=now + timedelta(seconds=settings.completion_window_s),
-                  tenant=tenant, input_file_id=input_file_id, enqueued_tokens=enqueued_tokens)
-        session.add(job)
-        session.flush()
-        for entry in parse_stream(reader, settings.max_line_bytes):
-            if isinstance(entry, BadLine):
-                problems.append(LineProblem(entry.line_no, entry.reason))
-            ingest.add(entry)
-            if len(ingest.items) >= INSERT_CHUNK:
-                ingest.flush(session)
-        ingest.flush(session)
-        if ingest.total == 0:
-            raise InputFileError("the file is empty: it has no request lines")
-        if not ingest.valid_lines:
-            raise InputFileError("no line of the file is a valid request", problems)
-        job.total = ingest.total
-        job.endpoint = ingest.endpoint or ""
-        job.status = JobStatus.IN_PROGRESS
-        job.in_progress_at = utcnow()
-    dispatcher.dispatch(queue, batch_refs(job_id, ingest.valid_lines, settings.batch_size))
-    return job
+    from quotaflow import ingest  # ingest builds on this module
+
+    spec = ingest.JobSpec(queue=queue, tenant=tenant, filename=filename, metadata=metadata,
+                          max_attempts=max_attempts, enforce_quota=False)
+    return ingest.create_job(sessions, stream, settings=settings, deployments=deployments,
+                             dispatcher=dispatcher, spec=spec).job
 
 
 def batch_refs(job_id: str, line_numbers: list[int], batch_size: int) -> list[BatchRef]:
@@ -261,10 +127,17 @@ def _unix(moment: datetime | None) -> int | None:
     return None if moment is None else int(moment.timestamp())
 
 
-def job_object(session: Session, job: Job) -> dict[str, Any]:
-    """The job as OpenAI describes a batch, plus quotaflow's queue."""
-    counts = item_counts(session, job.id)
-    prompt, completion = usage_totals(session, job.id)
+def job_object(session: Session, job: Job,
+               counts: dict[str, int] | None = None) -> dict[str, Any]:
+    """The job as OpenAI describes a batch, plus quotaflow's queue.
+
+    `counts` (items per status) are given by ingest for a job it has just made, which
+    has no usage yet: counting a million fresh rows again would take seconds."""
+    if counts is None:
+        counts = item_counts(session, job.id)
+        prompt, completion = usage_totals(session, job.id)
+    else:
+        prompt = completion = 0
     return {
         "id": job.id,
         "object": "batch",
@@ -389,22 +262,35 @@ def close_if_done(session: Session, job_id: str) -> None:
 def iter_output(session: Session, job_id: str, errors: bool) -> Iterator[str]:
     """Result lines in input order: successes, or everything that did not succeed.
 
-    Works while the job runs, so partial results can be downloaded.
+    Works while the job runs, so partial results can be downloaded. Only the needed
+    rows and columns are read, through a server-side cursor, and the stored JSON comes
+    back as text spliced into the line as it is, never parsed and written again.
     """
     get_job(session, job_id)
-    query = (select(Item.line_no, Item.custom_id, Item.status, Result)
+    stored = (Result.request_id, Result.custom_id, Result.status_code,
+              cast(Result.response, Text), cast(Result.error, Text),
+              cast(Result.shared_from, Text))
+    if not errors:
+        query = (select(Result.line_no, *stored)
+                 .where(Result.job_id == job_id, Result.error.is_(None)))
+        for _line, *row in session.execute(query.order_by(Result.line_no)
+                                           .execution_options(yield_per=OUTPUT_ROWS)):
+            yield render_stored(*row)
+        return
+    unsent = (ItemStatus.CANCELLED, ItemStatus.EXPIRED)
+    query = (select(Item.line_no, Item.custom_id, Item.status, Result.line_no, *stored)
              .outerjoin(Result, (Result.job_id == Item.job_id) & (Result.line_no == Item.line_no))
-             .where(Item.job_id == job_id).order_by(Item.line_no)
-             .execution_options(yield_per=500))
-    for line_no, custom_id, status, result in session.execute(query):
-        if result is not None:
-            if (result.error is None) != errors:
-                yield dumps_line(output_line(result.request_id, result.custom_id,
-                                             result.status_code, result.response, result.error,
-                                             result.shared_from))
-        elif errors and status in (ItemStatus.CANCELLED, ItemStatus.EXPIRED):
-            code = "batch_cancelled" if status == ItemStatus.CANCELLED else "batch_expired"
-            message = (f"line {line_no}: not sent because the job was "
-                       f"{'cancelled' if status == ItemStatus.CANCELLED else 'expired'}")
-            yield dumps_line(output_line(stable_request_id(job_id, line_no), custom_id, None, None,
-                                         {"code": code, "line": line_no, "message": message}))
+             .where(Item.job_id == job_id,
+                    or_(Result.error.is_not(None),
+                        and_(Result.line_no.is_(None), Item.status.in_(unsent)))))
+    for line_no, custom_id, status, result_line, *row in session.execute(
+            query.order_by(Item.line_no).execution_options(yield_per=OUTPUT_ROWS)):
+        if result_line is not None:
+            yield render_stored(*row)
+            continue
+        cancelled = status == ItemStatus.CANCELLED
+        how = "cancelled" if cancelled else "expired"
+        code = FailureCode.BATCH_CANCELLED if cancelled else FailureCode.BATCH_EXPIRED
+        yield dumps_line(output_line(stable_request_id(job_id, line_no), custom_id, None, None, {
+            "code": str(code), "line": line_no,
+            "message": f"line {line_no}: not sent because the job was {how}"}))

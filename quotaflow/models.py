@@ -20,6 +20,7 @@ from sqlalchemy import (
     LargeBinary,
     String,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -94,9 +95,13 @@ class Job(Base):
     enqueued_tokens: Mapped[int | None] = mapped_column(BigInteger)
     # OpenAI's `errors.data` of a batch whose input file was refused as a whole.
     errors: Mapped[dict[str, Any] | None] = mapped_column(JsonType)
+    # The Idempotency-Key the job was created with: the same tenant sending the same key
+    # again gets this job back instead of a second one (a retried upload).
+    idempotency_key: Mapped[str | None] = mapped_column(String(255))
 
 
 Index("ix_jobs_tenant_created", Job.tenant, Job.created_at)
+Index("uq_jobs_tenant_idempotency_key", Job.tenant, Job.idempotency_key, unique=True)
 
 
 class Item(Base):
@@ -104,11 +109,16 @@ class Item(Base):
     __table_args__ = (
         UniqueConstraint("job_id", "custom_id", name="uq_items_job_custom_id"),
         Index("ix_items_job_status", "job_id", "status"),
-        Index("ix_items_body_hash", "body_hash"),
-        Index("ix_items_job_duplicate_of", "job_id", "duplicate_of"),
+        # Looked up only by equality: a hash index on PostgreSQL (migration 0004).
+        Index("ix_items_body_hash", "body_hash", postgresql_using="hash"),
+        Index("ix_items_job_duplicate_of", "job_id", "duplicate_of",
+              postgresql_where=text("duplicate_of IS NOT NULL"),
+              sqlite_where=text("duplicate_of IS NOT NULL")),
     )
 
-    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    # No foreign key on PostgreSQL (migration 0004): its per-row check was the largest
+    # cost of ingest, and items are only written with their job, in its transaction.
+    job_id: Mapped[str] = mapped_column(String(64), primary_key=True)
     line_no: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
     custom_id: Mapped[str | None] = mapped_column(String(512))
     body: Mapped[dict[str, Any] | None]

@@ -5,7 +5,8 @@ import json
 
 import pytest
 
-from quotaflow.formats import BadLine, Request, output_line, parse_stream
+from quotaflow.formats import BadLine, Request, parse_stream
+from quotaflow.output import output_line
 
 LIMIT = 4096
 

@@ -1,5 +1,5 @@
 """The enqueued-token quota on the real Postgres: what counts, whose limit applies, and
-that the per-tenant lock keeps two batches sent at once from both slipping under it."""
+that the per-tenant lock keeps two batches committing at once from both slipping under it."""
 
 import threading
 import time
@@ -45,23 +45,27 @@ def test_a_tenants_own_limit_overrides_the_setting(pg_sessions: sessionmaker[Ses
                          "qc", 51)
 
 
-def test_reserve_holds_the_tenant_until_its_batch_is_made(pg_sessions: sessionmaker[Session],
-                                                          settings: Settings) -> None:
+def test_admit_holds_the_tenant_until_its_batch_commits(pg_sessions: sessionmaker[Session],
+                                                         settings: Settings) -> None:
     limited = settings.model_copy(update={"max_enqueued_tokens": 1000})
     entered: list[float] = []
 
     def second() -> None:
         try:
-            with quotas.reserve(pg_sessions, limited, "qd", 600):
+            with pg_sessions.begin() as session:
+                quotas.admit(session, limited, "qd", 600)
                 entered.append(time.monotonic())
         except EnqueuedTokenLimit:
             entered.append(-1.0)
 
-    with quotas.reserve(pg_sessions, limited, "qd", 600):
+    with pg_sessions.begin() as session:
+        quotas.admit(session, limited, "qd", 600)
         thread = threading.Thread(target=second)
         thread.start()
         time.sleep(0.5)
         assert entered == []  # the second waits while the first is being created
-        add_job(pg_sessions, "qd", 600, JobStatus.IN_PROGRESS)
+        session.add(Job(id="batch_qd_first", status=JobStatus.IN_PROGRESS, queue="bulk",
+                        endpoint="/v1/chat/completions", total=1, created_at=utcnow(),
+                        tenant="qd", enqueued_tokens=600))
     thread.join(10)
     assert entered == [-1.0]  # and then sees the first's tokens: refused

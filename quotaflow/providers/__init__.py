@@ -3,7 +3,6 @@
 from quotaflow.config import Deployment
 from quotaflow.providers.base import Provider, ProviderResponse
 from quotaflow.providers.mock import MockProvider
-from quotaflow.providers.openai_compat import OpenAICompatProvider
 
 __all__ = ["Provider", "ProviderResponse", "make_provider"]
 
@@ -16,4 +15,7 @@ def make_provider(deployment: Deployment) -> Provider:
         from quotaflow.providers.local import LocalProvider
 
         return LocalProvider(deployment)
+    # Imported here: aiohttp is the workers' business, not the API's or the CLI's.
+    from quotaflow.providers.openai_compat import OpenAICompatProvider
+
     return OpenAICompatProvider(deployment)

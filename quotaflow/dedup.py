@@ -1,0 +1,86 @@
+"""Identical requests within a job: stored once as sent, the copies waiting for its answer.
+
+Ingest (quotaflow/ingest.py) hashes every request body as it streams past. A
+SeenFilter remembers the hashes in a fixed-size bit array instead of a dict of
+every line, so memory does not grow with the file; the few bodies it flags as
+possibly repeated are then settled exactly by one UPDATE in the database, which
+marks every later copy `waiting` on the first one's line (duplicate_of). The
+workers share the first answer with its copies (quotaflow/leases.py).
+"""
+
+import struct
+
+from sqlalchemy import func, select, update
+from sqlalchemy.orm import Session
+
+from quotaflow.jobs import BatchRef
+from quotaflow.models import Item, ItemStatus
+
+_three_words = struct.Struct("<3Q").unpack_from
+MAX_BITS_LOG2 = 27  # 2**27 bits: 16 MiB
+
+
+class SeenFilter:
+    """A Bloom filter of request digests in a fixed bit array (16 to 32 bits for each line
+    the file may have: 4 MiB for 2M lines, never more than 16 MiB): it never misses a
+    body seen before and rarely (about 0.1%) flags a new one, so only the flagged bodies
+    need the database's exact check. Past 8M lines it flags more, which costs time
+    (share_identical), never correctness."""
+
+    def __init__(self, capacity: int) -> None:
+        size = max(20, min(MAX_BITS_LOG2, (capacity * 16 - 1).bit_length()))
+        self._bits = bytearray(1 << (size - 3))
+        self._shift = 64 - size  # a position is the top bits of a 64-bit word
+
+    def add(self, digest: bytes) -> bool:
+        """Remember the digest (a SHA-256: its bytes are already uniform); True if it
+        may have been added before. Three positions, from three words of it."""
+        bits, shift = self._bits, self._shift
+        a, b, c = _three_words(digest)
+        a, b, c = a >> shift, b >> shift, c >> shift
+        ia, ib, ic = a >> 3, b >> 3, c >> 3
+        ma, mb, mc = 1 << (a & 7), 1 << (b & 7), 1 << (c & 7)
+        seen = bool(bits[ia] & ma and bits[ib] & mb and bits[ic] & mc)
+        bits[ia] |= ma
+        bits[ib] |= mb
+        bits[ic] |= mc
+        return seen
+
+
+def share_identical(session: Session, job_id: str, suspects: set[bytes] | None) -> int:
+    """Later copies of a request wait for the first one's answer (status `waiting`,
+    duplicate_of its line). Only the flagged bodies are looked at (all, when None)."""
+    changed = 0
+    hashes = sorted(digest.hex() for digest in suspects) if suspects is not None else [None]
+    for start in range(0, len(hashes), 1000):
+        chunk = hashes[start:start + 1000]
+        first = (select(Item.body_hash, func.min(Item.line_no).label("line"))
+                 .where(Item.job_id == job_id, Item.body_hash.is_not(None))
+                 .group_by(Item.body_hash).having(func.count() > 1))
+        if chunk != [None]:
+            first = first.where(Item.body_hash.in_(chunk))
+        original = first.subquery()
+        changed += session.execute(
+            update(Item)
+            .where(Item.job_id == job_id, Item.body_hash == original.c.body_hash,
+                   Item.line_no > original.c.line)
+            .values(status=ItemStatus.WAITING, duplicate_of=original.c.line,
+                    lease_expires_at=None)).rowcount
+    return changed
+
+
+def pending_batches(session: Session, job_id: str, batch_size: int) -> list[BatchRef]:
+    """The job's pending lines as BatchRefs of batch_size lines each, read in order."""
+    batches: list[BatchRef] = []
+    lines = session.scalars(select(Item.line_no)
+                            .where(Item.job_id == job_id, Item.status == ItemStatus.PENDING)
+                            .order_by(Item.line_no).execution_options(yield_per=10_000))
+    chunk: list[int] = []
+    for line in lines:
+        chunk.append(line)
+        if len(chunk) == batch_size:
+            batches.append(BatchRef(job_id, chunk[0], chunk[-1]))
+            chunk = []
+    if chunk:
+        batches.append(BatchRef(job_id, chunk[0], chunk[-1]))
+    return batches

@@ -1,0 +1,304 @@
+"""Ingest: the one pass that turns a JSONL file into a job, or leaves nothing at all.
+
+POST /jobs, POST /v1/batches (quotaflow/batches.py) and `quotaflow run` (through
+jobs.create_job) all come here, so "count the tokens, check the tenant's quota,
+store the job" is written once. The file is read once, as it streams: each line
+is parsed, validated, counted for the tenant's token quota, hashed for in-job
+dedup and handed to the database as one row (PostgreSQL COPY, quotaflow/bulkwrite.py).
+Memory does not grow with the file: custom_id uniqueness is the items' unique
+index, identical requests are found by a fixed-size filter plus one UPDATE, and
+the only per-file list is one BatchRef per `batch_size` lines. Everything happens
+in one transaction, so a refused file (bad as a whole, over a limit or over the
+quota) leaves no job, item or result; the batches are queued after the commit.
+
+A request with an Idempotency-Key returns the tenant's job made with that key, if
+there is one, instead of making another: a client that lost the answer to a long
+upload sends it again without creating a second job.
+"""
+
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import IO
+
+import orjson
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session, sessionmaker
+
+from quotaflow import quotas
+from quotaflow.bulkwrite import DuplicateCustomId, RowWriter, row_writer
+from quotaflow.config import Deployments, Settings
+from quotaflow.constants import DEFAULT_TENANT, QUEUES
+from quotaflow.db import insert_ignore
+from quotaflow.dedup import SeenFilter, pending_batches, share_identical
+from quotaflow.errors import InputFileError, JobStateError, LineProblem
+from quotaflow.formats import (
+    LineRejected,
+    body_digest,
+    canonical_body,
+    line_custom_id,
+    load_object,
+    parse_line,
+    read_lines,
+)
+from quotaflow.formats import to_request as _to_request
+from quotaflow.jobs import MAX_ATTEMPTS_LIMIT, BatchRef, Dispatcher, new_request_id
+from quotaflow.models import ItemStatus, Job, JobStatus, utcnow
+from quotaflow.outcomes import FailureCode
+from quotaflow.tokens import estimate_tokens, prompt_text
+
+MAX_PROBLEMS = 1000  # line problems kept for the refusal message (as many as the API shows)
+MAX_SUSPECTS = 100_000  # past this many possibly-repeated bodies, dedup scans the whole job
+_MAX_MODELS = 1000  # models whose routing is remembered during one file
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """What the caller decides about a new job; the file decides the rest."""
+
+    queue: str
+    tenant: str = DEFAULT_TENANT
+    filename: str | None = None
+    metadata: dict[str, str] | None = None
+    max_attempts: int | None = None
+    input_file_id: str | None = None
+    idempotency_key: str | None = None
+    endpoint: str | None = None  # /v1/batches: every line must be for this endpoint
+    max_lines: int | None = None  # default: QUOTAFLOW_MAX_LINES
+    completion_window_s: int | None = None  # default: QUOTAFLOW_COMPLETION_WINDOW_S
+    enforce_quota: bool = True  # the tenant's enqueued-token quota (not for `quotaflow run`)
+
+
+@dataclass(frozen=True)
+class Created:
+    """The job, and whether it was made earlier with the same idempotency key; a new
+    one's item counts per status (jobs.job_object need not count them again)."""
+
+    job: Job
+    replayed: bool = False
+    counts: dict[str, int] | None = None
+
+
+def find_by_key(session: Session, tenant: str, key: str) -> Job | None:
+    return session.scalar(select(Job).where(Job.tenant == tenant, Job.idempotency_key == key))
+
+
+def create_job(sessions: sessionmaker[Session], stream: IO[bytes], *, settings: Settings,
+               deployments: Deployments, dispatcher: Dispatcher, spec: JobSpec,
+               reopen: Callable[[], IO[bytes]] | None = None) -> Created:
+    """Store the file as a job and queue its batches, or raise and store nothing.
+
+    `reopen` gives the file again from its start; it is used only to name both lines of
+    a duplicate custom_id (a seekable stream is rewound when it is not given).
+    """
+    if spec.queue not in QUEUES:
+        raise JobStateError(f"unknown queue {spec.queue!r}; choose one of {', '.join(QUEUES)}")
+    if spec.max_attempts is not None and not 1 <= spec.max_attempts <= MAX_ATTEMPTS_LIMIT:
+        raise JobStateError(f"max_attempts must be between 1 and {MAX_ATTEMPTS_LIMIT}, "
+                            f"got {spec.max_attempts}")
+    if spec.idempotency_key is not None:
+        with sessions() as session:
+            if (earlier := find_by_key(session, spec.tenant, spec.idempotency_key)) is not None:
+                return Created(earlier, replayed=True)
+    job_id = f"batch_{uuid.uuid4().hex}"
+    with sessions.begin() as session:
+        if not insert_job(session, job_id, spec, settings, JobStatus.VALIDATING):
+            scan = None  # the same key, committed while this request waited for it
+        else:
+            scan = _fill(session, job_id, stream, spec, settings, deployments, reopen)
+    with sessions() as session:
+        if scan is None:
+            assert spec.idempotency_key is not None
+            earlier = find_by_key(session, spec.tenant, spec.idempotency_key)
+            assert earlier is not None
+            return Created(earlier, replayed=True)
+        job = session.get_one(Job, job_id)
+    dispatcher.dispatch(spec.queue, scan.batches)
+    return Created(job, counts={ItemStatus.FAILED: scan.total - scan.valid,
+                                ItemStatus.PENDING: scan.valid})
+
+
+def insert_job(session: Session, job_id: str, spec: JobSpec, settings: Settings, status: str,
+               **values: object) -> bool:
+    """The job's row; False when the tenant already has a job with this idempotency key
+    (PostgreSQL waits for a transaction making one to end, and says so if it commits)."""
+    now = utcnow()
+    window = spec.completion_window_s or settings.completion_window_s
+    row = {"id": job_id, "status": status, "queue": spec.queue, "endpoint": spec.endpoint or "",
+           "input_filename": spec.filename, "total": 0, "metadata": spec.metadata,
+           "created_at": now, "max_attempts": spec.max_attempts, "tenant": spec.tenant,
+           "expires_at": now + timedelta(seconds=window), "input_file_id": spec.input_file_id,
+           "idempotency_key": spec.idempotency_key} | values
+    made = session.execute(insert_ignore(session, Job.__table__).values(**row)
+                           .returning(Job.__table__.c.id))
+    return made.scalar() is not None
+
+
+def _fill(session: Session, job_id: str, stream: IO[bytes], spec: JobSpec, settings: Settings,
+          deployments: Deployments, reopen: Callable[[], IO[bytes]] | None) -> "_Scan":
+    """Items and error rows for every line, then the checks that need the whole file."""
+    room = quotas.headroom(session, settings, spec.tenant) if spec.enforce_quota else None
+    lease_until = utcnow() + timedelta(seconds=settings.queue_patience_s)
+    scan = _Scan(job_id, spec, settings, deployments, room)
+    try:
+        with row_writer(session, job_id, lease_until) as writer:
+            scan.run(stream, writer)
+            if scan.wrong_endpoint:
+                raise InputFileError(f"the input file has requests for another endpoint than "
+                                     f"{spec.endpoint}", scan.wrong_endpoint[:MAX_PROBLEMS])
+    except DuplicateCustomId as duplicate:
+        if reopen is None and stream.seekable():
+            reopen = lambda: (stream.seek(0), stream)[1]  # noqa: E731
+        raise _duplicate_error(duplicate, reopen, settings.max_line_bytes) from None
+    if scan.total == 0:
+        raise InputFileError("the file is empty: it has no request lines")
+    if not scan.valid:
+        raise InputFileError("no line of the file is a valid request", scan.problems)
+    # Suspects: bodies that may repeat an earlier line's (None: too many to list them).
+    if (scan.suspects is None or scan.suspects) and share_identical(session, job_id,
+                                                                     scan.suspects):
+        scan.batches = pending_batches(session, job_id, settings.batch_size)
+    if spec.enforce_quota:
+        quotas.admit(session, settings, spec.tenant, scan.tokens)
+    session.execute(update(Job).where(Job.id == job_id).values(
+        total=scan.total, endpoint=scan.endpoint or "", status=JobStatus.IN_PROGRESS,
+        in_progress_at=utcnow(), enqueued_tokens=scan.tokens))
+    return scan
+
+
+class _Scan:
+    """The pass over the file: what it found, and the rows it wrote on the way."""
+
+    def __init__(self, job_id: str, spec: JobSpec, settings: Settings, deployments: Deployments,
+                 room: quotas.Headroom | None) -> None:
+        self.job_id = job_id
+        self.spec = spec
+        self.settings = settings
+        self.deployments = deployments
+        self.room = room
+        self.max_lines = spec.max_lines or settings.max_lines
+        self.endpoint = spec.endpoint
+        self.total = self.valid = self.tokens = 0
+        self.problems: list[LineProblem] = []
+        self.wrong_endpoint: list[LineProblem] = []
+        self.batches: list[BatchRef] = []
+        self.seen = SeenFilter(self.max_lines) if settings.dedup else None
+        self.suspects: set[bytes] | None = set()
+        self._routed: dict[str | None, bool] = {}
+
+    def run(self, stream: IO[bytes], writer: RowWriter) -> None:  # noqa: C901 (the hot loop)
+        max_lines, seen, job_id = self.max_lines, self.seen, self.job_id
+        size = self.settings.batch_size
+        budget = (self.room.limit - self.room.held
+                  if self.room is not None and self.room.limit is not None else None)
+        first = last = count = 0
+        for line_no, raw in read_lines(stream, self.settings.max_line_bytes,
+                                       self.settings.max_file_bytes):
+            if raw is not None and (not raw or raw.isspace()):
+                continue
+            self.total += 1
+            if self.total > max_lines:
+                raise InputFileError(f"the file has more than {max_lines} requests "
+                                     f"({self._lines_setting}); split it into several jobs")
+            if raw is None:
+                self._bad(writer, line_no, None, "line is longer than the limit of "
+                                                 f"{self.settings.max_line_bytes} bytes")
+                continue
+            obj = load_object(raw)
+            if isinstance(obj, str):
+                self._bad(writer, line_no, None, obj)
+                continue
+            try:
+                request = _to_request(line_no, obj)
+            except LineRejected as exc:
+                self._bad(writer, line_no, line_custom_id(obj), str(exc))
+                continue
+            if (reason := self._refusal(line_no, request.url, request.body)) is not None:
+                self._bad(writer, line_no, request.custom_id, reason)
+                continue
+            body = canonical_body(request.body)
+            digest = body_digest(request.url, body)
+            self.tokens += estimate_tokens(prompt_text(request.url, request.body))
+            if budget is not None and self.tokens > budget:
+                assert self.room is not None
+                self.room.refuse_if_over(self.tokens)
+            writer.pending(line_no, request.custom_id, body, digest)
+            self.valid += 1
+            if seen is not None and seen.add(digest) and self.suspects is not None:
+                self.suspects.add(digest)
+                if len(self.suspects) > MAX_SUSPECTS:
+                    self.suspects = None
+            if count == 0:
+                first = line_no
+            last = line_no
+            count += 1
+            if count == size:
+                self.batches.append(BatchRef(job_id, first, last))
+                count = 0
+        if count:
+            self.batches.append(BatchRef(job_id, first, last))
+
+    @property
+    def _lines_setting(self) -> str:
+        return "QUOTAFLOW_MAX_BATCH_LINES" if self.spec.endpoint else "QUOTAFLOW_MAX_LINES"
+
+    def _refusal(self, line_no: int, url: str, body: dict) -> str | None:
+        """Why a well-formed request cannot run in this job, if it cannot."""
+        if self.endpoint is None:
+            self.endpoint = url
+        elif url != self.endpoint:
+            if self.spec.endpoint is not None:  # a batch's endpoint: the file is refused
+                self.wrong_endpoint.append(LineProblem(
+                    line_no, f"url {url} differs from the batch's endpoint {self.endpoint}"))
+            return (f"url {url} differs from the job's endpoint {self.endpoint}; "
+                    "all lines of one file must use the same endpoint")
+        model = body.get("model")
+        routed = self._routed.get(model)
+        if routed is None:
+            routed = self.deployments.route_for(model) is not None
+            if len(self._routed) < _MAX_MODELS:
+                self._routed[model] = routed
+        if not routed:
+            return (f"no deployment serves model {model!r}; "
+                    "add a route for it to the deployments file")
+        return None
+
+    def _bad(self, writer: RowWriter, line_no: int, custom_id: str | None, reason: str) -> None:
+        """A refused line: a failed item and its error row, never a lost line."""
+        if len(self.problems) < MAX_PROBLEMS:
+            self.problems.append(LineProblem(line_no, reason))
+        error = orjson.dumps({"code": str(FailureCode.INVALID_REQUEST), "line": line_no,
+                              "message": f"line {line_no}: {reason}"})
+        writer.invalid(line_no, custom_id, new_request_id(), error)
+
+
+def _duplicate_error(duplicate: DuplicateCustomId, reopen: Callable[[], IO[bytes]] | None,
+                     max_line_bytes: int) -> InputFileError:
+    """The refusal naming both lines, as the user needs to find them."""
+    custom_id, first, second = duplicate.custom_id, duplicate.first_line, duplicate.second_line
+    if first is None and reopen is not None:
+        first, second = _locate(reopen(), custom_id, max_line_bytes)
+    if first is None or second is None:
+        return InputFileError(f"duplicate custom_id {custom_id!r}; each custom_id must be "
+                              "unique within a file")
+    return InputFileError(
+        f"duplicate custom_id {custom_id!r} on lines {first} and {second}; each custom_id "
+        "must be unique within a file", [LineProblem(second, f"duplicate custom_id {custom_id!r}")])
+
+
+def _locate(stream: IO[bytes], custom_id: str, max_line_bytes: int) -> tuple[int | None, ...]:
+    """The first two lines with this custom_id. Only for a refused file: PostgreSQL names
+    the id, not the lines, and keeping every custom_id in memory is what ingest avoids."""
+    needle = orjson.dumps(custom_id)
+    # A shorthand line's custom_id is its line number, which no byte of it spells.
+    numbered = int(custom_id) if custom_id.isascii() and custom_id.isdigit() else 0
+    found: list[int] = []
+    for line_no, raw in read_lines(stream, max_line_bytes):
+        if raw is None or not (needle in raw or b"\\" in raw or line_no == numbered):
+            continue
+        if parse_line(line_no, raw).custom_id == custom_id:
+            found.append(line_no)
+            if len(found) == 2:
+                return tuple(found)
+    return None, None

@@ -1,0 +1,225 @@
+"""Ingest (quotaflow/ingest.py) in process, on the real PostgreSQL and on SQLite: a refused
+file leaves nothing, whatever refused it and however late; identical requests and
+idempotency keys; the line reader's edges; batch messages written without send_task."""
+
+import base64
+import io
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import redis
+from sqlalchemy import func, select, text
+from sqlalchemy.orm import Session, sessionmaker
+
+from api.dispatch import CeleryDispatcher
+from quotaflow import dedup, formats, ingest, quotas
+from quotaflow.config import Settings
+from quotaflow.db import session_factory, upgrade
+from quotaflow.errors import EnqueuedTokenLimit, InputFileError
+from quotaflow.jobs import BatchRef
+from quotaflow.models import Item, Job, Result
+from tests.factories import chat_line, jsonl
+
+
+class Collect:
+    def __init__(self) -> None:
+        self.batches: list[BatchRef] = []
+
+    def dispatch(self, queue: str, batches: list[BatchRef]) -> None:
+        self.batches.extend(batches)
+
+
+def make(sessions: sessionmaker[Session], settings: Settings, data: bytes,
+         **spec: object) -> ingest.Created:
+    return ingest.create_job(sessions, io.BytesIO(data), settings=settings,
+                             deployments=settings.load_deployments(), dispatcher=Collect(),
+                             spec=ingest.JobSpec(**{"queue": "bulk", **spec}))
+
+
+def row_counts(sessions: sessionmaker[Session]) -> tuple[int, ...]:
+    with sessions() as session:
+        return tuple(session.scalar(select(func.count()).select_from(model))
+                     for model in (Job, Item, Result))
+
+
+def big_file(count: int, invalid_every: int = 0) -> list[dict | str]:
+    """Distinct requests, with an invalid line every so often (they write result rows)."""
+    return [("{not json" if invalid_every and i % invalid_every == 0 else
+             chat_line(f"r{i}", f"question {i}")) for i in range(1, count + 1)]
+
+
+def test_a_duplicate_custom_id_on_the_last_line_leaves_nothing(pg_sessions, settings) -> None:
+    # Given 20,000 lines (some invalid) whose very last line repeats the first's custom_id
+    lines = [*big_file(20_000, invalid_every=97), chat_line("r1", "another question")]
+    # When it is ingested, it is refused naming both lines, after everything was sent
+    with pytest.raises(InputFileError, match="duplicate custom_id 'r1' on lines 1 and 20001"):
+        make(pg_sessions, settings, jsonl(lines))
+    # And no job, item or result of it is left
+    assert row_counts(pg_sessions) == (0, 0, 0)
+
+
+def test_a_duplicate_within_a_file_is_found_without_a_rewindable_stream(pg_sessions,
+                                                                         settings) -> None:
+    class OneWay(io.RawIOBase):
+        def __init__(self, data: bytes) -> None:
+            self._data = io.BytesIO(data)
+
+        def readable(self) -> bool:
+            return True
+
+        def readinto(self, buffer) -> int:
+            return self._data.readinto(buffer)
+
+    stream = io.BufferedReader(OneWay(jsonl([chat_line("a"), chat_line("b"), chat_line("a")])))
+    with pytest.raises(InputFileError, match="duplicate custom_id 'a'; each custom_id"):
+        ingest.create_job(pg_sessions, stream, settings=settings,
+                          deployments=settings.load_deployments(), dispatcher=Collect(),
+                          spec=ingest.JobSpec(queue="bulk"))
+    assert row_counts(pg_sessions) == (0, 0, 0)
+
+
+def test_a_file_over_max_lines_or_over_the_quota_leaves_nothing(pg_sessions, settings) -> None:
+    settings.max_lines = 100
+    with pytest.raises(InputFileError, match=r"more than 100 requests \(QUOTAFLOW_MAX_LINES\)"):
+        make(pg_sessions, settings, jsonl(big_file(150, invalid_every=7)))
+    with pytest.raises(InputFileError, match=r"more than 20 .*QUOTAFLOW_MAX_BATCH_LINES"):
+        make(pg_sessions, settings, jsonl(big_file(30)), max_lines=20,
+             endpoint="/v1/chat/completions")
+    settings.max_enqueued_tokens = 500  # 10 tokens a line: refused at the 51st, mid-file
+    with pytest.raises(EnqueuedTokenLimit, match="this batch has at least 510 prompt tokens"):
+        make(pg_sessions, settings, jsonl([chat_line(f"t{i}", f"{i:04d}" + "x" * 36)
+                                           for i in range(100)]))
+    assert row_counts(pg_sessions) == (0, 0, 0)
+    # and a file within every limit is taken, counting its tokens once
+    job = make(pg_sessions, settings, jsonl(big_file(90, invalid_every=10))).job
+    assert job.total == 90 and 0 < job.enqueued_tokens <= 500
+    assert row_counts(pg_sessions) == (1, 90, 9)
+
+
+def test_identical_requests_wait_on_the_first_even_past_the_suspect_list(
+        pg_sessions, settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Given more repeated bodies than the in-memory suspect list holds
+    monkeypatch.setattr(ingest, "MAX_SUSPECTS", 3)
+    settings.batch_size = 4
+    prompts = ["a", "b", "c", "d", "e", "a", "b", "c", "d", "e", "f", "a"]
+    dispatcher = Collect()
+    job = ingest.create_job(pg_sessions, io.BytesIO(jsonl(
+        [chat_line(f"x{i}", p) for i, p in enumerate(prompts, 1)])), settings=settings,
+        deployments=settings.load_deployments(), dispatcher=dispatcher,
+        spec=ingest.JobSpec(queue="bulk")).job
+    with pg_sessions() as session:
+        rows = session.execute(select(Item.line_no, Item.status, Item.duplicate_of)
+                               .where(Item.job_id == job.id).order_by(Item.line_no)).all()
+    # Then each copy waits on the first line with its body, and only originals are sent
+    assert [(line, status, dup) for line, status, dup in rows if dup] == [
+        (6, "waiting", 1), (7, "waiting", 2), (8, "waiting", 3), (9, "waiting", 4),
+        (10, "waiting", 5), (12, "waiting", 1)]
+    assert [(b.first_line, b.last_line) for b in dispatcher.batches] == [(1, 4), (5, 11)]
+
+
+def test_the_seen_filter_never_misses_a_repeat() -> None:
+    seen = dedup.SeenFilter(1000)
+    digests = [formats.body_digest("/v1/embeddings", str(i).encode()) for i in range(1000)]
+    assert sum(seen.add(d) for d in digests) <= 5  # a new body is rarely flagged
+    assert all(seen.add(d) for d in digests)  # a repeated one always is
+
+
+def test_the_same_idempotency_key_while_the_first_is_still_ingesting(pg_sessions,
+                                                                     settings) -> None:
+    # Given the tenant's lock held, so the first request stops just before its commit
+    made: list[ingest.Created] = []
+    data = jsonl(big_file(50))
+    with pg_sessions.begin() as holder:
+        quotas.lock_tenant(holder, "acme")
+        threads = [threading.Thread(target=lambda: made.append(
+            make(pg_sessions, settings, data, tenant="acme", idempotency_key="k-1")))
+            for _ in range(2)]
+        for thread in threads:
+            thread.start()
+            time.sleep(0.5)  # the second finds the first's uncommitted row and waits
+        assert made == []
+    for thread in threads:
+        thread.join(30)
+    # Then one job was made, and the other request got it back
+    assert sorted(m.replayed for m in made) == [False, True]
+    assert made[0].job.id == made[1].job.id
+    assert row_counts(pg_sessions) == (1, 50, 0)
+    # And a later request with that key gets it too, while another tenant's key is its own
+    again = make(pg_sessions, settings, data, tenant="acme", idempotency_key="k-1")
+    assert again.replayed and again.job.id == made[0].job.id
+    other = make(pg_sessions, settings, data, tenant="globex", idempotency_key="k-1")
+    assert not other.replayed and other.job.id != made[0].job.id
+
+
+def test_sqlite_ingest_names_a_duplicate_and_leaves_nothing(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'embedded.db'}"
+    upgrade(url)
+    sessions = session_factory(url)
+    settings = Settings(database_url=url, _env_file=None)
+    lines = [*big_file(2500, invalid_every=50), chat_line("r1201", "again")]
+    with pytest.raises(InputFileError, match="duplicate custom_id 'r1201' on lines 1201 and 2501"):
+        make(sessions, settings, jsonl(lines))
+    assert row_counts(sessions) == (0, 0, 0)
+    # the same file without the duplicate: every line, the invalid ones with their error rows
+    job = make(sessions, settings, jsonl([*lines[:-1], chat_line("last", "question 7")])).job
+    assert row_counts(sessions) == (1, 2501, 50)
+    with sessions() as session:
+        assert session.execute(select(Item.status, Item.duplicate_of)
+                               .where(Item.job_id == job.id, Item.line_no == 2501)
+                               ).one() == ("waiting", 7)
+        error = session.scalar(select(Result.error).where(Result.line_no == 50))
+    assert error["line"] == 50 and "not valid JSON" in error["message"]
+
+
+@pytest.mark.parametrize("block", [1, 3, 7, 64])
+def test_lines_come_out_whole_whatever_the_read_size(block: int,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(formats, "_BLOCK", block)
+    data = b'{"a":1}\r\n\n  \n' + b"x" * 40 + b"\n" + b'{"b":2}\n' + b"y" * 12 + b"\n" + b"tail"
+    got = list(formats.read_lines(io.BytesIO(data), 12))
+    assert got == [(1, b'{"a":1}\r'), (2, b""), (3, b"  "), (4, None), (5, b'{"b":2}'),
+                   (6, b"y" * 12), (7, b"tail")]
+    assert list(formats.read_lines(io.BytesIO(b"z" * 30), 12)) == [(1, None)]
+    with pytest.raises(InputFileError, match="larger than the limit of 20 bytes"):
+        list(formats.read_lines(io.BytesIO(data), 12, max_file_bytes=20))
+
+
+def test_numbers_keep_their_value(pg_sessions, settings) -> None:
+    line = chat_line("n", "numbers")
+    line["body"]["seed"] = 123456789012345678901234567890
+    line["body"]["temperature"] = 0.00001
+    job = make(pg_sessions, settings, jsonl([line])).job
+    with pg_sessions() as session:
+        body = session.scalar(select(Item.body).where(Item.job_id == job.id))
+        stored = session.scalar(text("SELECT body->>'seed' FROM items WHERE job_id = :j"),
+                                {"j": job.id})
+    assert body["seed"] == 123456789012345678901234567890 and stored == str(body["seed"])
+    assert body["temperature"] == 0.00001
+    assert json.loads(json.dumps(body)) == line["body"]
+
+
+def test_pipelined_batch_messages_are_what_send_task_writes(redis_url: str) -> None:
+    # The first message goes through Celery's send_task, the rest through the pipeline
+    CeleryDispatcher(redis_url).dispatch("bulk", [BatchRef("batch_q", 1, 25),
+                                                  BatchRef("batch_q", 26, 50)])
+    client = redis.Redis.from_url(redis_url)
+    sent, pushed = (json.loads(client.lindex("bulk", index)) for index in (-1, -2))
+    per_message = {"id", "root_id", "argsrepr", "correlation_id", "delivery_tag"}
+
+    def fixed(message: dict) -> dict:
+        return {**{k: v for k, v in message.items() if k not in ("body", "headers",
+                                                                 "properties")},
+                **{k: v for k, v in message["headers"].items() if k not in per_message},
+                **{k: v for k, v in message["properties"].items() if k not in per_message}}
+
+    assert fixed(pushed) == fixed(sent)
+    assert list(pushed["headers"]) == list(sent["headers"])
+    assert pushed["headers"]["root_id"] == pushed["headers"]["id"] != sent["headers"]["id"]
+    assert pushed["properties"]["correlation_id"] == pushed["headers"]["id"]
+    bodies = [json.loads(base64.b64decode(m["body"])) for m in (sent, pushed)]
+    assert [b[0] for b in bodies] == [["batch_q", 1, 25], ["batch_q", 26, 50]]
+    assert bodies[0][1:] == bodies[1][1:]
+    client.close()
