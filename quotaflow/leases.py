@@ -73,6 +73,18 @@ def release(sessions: sessionmaker[Session], job_id: str, owner: str,
                     attempts=ITEMS.c.attempts - 1))
 
 
+def end_unsent(sessions: sessionmaker[Session], job_id: str, owner: str,
+               items: list[ClaimedItem], status: str) -> None:
+    """Close claimed items that will not be sent (their job was cancelled or expired);
+    their error lines say so (jobs.iter_output)."""
+    with sessions.begin() as session:
+        session.execute(
+            update(ITEMS)
+            .where(ITEMS.c.job_id == job_id, ITEMS.c.line_no.in_([i.line_no for i in items]),
+                   ITEMS.c.lease_owner == owner, ITEMS.c.status == ItemStatus.RUNNING)
+            .values(status=status, lease_owner=None, lease_expires_at=None))
+
+
 def leased_elsewhere_for(session: Session, ref: BatchRef) -> float | None:
     """Seconds until the last foreign lease in the range runs out, or None if none is held."""
     latest = session.scalar(

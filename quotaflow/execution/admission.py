@@ -19,7 +19,7 @@ from quotaflow.errors import ServiceUnavailable
 from quotaflow.execution.attempts import LIMITER_DOWN_BACKOFF_S, MAX_ROUTE_WAIT_S, Caller, poll_time
 from quotaflow.execution.batch import Admitted, BatchRun
 from quotaflow.execution.prepare import Preparer
-from quotaflow.leases import ClaimedItem, release
+from quotaflow.leases import ClaimedItem, end_unsent, release
 from quotaflow.models import utcnow
 from quotaflow.outcomes import Failure
 from quotaflow.ratelimit import Limiter, sleep_time
@@ -56,10 +56,9 @@ class Admitter:
         calls: dict[str, set[asyncio.Task[None]]] = {}
         gathered = False
         while waiting:
-            for name in calls:
-                calls[name] = {call for call in calls[name] if not call.done()}
-            busy = {name for name, flying in calls.items()
-                    if len(flying) >= self.deployments.deployments[name].max_concurrency}
+            if self._stopped(run, waiting):
+                break
+            busy = self._busy(calls)
             try:
                 choice = self.router.choose(route, exclude=busy)
             except ServiceUnavailable as exc:
@@ -107,6 +106,21 @@ class Admitter:
             if not await self._pause(run, waiting, admission.wait_s, refunds_due, deployment):
                 break
         await asyncio.gather(*(call for flying in calls.values() for call in flying))
+
+    def _stopped(self, run: BatchRun, waiting: list[ClaimedItem]) -> bool:
+        """End the unsent items of a job that was cancelled or expired meanwhile."""
+        ended = run.watch.ended()
+        if ended:
+            end_unsent(self.sessions, run.ref.job_id, run.owner, waiting, ended)
+            waiting.clear()
+        return ended is not None
+
+    def _busy(self, calls: dict[str, set[asyncio.Task[None]]]) -> set[str]:
+        """Forget finished calls; the deployments with no call to spare."""
+        for name in calls:
+            calls[name] = {call for call in calls[name] if not call.done()}
+        return {name for name, flying in calls.items()
+                if len(flying) >= self.deployments.deployments[name].max_concurrency}
 
     def _prepare_chunk(self, run: BatchRun, deployment: Deployment,
                        waiting: list[ClaimedItem], size: int) -> list[Admitted]:

@@ -12,6 +12,7 @@ from quotaflow.config import Deployment, Route
 from quotaflow.errors import PermanentProviderError, ProviderError, ServiceUnavailable
 from quotaflow.execution.batch import Admitted, BatchRun
 from quotaflow.execution.prepare import Preparer
+from quotaflow.execution.stopping import CODES
 from quotaflow.leases import ClaimedItem
 from quotaflow.outcomes import Failure, FailureCode, Outcome
 from quotaflow.providers import ProviderResponse
@@ -22,9 +23,9 @@ log = logging.getLogger(__name__)
 
 # How long to wait before asking an unreachable limiter again.
 LIMITER_DOWN_BACKOFF_S = 5.0
-# The longest one sleep while no deployment is available: circuits and blocks can
-# end early (a probe succeeds), so look again at least this often.
-MAX_ROUTE_WAIT_S = 5.0
+# The longest one sleep while no deployment is available or budget is short: circuits
+# and blocks can end early (a probe succeeds), and a cancel must be noticed soon.
+MAX_ROUTE_WAIT_S = 1.0
 # A wait computed from the refill rate ignores refunds that other workers' calls
 # will bring back sooner; where usage is reconciled, look again this often.
 REFUND_POLL_S = 0.05
@@ -83,6 +84,9 @@ class Caller:
                        avoid: frozenset[str]) -> Admitted | Failure:
         """Route a retry and pay for it, waiting as long as no deployment can take it."""
         while True:
+            if ended := run.watch.ended():
+                return Failure(CODES[ended], f"line {item.line_no}: not sent again because "
+                                             f"the job was {ended}")
             try:
                 choice = self.router.choose(route, exclude=avoid)
                 if choice.deployment is None:

@@ -5,6 +5,7 @@ from typing import Any
 
 from quotaflow.config import Deployment
 from quotaflow.execution.feedback import Feedback
+from quotaflow.execution.stopping import JobWatch
 from quotaflow.execution.writer import ResultWriter
 from quotaflow.jobs import BatchRef
 from quotaflow.leases import ClaimedItem
@@ -48,6 +49,7 @@ class BatchRun:
     policy: RetryPolicy
     writer: ResultWriter
     feedback: Feedback
+    watch: JobWatch
     retry_in: float | None = field(default=None)
 
     def finish(self, item: ClaimedItem, outcome: Outcome) -> None:

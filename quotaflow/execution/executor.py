@@ -29,6 +29,7 @@ from quotaflow.execution.feedback import Feedback
 from quotaflow.execution.leasing import keep_leases
 from quotaflow.execution.prepare import Preparer
 from quotaflow.execution.runtime import PROVIDERS, ProviderPool
+from quotaflow.execution.stopping import JobWatch
 from quotaflow.execution.writer import ResultWriter
 from quotaflow.jobs import BatchRef, close_if_done
 from quotaflow.leases import ClaimedItem, claim, leased_elsewhere_for
@@ -101,7 +102,8 @@ class BatchExecutor:
                              or self.settings.provider_max_attempts)
         run = BatchRun(ref, owner, job.url, self.settings.floor_for(job.queue), policy,
                        ResultWriter(self.sessions, ref.job_id, on_item, job.has_duplicates),
-                       Feedback(self.limiter, self.breaker))
+                       Feedback(self.limiter, self.breaker),
+                       JobWatch(self.sessions, ref.job_id))
         reused = (earlier_answers(self.sessions, ref.job_id, job.tenant, items)
                   if self.settings.dedup_across_jobs else {})
         by_model: dict[str | None, list[ClaimedItem]] = {}

@@ -1,0 +1,47 @@
+"""A running batch notices within a second that its job was cancelled or expired.
+
+Claimed items used to keep going until their batch ended: a batch of 100
+waiting for budget went on sending long after the operator pressed cancel.
+The batch now reads its job's status every STOP_CHECK_S while it admits, and
+ends the items it has not sent as cancelled or expired; calls already sent
+finish and keep their results.
+"""
+
+import time
+from dataclasses import dataclass, field
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from quotaflow.models import ItemStatus, Job, JobStatus
+from quotaflow.outcomes import FailureCode
+
+# How often a running batch reads its job's status: one small query per batch per
+# interval, and the most a cancel or an expiry waits to take effect.
+STOP_CHECK_S = 0.5
+
+_ENDED = {JobStatus.CANCELLING: ItemStatus.CANCELLED, JobStatus.CANCELLED: ItemStatus.CANCELLED,
+          JobStatus.EXPIRED: ItemStatus.EXPIRED}
+CODES = {ItemStatus.CANCELLED: FailureCode.BATCH_CANCELLED,
+         ItemStatus.EXPIRED: FailureCode.BATCH_EXPIRED}
+
+
+@dataclass
+class JobWatch:
+    """Whether the job still wants its requests sent; read at most every STOP_CHECK_S."""
+
+    sessions: sessionmaker[Session]
+    job_id: str
+    _checked: float = field(default_factory=time.monotonic)  # claimed just now: running
+    _ended: str | None = None
+
+    def ended(self) -> str | None:
+        """ItemStatus.CANCELLED or EXPIRED once the job is, else None."""
+        now = time.monotonic()
+        if self._ended is None and now - self._checked >= STOP_CHECK_S:
+            self._checked = now
+            with self.sessions() as session:
+                status = session.scalar(select(Job.__table__.c.status)
+                                        .where(Job.__table__.c.id == self.job_id))
+            self._ended = _ENDED.get(status)
+        return self._ended

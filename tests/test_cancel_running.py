@@ -1,0 +1,100 @@
+"""A claimed batch stops sending within a second of its job being cancelled or expiring:
+calls already sent finish and keep their results, the rest end as batch_cancelled or
+batch_expired."""
+
+import io
+import json
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from sqlalchemy import update
+
+from quotaflow import jobs
+from quotaflow.execution import BatchExecutor
+from quotaflow.models import Job, JobStatus
+from quotaflow.ratelimit import LocalLimiter
+from tests.conftest import service_env
+from tests.factories import chat_line, jsonl
+from tests.procs import Proc, free_port, quotaflow
+
+LINES = 200
+
+
+@pytest.fixture
+def slow_provider(tmp_path: Path) -> Iterator[str]:
+    """A provider answering in 100 ms, with no limit worth the name."""
+    port = free_port()
+    proc = Proc("provider", quotaflow("mock-provider", "--port", str(port), "--rpm", "600000",
+                                      "--tpm", "100000000", "--latency-ms", "100"),
+                service_env(), tmp_path)
+    try:
+        proc.wait_http(f"http://127.0.0.1:{port}/healthz")
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.stop()
+
+
+def _run_in_background(pg_sessions, settings, tmp_path: Path, provider: str):
+    (tmp_path / "d.toml").write_text(
+        f'[deployments.slow]\nprovider = "openai"\nbase_url = "{provider}/v1"\nmodel = "m"\n'
+        'rpm = 600000\ntpm = 100000000\nmax_concurrency = 4\n[routes]\n"*" = "slow"\n')
+    settings.deployments_file = tmp_path / "d.toml"
+    settings.batch_size = LINES
+    batches: list[jobs.BatchRef] = []
+
+    class Collect:
+        def dispatch(self, queue: str, refs: list[jobs.BatchRef]) -> None:
+            batches.extend(refs)
+
+    job = jobs.create_job(pg_sessions, io.BytesIO(jsonl([chat_line(f"c{i}")
+                                                         for i in range(LINES)])),
+                          settings=settings, deployments=settings.load_deployments(),
+                          dispatcher=Collect(), queue="realtime")
+    executor = BatchExecutor(pg_sessions, settings.load_deployments(), LocalLimiter(), settings)
+    reports = []
+    thread = threading.Thread(target=lambda: reports.append(executor.run(batches[0])))
+    thread.start()
+    return job.id, thread, reports
+
+
+def _errors(pg_sessions, job_id: str) -> list[dict]:
+    with pg_sessions() as session:
+        return [json.loads(line) for line in jobs.iter_output(session, job_id, errors=True)]
+
+
+@pytest.mark.parametrize("how", ["cancel", "expire"])
+def test_a_claimed_batch_stops_sending_soon_after_its_job_ends(
+        pg_sessions, settings, tmp_path, slow_provider, how: str) -> None:
+    # Given one batch of 200 claimed and running, 4 calls of 100 ms at a time (5 s in all)
+    job_id, thread, reports = _run_in_background(pg_sessions, settings, tmp_path,
+                                                 slow_provider)
+    time.sleep(1.0)
+    # When its job is cancelled, or its completion window ends
+    ended_at = time.time()
+    if how == "cancel":
+        jobs.cancel_job(pg_sessions, job_id)
+    else:
+        with pg_sessions.begin() as session:
+            session.execute(update(Job).where(Job.id == job_id)
+                            .values(expires_at=Job.created_at))
+        assert jobs.expire_overdue(pg_sessions) == [job_id]
+    thread.join(30)
+    # Then nothing was admitted by the provider more than 1.5 s later
+    stats = httpx.get(f"{slow_provider}/stats").json()
+    assert stats["last_admitted_at"] < ended_at + 1.5, stats["last_admitted_at"] - ended_at
+    # And every line is accounted for once: answered before the end, or not sent and
+    # listed with the job's reason
+    [report] = reports
+    code = "batch_cancelled" if how == "cancel" else "batch_expired"
+    errors = _errors(pg_sessions, job_id)
+    assert {e["error"]["code"] for e in errors} == {code}
+    assert 0 < report.succeeded < LINES / 2
+    assert report.succeeded + len(errors) == LINES
+    assert stats["admitted"] == report.succeeded
+    with pg_sessions() as session:
+        status = jobs.get_job(session, job_id).status
+    assert status == (JobStatus.CANCELLED if how == "cancel" else JobStatus.EXPIRED)
