@@ -254,13 +254,21 @@ class Settings(BaseSettings):
 
     # A job's completion window, as OpenAI's "24h": then unsent requests expire.
     completion_window_s: int = Field(default=24 * 3600, gt=0)
-    lease_seconds: int = Field(default=300, gt=0)
+    # A claim's lease, renewed every third of it while its batch runs: a lease that runs
+    # out means a dead worker, whose items are free again within this (plus a reap).
+    lease_seconds: int = Field(default=30, gt=0)
     # How often the workers look for expired leases of dead workers.
-    reap_interval_s: float = Field(default=30.0, gt=0)
+    reap_interval_s: float = Field(default=10.0, gt=0)
     # How long a pending item may wait for its queue message before the reaper
     # presumes the message lost (broker restarted empty, dispatch failed) and
-    # sends another. Like Redis's own redelivery, an hour by default.
+    # sends another. Like Redis's own redelivery, an hour by default: a long queue is
+    # not a lost message. A broker that restarted is noticed at once instead (its
+    # run id changes; workers/reaper.py).
     queue_patience_s: float = Field(default=3600.0, gt=0)
+    # A batch handed back to wait for budget is sent again by the reaper if its
+    # delayed message has not come this long after its countdown (the worker holding
+    # it died, or the broker lost it).
+    defer_grace_s: float = Field(default=30.0, gt=0)
     # Tries per request at the provider, unless a job asks for another number.
     provider_max_attempts: int = Field(default=5, gt=0, le=20)
     # Identical requests (same endpoint and body) within a job are sent once and the

@@ -1,13 +1,15 @@
 """The reaper: queues again what no worker will otherwise pick up.
 
-Two cases. A worker killed outright (SIGKILL, a lost machine) leaves its
+Three cases. A worker killed outright (SIGKILL, a lost machine) leaves its
 claimed items `running` under a lease nobody renews, and its unacked Celery
 message only comes back after Redis's visibility timeout (an hour by
 default): once the lease runs out, the items go back to `pending` with a new
-message. And a pending item whose message never came (Redis restarted empty,
-the broker was down when the job was dispatched) is sent again once it has
-waited longer than the queue patience. A message that arrives twice is
-harmless: claims are conditional and results insert-or-ignore.
+message. A pending item whose message never came (the broker was down when
+the job was dispatched, or a batch handed back to wait for budget lost its
+delayed message) is sent again once it has waited longer than its patience.
+And when the broker itself restarted (workers/reaper.py sees its run id
+change), every pending item is sent again at once. A message that arrives
+twice is harmless: claims are conditional and results insert-or-ignore.
 """
 
 from datetime import timedelta
@@ -22,11 +24,17 @@ REAP_LIMIT = 10_000
 
 
 def reap(sessions: sessionmaker[Session], dispatcher: Dispatcher, batch_size: int,
-         patience: timedelta) -> int:
-    """Queue again the items of dead workers and of lost messages; how many were queued."""
+         patience: timedelta, messages_lost: bool = False) -> int:
+    """Queue again the items of dead workers and of lost messages; how many were queued.
+
+    `messages_lost`: the broker restarted, so every pending item may have lost its
+    message; all of them are queued again at once, whatever their patience (a message
+    that survived only makes a second claim find nothing).
+    """
     now = utcnow()
+    pending = Item.status == ItemStatus.PENDING
     abandoned = or_(and_(Item.status == ItemStatus.RUNNING, Item.lease_expires_at < now),
-                    and_(Item.status == ItemStatus.PENDING, Item.lease_expires_at < now))
+                    pending if messages_lost else and_(pending, Item.lease_expires_at < now))
     with sessions.begin() as session:
         rows = session.execute(
             select(Item.job_id, Item.line_no)

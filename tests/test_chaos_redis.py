@@ -39,10 +39,11 @@ def test_redis_restart_loses_nothing(pg_url: str, pg_sessions, tmp_path: Path,
         deployments = deployment_file(tmp_path, "slow", provider_url)
         env = service_env(QUOTAFLOW_DATABASE_URL=pg_url, QUOTAFLOW_BROKER_URL=redis_url,
                           QUOTAFLOW_DEPLOYMENTS_FILE=str(deployments),
-                          QUOTAFLOW_QUEUE_PATIENCE_S="5", QUOTAFLOW_REAP_INTERVAL_S="1")
+                          QUOTAFLOW_REAP_INTERVAL_S="1")
         procs += start_workers(env, tmp_path, "redis")
+        # (the default queue patience, an hour: only noticing the restart can resume it)
         settings = Settings(database_url=pg_url, broker_url=redis_url, batch_size=5,
-                            queue_patience_s=5, deployments_file=deployments, _env_file=None)
+                            deployments_file=deployments, _env_file=None)
         job = jobs.create_job(pg_sessions, io.BytesIO(jsonl([chat_line(f"q{i}")
                                                             for i in range(120)])),
                               settings=settings, deployments=settings.load_deployments(),
@@ -55,8 +56,9 @@ def test_redis_restart_loses_nothing(pg_url: str, pg_sessions, tmp_path: Path,
         stop_redis()
         time.sleep(2)
         start_redis()
-        # Then the job still completes: lost messages are sent again by the reaper
-        status = wait_until_finished(sessions, job.id, time.monotonic(), 120, 120)
+        # Then the job resumes at once: the reaper sees the broker's run id change and
+        # sends the lost messages again (not after the hour of queue patience)
+        status = wait_until_finished(sessions, job.id, time.monotonic(), 60, 120)
         stats = httpx.get(f"{provider_url}/stats").json()
     finally:
         for proc in reversed(procs):

@@ -296,6 +296,20 @@ def test_reaper_resends_pending_items_whose_message_was_lost(pg_sessions, settin
     assert reap(pg_sessions, Collect(), batch_size=10, patience=HOUR) == 0
 
 
+def test_a_broker_restart_sends_every_pending_item_again_at_once(pg_sessions,
+                                                                settings) -> None:
+    # Given a job whose items are pending, well within their queue patience, and one
+    # item held by a live worker
+    job = create(pg_sessions, settings, jsonl([chat_line(f"r{i}") for i in range(4)]))
+    claim(pg_sessions, BatchRef(job.id, 4, 4), "live-worker", timedelta(seconds=60))
+    assert reap(pg_sessions, Collect(), batch_size=10, patience=HOUR) == 0
+    # When the broker restarted, so their messages may be gone
+    again = Collect()
+    assert reap(pg_sessions, again, batch_size=10, patience=HOUR, messages_lost=True) == 3
+    # Then the pending ones are queued again now, the live worker's are left to it
+    assert again.batches == [BatchRef(job.id, 1, 3)]
+
+
 def test_a_running_batch_renews_its_leases(pg_sessions, settings) -> None:
     job = create(pg_sessions, settings, jsonl([chat_line("r0")]))
     [item] = claim(pg_sessions, BatchRef(job.id, 1, 1), "me", timedelta(seconds=1))

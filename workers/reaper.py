@@ -12,6 +12,7 @@ import redis
 from celery import Celery
 from celery.signals import worker_ready, worker_shutting_down
 
+from quotaflow.broker_watch import BrokerWatch
 from quotaflow.config import get_settings
 from quotaflow.constants import REDIS_PREFIX, TASK_PROCESS_BATCH
 from quotaflow.db import session_factory
@@ -41,15 +42,21 @@ def reap_forever() -> None:
     settings = get_settings()
     interval = settings.reap_interval_s
     lock = redis.Redis.from_url(settings.limiter_url or settings.broker_url)
+    broker = BrokerWatch(redis.Redis.from_url(settings.broker_url))
     sessions = session_factory(settings.database_url)
     # Queued again where they were first sent: a local deployment's batches to its queues.
     dispatcher = PlacingDispatcher(AppDispatcher(app), sessions, settings.load_deployments())
     while not _stop.wait(interval):
         try:
+            broker.observe()
             # One reaper per round, cluster-wide; the lock lapses by itself.
             if lock.set(LOCK_KEY, "1", nx=True, px=int(interval * 1000 * 0.9)):
+                lost = broker.restarted()
+                if lost:
+                    log.warning("reaper: the broker restarted; queueing every pending item "
+                                "again, as its message may be gone")
                 requeued = reap(sessions, dispatcher, settings.batch_size,
-                                timedelta(seconds=settings.queue_patience_s))
+                                timedelta(seconds=settings.queue_patience_s), lost)
                 if requeued:
                     log.warning("reaper: %d items of dead workers or lost messages queued again",
                                 requeued)

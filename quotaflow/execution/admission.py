@@ -150,7 +150,7 @@ class Admitter:
     def _defer(self, run: BatchRun, waiting: list[ClaimedItem], wait_s: float) -> None:
         """Give unstarted items back, to be run again when their wait is over."""
         countdown = min(wait_s, self.settings.max_countdown_s)
-        queued_until = utcnow() + timedelta(seconds=countdown + self.settings.queue_patience_s)
+        queued_until = utcnow() + timedelta(seconds=countdown + self.settings.defer_grace_s)
         release(self.sessions, run.ref.job_id, run.owner, waiting, queued_until)
         run.later(countdown)
 
