@@ -54,6 +54,15 @@ class Admitter:
     async def run_route(self, run: BatchRun, route: Route, items: list[ClaimedItem]) -> None:
         waiting = list(items)
         calls: dict[str, set[asyncio.Task[None]]] = {}
+        try:
+            await self._admit(run, route, waiting, calls)
+        finally:
+            # Calls already sent finish and are stored, whatever ended the loop.
+            await asyncio.gather(*(call for flying in calls.values() for call in flying),
+                                 return_exceptions=True)
+
+    async def _admit(self, run: BatchRun, route: Route, waiting: list[ClaimedItem],
+                     calls: dict[str, set[asyncio.Task[None]]]) -> None:
         gathered = False
         while waiting:
             if self._stopped(run, waiting):
@@ -105,7 +114,6 @@ class Admitter:
             refunds_due = admission.tokens_in_flight > 0 and deployment.reconcile_usage
             if not await self._pause(run, waiting, admission.wait_s, refunds_due, deployment):
                 break
-        await asyncio.gather(*(call for flying in calls.values() for call in flying))
 
     def _stopped(self, run: BatchRun, waiting: list[ClaimedItem]) -> bool:
         """End the unsent items of a job that was cancelled or expired meanwhile."""

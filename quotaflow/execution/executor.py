@@ -11,12 +11,15 @@ are quotaflow/outcomes.py.
 
 import asyncio
 import contextlib
+import logging
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 
 from sqlalchemy import exists, select
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from quotaflow.circuit import CircuitBreaker, LocalCircuitBreaker
@@ -40,12 +43,17 @@ from quotaflow.retries import RetryPolicy
 from quotaflow.reuse import earlier_answers
 from quotaflow.routing import Router
 
+log = logging.getLogger(__name__)
+
 # Jobs whose facts a worker process keeps (the oldest read is forgotten first).
 JOB_FACTS_KEPT = 1024
 # How often a running batch looks whether feedback or results are due to be written.
 FLUSH_TICK_S = 0.01
-# After a failed write, the next try waits this long (the database may be restarting).
+# After a failed write, the next try waits this long (the database may be restarting),
+# doubling up to MAX_WRITE_RETRY_S; a batch keeps its answers for KEEP_ANSWERS_S at most.
 WRITE_RETRY_S = 1.0
+MAX_WRITE_RETRY_S = 5.0
+KEEP_ANSWERS_S = 300.0
 
 
 @dataclass(frozen=True)
@@ -123,7 +131,7 @@ class BatchExecutor:
             with contextlib.suppress(asyncio.CancelledError):
                 await flusher
             run.feedback.flush()
-        await run.writer.flush()
+            await _store_all(run)  # answers are kept, whatever ended the batch
         report = BatchReport(len(items), run.writer.succeeded, run.writer.failed, run.retry_in)
         return self._report(ref, report)
 
@@ -185,3 +193,21 @@ def _retrieve(task: "asyncio.Future[None]") -> None:
     buffer, for the batch's last write; its exception needs no other reader."""
     if not task.cancelled():
         task.exception()
+
+
+async def _store_all(run: BatchRun) -> None:
+    """Write every answer the batch holds, waiting out a database that is away (for up
+    to KEEP_ANSWERS_S): an answer dropped here would be paid for again when its
+    request is sent a second time."""
+    delay, deadline = WRITE_RETRY_S, time.monotonic() + KEEP_ANSWERS_S
+    while True:
+        try:
+            await run.writer.flush()
+            return
+        except OperationalError as exc:
+            if time.monotonic() > deadline:
+                raise
+            log.warning("storing %d answers of %s failed (%s); trying again in %.0fs",
+                        run.writer.waiting, run.ref.job_id, exc.__class__.__name__, delay)
+            await asyncio.sleep(delay)
+            delay = min(2 * delay, MAX_WRITE_RETRY_S)

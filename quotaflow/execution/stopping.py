@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass, field
 
 from sqlalchemy import select
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from quotaflow.models import ItemStatus, Job, JobStatus
@@ -40,8 +41,11 @@ class JobWatch:
         now = time.monotonic()
         if self._ended is None and now - self._checked >= STOP_CHECK_S:
             self._checked = now
-            with self.sessions() as session:
-                status = session.scalar(select(Job.__table__.c.status)
-                                        .where(Job.__table__.c.id == self.job_id))
+            try:
+                with self.sessions() as session:
+                    status = session.scalar(select(Job.__table__.c.status)
+                                            .where(Job.__table__.c.id == self.job_id))
+            except OperationalError:  # the database is away: go on, look again later
+                return None
             self._ended = _ENDED.get(status)
         return self._ended

@@ -41,6 +41,10 @@ class ResultWriter:
             self._since = time.monotonic()
         self._buffer.append((item, outcome))
 
+    @property
+    def waiting(self) -> int:
+        return len(self._buffer)
+
     def due(self) -> bool:
         return bool(self._buffer) and (len(self._buffer) >= FLUSH_SIZE
                                        or time.monotonic() - self._since >= FLUSH_AFTER_S)
