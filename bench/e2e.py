@@ -61,7 +61,6 @@ import platform
 import resource
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -73,6 +72,8 @@ from pathlib import Path
 import httpx
 import psycopg
 import redis
+
+from tests.procs import Proc, free_port, quotaflow
 
 ROOT = Path(__file__).resolve().parent.parent
 TICK = os.sysconf("SC_CLK_TCK")
@@ -144,12 +145,6 @@ def snapshot(components: dict[str, list[int]]) -> Snapshot:
 # --- processes -----------------------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def child_env(**extra: str) -> dict[str, str]:
     """Our environment minus any QUOTAFLOW_* of the caller's, running this checkout's code."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("QUOTAFLOW_")}
@@ -157,55 +152,6 @@ def child_env(**extra: str) -> dict[str, str]:
     env["PYTHONUNBUFFERED"] = "1"
     env.update(extra)
     return env
-
-
-def quotaflow(*args: str) -> list[str]:
-    return [sys.executable, "-c", "from cli.main import main; main()", *args]
-
-
-class Proc:
-    """A child in a session of its own, its output in a log; stopped by its own pid/group."""
-
-    def __init__(self, name: str, argv: list[str], env: dict[str, str], workdir: Path) -> None:
-        self.name = name
-        self.log_path = workdir / f"{name}.log"
-        with self.log_path.open("ab") as log:
-            self.popen = subprocess.Popen(argv, env=env, cwd=workdir, stdout=log,
-                                          stderr=subprocess.STDOUT, start_new_session=True)
-
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
-
-    def log(self, chars: int = 4000) -> str:
-        return self.log_path.read_text(errors="replace")[-chars:]
-
-    def wait_until(self, ready: Callable[[], bool], timeout: float = 90.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.popen.poll() is not None:
-                raise RuntimeError(f"{self.name} exited with {self.popen.returncode}:\n"
-                                   f"{self.log()}")
-            with contextlib.suppress(httpx.HTTPError, OSError):
-                if ready():
-                    return
-            time.sleep(0.2)
-        raise TimeoutError(f"{self.name} not ready after {timeout:.0f} s:\n{self.log()}")
-
-    def wait_http(self, url: str, timeout: float = 90.0) -> None:
-        self.wait_until(lambda: httpx.get(url, timeout=2).status_code == 200, timeout)
-
-    def stop(self, timeout: float = 30.0) -> None:
-        """SIGTERM our process group, wait, then SIGKILL what is left of that group."""
-        if self.popen.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.popen.pid, signal.SIGTERM)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.popen.wait(timeout)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.popen.pid, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.popen.wait(10)
 
 
 class ThrowawayPostgres:
@@ -361,7 +307,7 @@ class Bench:
         self.provider.wait_http(f"{self.provider_url}/healthz")
 
     def _start(self, name: str, argv: list[str], env: dict[str, str]) -> Proc:
-        proc = Proc(name, argv, env, self.workdir)
+        proc = Proc(name, argv, env, self.workdir, cwd=self.workdir)
         self.procs.append(proc)
         return proc
 

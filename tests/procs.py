@@ -33,20 +33,21 @@ class Proc:
 
     running: ClassVar[list["Proc"]] = []
 
-    def __init__(self, name: str, argv: list[str], env: dict[str, str], log_dir: Path) -> None:
+    def __init__(self, name: str, argv: list[str], env: dict[str, str], log_dir: Path,
+                 cwd: Path | None = None) -> None:
         self.name = name
         self.log_path = log_dir / f"{name}.log"
         self._log = self.log_path.open("wb")
-        self.popen = subprocess.Popen(argv, env=env, stdout=self._log, stderr=subprocess.STDOUT,
-                                      start_new_session=True)
+        self.popen = subprocess.Popen(argv, env=env, cwd=cwd, stdout=self._log,
+                                      stderr=subprocess.STDOUT, start_new_session=True)
         Proc.running.append(self)
 
     @property
     def pid(self) -> int:
         return self.popen.pid
 
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")[-6000:]
+    def log(self, chars: int = 6000) -> str:
+        return self.log_path.read_text(errors="replace")[-chars:]
 
     def wait_until(self, ready: Callable[[], bool], timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout

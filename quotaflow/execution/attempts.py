@@ -55,8 +55,7 @@ class Caller:
             deployment = admitted.deployment
             response: ProviderResponse | None = None
             try:
-                response = await self.preparer.providers.get(deployment).send(
-                    run.url, admitted.body)
+                response = await admitted.provider.send(run.url, admitted.body)
             except PermanentProviderError as exc:
                 run.feedback.answered(deployment, admitted.budget, admitted.slot,
                                       admitted.cost, None)

@@ -10,6 +10,7 @@ from quotaflow.execution.writer import ResultWriter
 from quotaflow.jobs import BatchRef
 from quotaflow.leases import ClaimedItem
 from quotaflow.outcomes import Outcome
+from quotaflow.providers import Provider
 from quotaflow.ratelimit import Budget
 from quotaflow.retries import RetryPolicy
 
@@ -26,11 +27,12 @@ class BatchReport:
 
 @dataclass
 class Admitted:
-    """An item prepared for one deployment: the request as sent there, its admission
-    cost, and the slot of the admission that paid for it."""
+    """An item prepared for one deployment: the provider and request as sent there, its
+    admission cost, and the slot of the admission that paid for it."""
 
     item: ClaimedItem
     deployment: Deployment
+    provider: Provider
     budget: Budget
     body: dict[str, Any]
     cost: int

@@ -20,7 +20,7 @@ class Preparer:
     def prepare(self, url: str, deployment: Deployment, item: ClaimedItem) -> Admitted | Failure:
         """The item as `deployment` would receive it, or why it cannot go there."""
         try:
-            self.providers.get(deployment)
+            provider = self.providers.get(deployment)
         except ConfigError as exc:  # e.g. the key's environment variable is not set
             return Failure(FailureCode.CONFIGURATION_ERROR, str(exc))
         body = {**item.body, "model": deployment.model}
@@ -30,4 +30,4 @@ class Preparer:
             budget.check_fits(cost)
         except RequestTooLarge as exc:
             return Failure(FailureCode.REQUEST_TOO_LARGE, str(exc))
-        return Admitted(item, deployment, budget, body, cost)
+        return Admitted(item, deployment, provider, budget, body, cost)
