@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from sqlalchemy import Engine, Insert, Table, create_engine, event
+from sqlalchemy import Engine, Insert, Table, create_engine, event, text
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
@@ -95,6 +95,24 @@ def insert_ignore(session: Session, table: Table) -> Insert:
     if dialect == "sqlite":
         return sqlite.insert(table).on_conflict_do_nothing()
     raise ConfigError(f"database dialect {dialect} is not supported")
+
+
+def refresh_statistics(sessions: sessionmaker[Session], table: Table) -> None:
+    """ANALYZE a table that just grew by a large job, on PostgreSQL.
+
+    Until autovacuum gets to it (a minute or more), the planner has never seen the new
+    job's id and guesses it matches one row; with that guess it may read a chunk's
+    rows through any index that starts with job_id, reading the whole job for every
+    chunk. Best effort: a failure leaves the statistics to autovacuum.
+    """
+    with sessions() as session:
+        if session.get_bind().dialect.name != "postgresql":
+            return
+        try:
+            session.execute(text(f"ANALYZE {table.name}"))
+            session.commit()
+        except DBAPIError:
+            session.rollback()
 
 
 def upgrade(url: str) -> None:

@@ -3,18 +3,20 @@
 Ingest (quotaflow/ingest.py) hashes every request body as it streams past. A
 SeenFilter remembers the hashes in a fixed-size bit array instead of a dict of
 every line, so memory does not grow with the file; the few bodies it flags as
-possibly repeated are then settled exactly by one UPDATE in the database, which
-marks every later copy `waiting` on the first one's line (duplicate_of). The
-workers share the first answer with its copies (quotaflow/leases.py).
+possibly repeated are then settled exactly in the database, which marks every
+later copy `waiting` on the first one's line (duplicate_of). The workers share
+the first answer with its copies (quotaflow/leases.py).
 """
 
 import struct
 
-from sqlalchemy import func, select, update
+from sqlalchemy import bindparam, func, select, update
 from sqlalchemy.orm import Session
 
 from quotaflow.jobs import BatchRef
 from quotaflow.models import Item, ItemStatus
+
+ITEMS = Item.__table__
 
 _three_words = struct.Struct("<3Q").unpack_from
 MAX_BITS_LOG2 = 27  # 2**27 bits: 16 MiB
@@ -49,24 +51,40 @@ class SeenFilter:
 
 def share_identical(session: Session, job_id: str, suspects: set[bytes] | None) -> int:
     """Later copies of a request wait for the first one's answer (status `waiting`,
-    duplicate_of its line). Only the flagged bodies are looked at (all, when None)."""
-    changed = 0
-    hashes = sorted(digest.hex() for digest in suspects) if suspects is not None else [None]
-    for start in range(0, len(hashes), 1000):
-        chunk = hashes[start:start + 1000]
-        first = (select(Item.body_hash, func.min(Item.line_no).label("line"))
-                 .where(Item.job_id == job_id, Item.body_hash.is_not(None))
-                 .group_by(Item.body_hash).having(func.count() > 1))
-        if chunk != [None]:
-            first = first.where(Item.body_hash.in_(chunk))
-        original = first.subquery()
-        changed += session.execute(
-            update(Item)
-            .where(Item.job_id == job_id, Item.body_hash == original.c.body_hash,
-                   Item.line_no > original.c.line)
-            .values(status=ItemStatus.WAITING, duplicate_of=original.c.line,
-                    lease_expires_at=None)).rowcount
-    return changed
+    duplicate_of its line). Only the flagged bodies are looked at (all, when None).
+
+    The copies are found first and then updated by primary key, one statement for all,
+    rather than in one UPDATE ... FROM: inside the ingest transaction the planner has no
+    statistics for the new job and may join the job's items with themselves. The
+    flagged bodies are looked up by digest alone (its index), their job checked here.
+    """
+    copies: list[dict[str, int]] = []
+    if suspects is None:
+        first = func.min(ITEMS.c.line_no).over(partition_by=ITEMS.c.body_hash).label("first")
+        every = (select(ITEMS.c.line_no, first)
+                 .where(ITEMS.c.job_id == job_id, ITEMS.c.body_hash.is_not(None)).subquery())
+        copies = [{"line": line, "first": first_line} for line, first_line in session.execute(
+            select(every.c.line_no, every.c.first).where(every.c.line_no > every.c.first))]
+    else:
+        hashes = sorted(digest.hex() for digest in suspects)
+        lines: dict[str, list[int]] = {}
+        for start in range(0, len(hashes), 1000):
+            for owner, line, digest in session.execute(
+                    select(ITEMS.c.job_id, ITEMS.c.line_no, ITEMS.c.body_hash)
+                    .where(ITEMS.c.body_hash.in_(hashes[start:start + 1000]))):
+                if owner == job_id:
+                    lines.setdefault(digest, []).append(line)
+        for same in lines.values():
+            first_line = min(same)
+            copies.extend({"line": line, "first": first_line} for line in same
+                          if line != first_line)
+    if copies:
+        session.execute(
+            update(ITEMS)
+            .where(ITEMS.c.job_id == job_id, ITEMS.c.line_no == bindparam("line"))
+            .values(status=ItemStatus.WAITING, duplicate_of=bindparam("first"),
+                    lease_expires_at=None), copies)
+    return len(copies)
 
 
 def pending_batches(session: Session, job_id: str, batch_size: int) -> list[BatchRef]:

@@ -30,7 +30,7 @@ from quotaflow import quotas
 from quotaflow.bulkwrite import DuplicateCustomId, RowWriter, row_writer
 from quotaflow.config import Deployments, Settings
 from quotaflow.constants import DEFAULT_TENANT, QUEUES
-from quotaflow.db import insert_ignore
+from quotaflow.db import insert_ignore, refresh_statistics
 from quotaflow.dedup import SeenFilter, pending_batches, share_identical
 from quotaflow.errors import InputFileError, JobStateError, LineProblem
 from quotaflow.formats import (
@@ -44,12 +44,15 @@ from quotaflow.formats import (
 )
 from quotaflow.formats import to_request as _to_request
 from quotaflow.jobs import MAX_ATTEMPTS_LIMIT, BatchRef, Dispatcher, new_request_id
-from quotaflow.models import ItemStatus, Job, JobStatus, utcnow
+from quotaflow.models import Item, ItemStatus, Job, JobStatus, utcnow
 from quotaflow.outcomes import FailureCode
 from quotaflow.tokens import estimate_tokens, prompt_text
 
 MAX_PROBLEMS = 1000  # line problems kept for the refusal message (as many as the API shows)
 MAX_SUSPECTS = 100_000  # past this many possibly-repeated bodies, dedup scans the whole job
+# From this many lines, the items table is analysed once the job is stored: a job the
+# planner has no statistics for can cost a scan of all its items per chunk (db.py).
+ANALYZE_AT_LINES = 5000
 _MAX_MODELS = 1000  # models whose routing is remembered during one file
 
 
@@ -114,6 +117,8 @@ def create_job(sessions: sessionmaker[Session], stream: IO[bytes], *, settings: 
             assert earlier is not None
             return Created(earlier, replayed=True)
         job = session.get_one(Job, job_id)
+    if scan.total >= ANALYZE_AT_LINES:
+        refresh_statistics(sessions, Item.__table__)
     dispatcher.dispatch(spec.queue, scan.batches)
     return Created(job, counts={ItemStatus.FAILED: scan.total - scan.valid,
                                 ItemStatus.PENDING: scan.valid})

@@ -10,8 +10,9 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import IO, Any, Protocol
 
-from sqlalchemy import Text, and_, case, cast, delete, exists, func, or_, select, update
+from sqlalchemy import Text, and_, case, cast, delete, func, or_, select, update
 from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.sql.selectable import ScalarSelect
 
 from quotaflow.config import Deployments, Settings
 from quotaflow.constants import DEFAULT_TENANT
@@ -245,18 +246,31 @@ def close_if_done(session: Session, job_id: str) -> None:
     """finish_if_done inside the caller's transaction. One conditional UPDATE on the
     table (not the ORM entity: this runs after every batch), safe to run from every
     worker at once."""
-    jobs, items = Job.__table__.c, Item.__table__.c
-    open_items = exists().where(items.job_id == job_id, items.status.in_(ItemStatus.OPEN))
+    jobs = Job.__table__.c
     now = utcnow()
     running = jobs.status == JobStatus.IN_PROGRESS
     session.execute(
         update(Job.__table__)
         .where(jobs.id == job_id,
-               jobs.status.in_((JobStatus.IN_PROGRESS, JobStatus.CANCELLING)), ~open_items)
+               jobs.status.in_((JobStatus.IN_PROGRESS, JobStatus.CANCELLING)),
+               *(_last_line(job_id, status).is_(None) for status in ItemStatus.OPEN))
         .values(status=case((running, JobStatus.COMPLETED), else_=JobStatus.CANCELLED),
                 finalizing_at=case((running, now), else_=jobs.finalizing_at),
                 completed_at=case((running, now), else_=jobs.completed_at),
                 cancelled_at=case((running, jobs.cancelled_at), else_=now)))
+
+
+def _last_line(job_id: str, status: str) -> ScalarSelect[int]:
+    """The job's last line in this status: a backward walk of (job_id, status, line_no).
+
+    Not EXISTS over the statuses at once: the planner may answer that with a scan of
+    all the job's items, and the first open item in table order comes after every
+    closed one. The open items are the newest lines (pending) or claims (running), so
+    read backwards the index finds one at once while the job runs.
+    """
+    items = Item.__table__.c
+    return (select(items.line_no).where(items.job_id == job_id, items.status == status)
+            .order_by(items.line_no.desc()).limit(1).scalar_subquery())
 
 
 def iter_output(session: Session, job_id: str, errors: bool) -> Iterator[str]:

@@ -104,11 +104,19 @@ Index("ix_jobs_tenant_created", Job.tenant, Job.created_at)
 Index("uq_jobs_tenant_idempotency_key", Job.tenant, Job.idempotency_key, unique=True)
 
 
+OPEN_ITEMS = "status IN ('pending', 'running')"
+
+
 class Item(Base):
     __tablename__ = "items"
     __table_args__ = (
         UniqueConstraint("job_id", "custom_id", name="uq_items_job_custom_id"),
-        Index("ix_items_job_status", "job_id", "status"),
+        # line_no too, so a chunk's statement finds its rows directly (migration 0005).
+        Index("ix_items_job_status_line", "job_id", "status", "line_no"),
+        # The reaper's question (whose lease or queue patience ran out?) in the open
+        # items alone, not a scan of every item ever stored (migration 0005).
+        Index("ix_items_open_lease", "status", "lease_expires_at",
+              postgresql_where=text(OPEN_ITEMS), sqlite_where=text(OPEN_ITEMS)),
         # Looked up only by equality: a hash index on PostgreSQL (migration 0004).
         Index("ix_items_body_hash", "body_hash", postgresql_using="hash"),
         Index("ix_items_job_duplicate_of", "job_id", "duplicate_of",

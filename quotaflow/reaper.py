@@ -14,7 +14,7 @@ twice is harmless: claims are conditional and results insert-or-ignore.
 
 from datetime import timedelta
 
-from sqlalchemy import and_, or_, select, update
+from sqlalchemy import and_, or_, select, true, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from quotaflow.jobs import Dispatcher, batch_refs
@@ -32,18 +32,25 @@ def reap(sessions: sessionmaker[Session], dispatcher: Dispatcher, batch_size: in
     that survived only makes a second claim find nothing).
     """
     now = utcnow()
-    pending = Item.status == ItemStatus.PENDING
-    abandoned = or_(and_(Item.status == ItemStatus.RUNNING, Item.lease_expires_at < now),
-                    pending if messages_lost else and_(pending, Item.lease_expires_at < now))
+    overdue = Item.lease_expires_at < now
+    stale = [(ItemStatus.RUNNING, overdue),
+             (ItemStatus.PENDING, true() if messages_lost else overdue)]
+    abandoned = or_(*(and_(Item.status == status, condition) for status, condition in stale))
     with sessions.begin() as session:
-        rows = session.execute(
-            select(Item.job_id, Item.line_no)
-            .join(Job, Job.id == Item.job_id)
-            .where(abandoned, Job.status == JobStatus.IN_PROGRESS)
-            .limit(REAP_LIMIT)).all()
+        # Job by job, through (job_id, status, line_no): a join of all items with the
+        # running jobs may scan every item ever stored, every reap_interval_s.
         by_job: dict[str, list[int]] = {}
-        for job_id, line_no in rows:
-            by_job.setdefault(job_id, []).append(line_no)
+        budget = REAP_LIMIT
+        running = session.scalars(select(Job.id).where(Job.status == JobStatus.IN_PROGRESS)).all()
+        for job_id in running:
+            lines = [line for status, overdue in stale
+                     for line in session.scalars(select(Item.line_no).where(
+                         Item.job_id == job_id, Item.status == status, overdue).limit(budget))]
+            if lines:
+                by_job[job_id] = lines
+                budget -= len(lines)
+            if budget <= 0:
+                break
         requeued: dict[str, list[int]] = {}
         for job_id, lines in by_job.items():
             returned = session.execute(
