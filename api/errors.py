@@ -4,7 +4,11 @@ from fastapi import FastAPI, Request
 from fastapi.exception_handlers import request_validation_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from sqlalchemy.exc import OperationalError
 
+from quotaflow.db import translate_db_errors
 from quotaflow.errors import (
     AuthenticationError,
     ConfigError,
@@ -65,6 +69,23 @@ async def validation_error_handler(request: Request, exc: Exception) -> Response
         "message": message, "type": "invalid_request_error", "param": param, "code": None}})
 
 
+async def outage_handler(request: Request, exc: Exception) -> JSONResponse:
+    """PostgreSQL or Redis away: 503 with what to check, as for any ServiceUnavailable,
+    rather than a 500 with a driver's traceback (the route is asked again later)."""
+    if isinstance(exc, RedisConnectionError | RedisTimeoutError):
+        unavailable = ServiceUnavailable(
+            f"Redis unreachable ({exc.__class__.__name__}); check QUOTAFLOW_BROKER_URL "
+            "(and QUOTAFLOW_REDIS_URL) and that Redis is running")
+        return await quotaflow_error_handler(request, unavailable)
+    try:
+        with translate_db_errors():
+            raise exc
+    except QuotaflowError as translated:
+        return await quotaflow_error_handler(request, translated)
+
+
 def install(app: FastAPI) -> None:
     app.add_exception_handler(QuotaflowError, quotaflow_error_handler)
+    for outage in (OperationalError, RedisConnectionError, RedisTimeoutError):
+        app.add_exception_handler(outage, outage_handler)
     app.add_exception_handler(RequestValidationError, validation_error_handler)

@@ -180,6 +180,10 @@ class Stats:
     first_admitted_at: float | None = None
     last_admitted_at: float | None = None
     duplicate_bodies: int = 0
+    # Admitted calls not yet answered, and the most there ever were at once: how many a
+    # crash can catch in flight.
+    in_flight: int = 0
+    peak_in_flight: int = 0
     calls_per_body: Counter[str] = field(default_factory=Counter)
 
     def record_admitted(self, body: dict[str, Any], cost: int) -> None:
@@ -319,10 +323,15 @@ class Judge:
             return self._rate_limited(decision, cost, headers)
         stats = self.stats  # a reset during the latency sleep must not split this request
         stats.record_admitted(body, cost)
-        if self.latency_s > 0:
-            await asyncio.sleep(self.latency_s)
-        if fault == "hang":
-            await mock_faults.hang()
+        stats.in_flight += 1
+        stats.peak_in_flight = max(stats.peak_in_flight, stats.in_flight)
+        try:
+            if self.latency_s > 0:
+                await asyncio.sleep(self.latency_s)
+            if fault == "hang":
+                await mock_faults.hang()
+        finally:
+            stats.in_flight -= 1
         if fault == "malformed":
             return mock_faults.malformed()
         answer = simulated_body(url, body)

@@ -8,35 +8,40 @@ pending work again at once rather than wait out the queue patience.
 """
 
 import redis
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
 
-from quotaflow.constants import REDIS_PREFIX
+from quotaflow.db import insert_ignore
+from quotaflow.models import BrokerRun, utcnow
 
-RUN_ID_KEY = f"{REDIS_PREFIX}:broker:run_id"
+BROKER = "broker"
 
 
 class BrokerWatch:
     """Notices that the broker restarted: its run id changes with every start.
 
-    The run id last acted on is kept in the broker. One that restarted with its data
-    (append-only file) still holds the old id; one that came back empty holds none,
-    so every worker that saw the old id marks it as restarted. The reaper holding the
-    lock then queues the pending work again and records the new id. A brand-new
-    broker (no worker saw another id) is only recorded.
+    The run id last acted on is kept in PostgreSQL, which outlives the broker, so
+    the reaper holding the round's lock notices a restart whenever it happened:
+    before any worker had looked, while every worker was down too, or with the
+    broker's data kept or lost. A database that never saw a run id (a new
+    install) only records it.
     """
 
-    def __init__(self, broker: redis.Redis) -> None:
+    def __init__(self, broker: redis.Redis, sessions: sessionmaker[Session]) -> None:
         self._broker = broker
-        self._seen: str | None = None
-
-    def observe(self) -> None:
-        """Every worker, every round: mark a restart this worker saw happen."""
-        current = self._broker.info("server")["run_id"]
-        if self._seen is not None and current != self._seen:
-            self._broker.set(RUN_ID_KEY, "restarted")
-        self._seen = current
+        self._sessions = sessions
 
     def restarted(self) -> bool:
-        """Whether pending work must be queued again (asked by the lock holder only)."""
+        """Whether pending work must be queued again; asked by one reaper at a time."""
         current = self._broker.info("server")["run_id"]
-        stored = self._broker.set(RUN_ID_KEY, current, get=True)
-        return stored is not None and stored.decode() != current
+        with self._sessions.begin() as session:
+            known = session.scalar(select(BrokerRun).where(BrokerRun.name == BROKER)
+                                   .with_for_update())
+            if known is None:
+                session.execute(insert_ignore(session, BrokerRun.__table__)
+                                .values(name=BROKER, run_id=current, seen_at=utcnow()))
+                return False
+            if known.run_id == current:
+                return False
+            known.run_id, known.seen_at = current, utcnow()
+            return True

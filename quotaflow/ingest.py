@@ -16,6 +16,7 @@ there is one, instead of making another: a client that lost the answer to a long
 upload sends it again without creating a second job.
 """
 
+import logging
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,7 +33,7 @@ from quotaflow.config import Deployments, Settings
 from quotaflow.constants import DEFAULT_TENANT, QUEUES
 from quotaflow.db import insert_ignore, refresh_statistics
 from quotaflow.dedup import SeenFilter, pending_batches, share_identical
-from quotaflow.errors import InputFileError, JobStateError, LineProblem
+from quotaflow.errors import InputFileError, JobStateError, LineProblem, ServiceUnavailable
 from quotaflow.formats import (
     LineRejected,
     body_digest,
@@ -47,6 +48,8 @@ from quotaflow.jobs import MAX_ATTEMPTS_LIMIT, BatchRef, Dispatcher, new_request
 from quotaflow.models import Item, ItemStatus, Job, JobStatus, utcnow
 from quotaflow.outcomes import FailureCode
 from quotaflow.tokens import estimate_tokens, prompt_text
+
+log = logging.getLogger(__name__)
 
 MAX_PROBLEMS = 1000  # line problems kept for the refusal message (as many as the API shows)
 MAX_SUSPECTS = 100_000  # past this many possibly-repeated bodies, dedup scans the whole job
@@ -119,9 +122,24 @@ def create_job(sessions: sessionmaker[Session], stream: IO[bytes], *, settings: 
         job = session.get_one(Job, job_id)
     if scan.total >= ANALYZE_AT_LINES:
         refresh_statistics(sessions, Item.__table__)
-    dispatcher.dispatch(spec.queue, scan.batches)
+    try:
+        dispatcher.dispatch(spec.queue, scan.batches)
+    except ServiceUnavailable as exc:
+        # The job is stored whole; only its messages are not. Answering 503 now would
+        # invite a second upload of a job that exists, so its pending lines are made
+        # due at once instead: the reaper queues them at its first round with a broker.
+        _due_now(sessions, job_id)
+        log.warning("job %s stored, its batches queued later: %s", job_id, exc)
     return Created(job, counts={ItemStatus.FAILED: scan.total - scan.valid,
                                 ItemStatus.PENDING: scan.valid})
+
+
+def _due_now(sessions: sessionmaker[Session], job_id: str) -> None:
+    items = Item.__table__.c
+    with sessions.begin() as session:
+        session.execute(update(Item.__table__)
+                        .where(items.job_id == job_id, items.status == ItemStatus.PENDING)
+                        .values(lease_expires_at=utcnow()))
 
 
 def insert_job(session: Session, job_id: str, spec: JobSpec, settings: Settings, status: str,

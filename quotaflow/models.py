@@ -207,3 +207,14 @@ class FileChunk(Base):
                                          primary_key=True)
     seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
     data: Mapped[bytes] = mapped_column(LargeBinary)
+
+
+class BrokerRun(Base):
+    """The broker run id the reaper last acted on: kept in PostgreSQL, not in the broker,
+    so a broker that comes back empty cannot take the evidence of its restart with it."""
+
+    __tablename__ = "broker_runs"
+
+    name: Mapped[str] = mapped_column(String(32), primary_key=True)
+    run_id: Mapped[str] = mapped_column(String(64))
+    seen_at: Mapped[datetime] = mapped_column(default=utcnow)

@@ -56,7 +56,7 @@ def pg_url() -> str:
 def pg_sessions(pg_url: str) -> Iterator[sessionmaker[Session]]:
     """Sessions on the test database, emptied before each test."""
     with get_engine(pg_url).begin() as conn:
-        conn.execute(text("TRUNCATE jobs, items, results CASCADE"))
+        conn.execute(text("TRUNCATE jobs, items, results, broker_runs CASCADE"))
     yield session_factory(pg_url)
 
 
@@ -146,3 +146,11 @@ def service_env(**extra: str) -> dict[str, str]:
     env["PYTHONUNBUFFERED"] = "1"
     env.update(extra)
     return env
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """The reliability table, when fault tests ran (tests/chaos_cluster.py)."""
+    from tests import chaos_cluster
+    if chaos_cluster.ROWS:
+        terminalreporter.write_sep("=", "reliability: faults during a job")
+        terminalreporter.write_line(chaos_cluster.table())

@@ -42,13 +42,16 @@ def reap_forever() -> None:
     settings = get_settings()
     interval = settings.reap_interval_s
     lock = redis.Redis.from_url(settings.limiter_url or settings.broker_url)
-    broker = BrokerWatch(redis.Redis.from_url(settings.broker_url))
     sessions = session_factory(settings.database_url)
+    broker = BrokerWatch(redis.Redis.from_url(settings.broker_url), sessions)
     # Queued again where they were first sent: a local deployment's batches to its queues.
     dispatcher = PlacingDispatcher(AppDispatcher(app), sessions, settings.load_deployments())
-    while not _stop.wait(interval):
+    # The first round at once, not an interval after start: it records the broker's run
+    # id, and a restart can only be noticed against a recorded one.
+    delay = 0.0
+    while not _stop.wait(delay):
+        delay = interval
         try:
-            broker.observe()
             # One reaper per round, cluster-wide; the lock lapses by itself.
             if lock.set(LOCK_KEY, "1", nx=True, px=int(interval * 1000 * 0.9)):
                 lost = broker.restarted()
