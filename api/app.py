@@ -2,8 +2,9 @@
 
 Routes only translate HTTP to quotaflow.jobs calls; the OpenAPI docs are at /docs,
 and list every status a route answers. Every route but /healthz acts for the tenant
-of the request's API key (api.deps.tenant); the OpenAI-compatible routes under /v1
-live in api.v1. Every answer carries an x-request-id.
+of the request's API key (api.deps.tenant); /limits, which shows every tenant's use
+of the deployments, needs an operator key (api.deps.operator). The OpenAI-compatible
+routes under /v1 live in api.v1. Every answer carries an x-request-id.
 """
 
 import json
@@ -27,7 +28,7 @@ from api.deps import (
     SessionsDep,
     SettingsDep,
     TenantDep,
-    tenant,
+    operator,
 )
 from api.errors import responses
 from api.request_id import RequestIdMiddleware
@@ -129,13 +130,15 @@ def create_app() -> FastAPI:
         _own(sessions, job_id, tenant)
         return _stream(sessions, job_id, errors=True)
 
-    @app.get("/limits", dependencies=[Depends(tenant)], responses=responses(401))
+    @app.get("/limits", dependencies=[Depends(operator)], responses=responses(401, 403))
     def limits(deployments: DeploymentsDep, limiter: LimiterDep) -> dict[str, Any]:
-        """Every deployment's limits, current bucket levels and utilisation."""
+        """Every deployment's limits, current bucket levels and utilisation (operator keys:
+        the usage is every tenant's)."""
         data = [describe(d, limiter) for d in deployments.deployments.values()]
         return {"object": "list", "data": data}
 
-    @app.get("/limits/{name}", dependencies=[Depends(tenant)], responses=responses(401, 404))
+    @app.get("/limits/{name}", dependencies=[Depends(operator)],
+             responses=responses(401, 403, 404))
     def deployment_limits(name: str, deployments: DeploymentsDep,
                           limiter: LimiterDep) -> dict[str, Any]:
         if name not in deployments.deployments:

@@ -132,3 +132,24 @@ def test_an_unexpected_failure_is_openais_server_error_with_the_request_id() -> 
     answer = TestClient(app, raise_server_exceptions=False).get("/v1/boom")
     error = openai_error(answer, 500)  # type: ignore[arg-type]
     assert answer.headers["x-request-id"] in error["message"] and "a bug" not in error["message"]
+
+
+def test_limits_need_an_operator_key(cluster: V1Cluster) -> None:
+    tenant_key = httpx.get(f"{cluster.api_url}/limits", headers=cluster.headers("team-a"))
+    assert "--operator" in openai_error(tenant_key, 403)["message"]
+    assert openai_error(httpx.get(f"{cluster.api_url}/limits/fast",
+                                  headers=cluster.headers("team-a")), 403)
+    operator = {"Authorization": f"Bearer {cluster.create_key('ops', '--operator')}"}
+    shown = httpx.get(f"{cluster.api_url}/limits", headers=operator)
+    assert shown.status_code == 200
+    assert {row["deployment"] for row in shown.json()["data"]} == {"fast", "slow"}
+    assert httpx.get(f"{cluster.api_url}/limits/fast", headers=operator).json()["rpm"] == 60000
+    # and the CLI shows them with an operator key, and says what is missing without one
+    env = {**cluster.env, "QUOTAFLOW_API_KEY": operator["Authorization"].split()[1]}
+    assert "fast" in cluster.cli("limits", env=env).stdout
+    refused = cluster.cli("limits", env={**cluster.env,
+                                         "QUOTAFLOW_API_KEY": cluster.keys["team-a"]})
+    assert refused.returncode == 1 and "needs an operator key" in refused.stderr
+    listed = cluster.cli("keys", "list").stdout.splitlines()
+    assert [line.endswith("operator") for line in listed if " ops " in line] == [True]
+    assert not any(line.endswith("operator") for line in listed if " team-a " in line)
