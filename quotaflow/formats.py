@@ -189,7 +189,7 @@ def _load_slowly(raw: bytes) -> Any:
 
 class _NotJson(ValueError):
     """What json.loads takes but JSON (and PostgreSQL) does not: NaN, Infinity, 1e400;
-    and what no provider reads: an integer of thousands of digits."""
+    and what no provider reads: an integer of more than MAX_INTEGER_DIGITS digits."""
 
 
 def _refuse_constant(name: str) -> Any:
