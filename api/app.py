@@ -1,8 +1,10 @@
 """quotaflow's REST API: create jobs from JSONL uploads, follow them, download results.
 
-Routes only translate HTTP to quotaflow.jobs calls; the OpenAPI docs are at /docs.
-Every route but /healthz acts for the tenant of the request's API key
-(api.deps.tenant); the OpenAI-compatible routes under /v1 live in api.v1.
+Routes only translate HTTP to quotaflow.jobs calls; the OpenAPI docs are at /docs,
+and list every status a route answers. Every route but /healthz acts for the tenant
+of the request's API key (api.deps.tenant); /limits, which shows every tenant's use
+of the deployments, needs an operator key (api.deps.operator). The OpenAI-compatible
+routes under /v1 live in api.v1. Every answer carries an x-request-id.
 """
 
 import json
@@ -14,7 +16,7 @@ from fastapi.responses import StreamingResponse
 from sqlalchemy import text
 from sqlalchemy.orm import Session, sessionmaker
 
-from api import errors, v1
+from api import errors, openapi, v1
 from api.deps import (
     AfterQuery,
     DeploymentsDep,
@@ -26,12 +28,14 @@ from api.deps import (
     SessionsDep,
     SettingsDep,
     TenantDep,
-    tenant,
+    operator,
 )
+from api.errors import responses
+from api.request_id import RequestIdMiddleware
 from quotaflow import __version__, ingest, jobs, output
 from quotaflow.config import get_settings
 from quotaflow.constants import DEFAULT_QUEUE
-from quotaflow.errors import DeploymentNotFound, QuotaflowError
+from quotaflow.errors import DeploymentNotFound, InvalidParameter
 from quotaflow.ratelimit import describe
 
 JSONL = "application/jsonl"
@@ -42,6 +46,8 @@ def create_app() -> FastAPI:
     app = FastAPI(title="quotaflow", version=__version__,
                   description="Batch LLM jobs on one cluster-wide provider budget.")
     errors.install(app)
+    openapi.install(app)
+    app.add_middleware(RequestIdMiddleware)
     app.include_router(v1.router)
 
     @app.get("/healthz")
@@ -50,7 +56,10 @@ def create_app() -> FastAPI:
         return {"status": "ok"}
 
     @app.post("/jobs", status_code=201,
-              max_body_size=get_settings().max_file_bytes + v1.FORM_OVERHEAD_BYTES)
+              max_body_size=get_settings().max_file_bytes + v1.FORM_OVERHEAD_BYTES,
+              responses={200: {"description": "The job made earlier with this Idempotency-Key "
+                                              "(header `Idempotent-Replayed: true`)"},
+                         **responses(400, 401, 413)})
     def create_job(
         file: Annotated[UploadFile, File(description="JSONL input, OpenAI batch format")],
         sessions: SessionsDep, settings: SettingsDep, deployments: DeploymentsDep,
@@ -77,7 +86,7 @@ def create_app() -> FastAPI:
         with sessions() as session:
             return jobs.job_object(session, jobs.get_job(session, made.job.id), made.counts)
 
-    @app.get("/jobs")
+    @app.get("/jobs", responses=responses(401, 404))
     def list_jobs(session: SessionDep, tenant: TenantDep,
                   limit: Annotated[int, Query(ge=1, le=100)] = 20,
                   after: AfterQuery = None) -> dict[str, Any]:
@@ -88,18 +97,18 @@ def create_app() -> FastAPI:
                 "last_id": data[-1]["id"] if data else None,
                 "has_more": len(page) > limit}
 
-    @app.get("/jobs/{job_id}")
+    @app.get("/jobs/{job_id}", responses=responses(401, 404))
     def get_job(job_id: IdPath, session: SessionDep, tenant: TenantDep) -> dict[str, Any]:
         return jobs.job_object(session, jobs.get_job(session, job_id, tenant))
 
-    @app.post("/jobs/{job_id}/cancel")
+    @app.post("/jobs/{job_id}/cancel", responses=responses(401, 404, 409))
     def cancel_job(job_id: IdPath, sessions: SessionsDep, tenant: TenantDep) -> dict[str, Any]:
         _own(sessions, job_id, tenant)
         jobs.cancel_job(sessions, job_id)
         with sessions() as session:
             return jobs.job_object(session, jobs.get_job(session, job_id))
 
-    @app.post("/jobs/{job_id}/retry")
+    @app.post("/jobs/{job_id}/retry", responses=responses(401, 404, 409))
     def retry_job(job_id: IdPath, sessions: SessionsDep, settings: SettingsDep,
                   dispatcher: DispatcherDep, tenant: TenantDep) -> dict[str, Any]:
         """Queue a job's failed requests again (not its invalid lines)."""
@@ -109,23 +118,27 @@ def create_app() -> FastAPI:
             return {**jobs.job_object(session, jobs.get_job(session, job_id)),
                     "retried": retried}
 
-    @app.get("/jobs/{job_id}/results", response_class=StreamingResponse)
+    @app.get("/jobs/{job_id}/results", response_class=StreamingResponse,
+             responses=responses(401, 404))
     def results(job_id: IdPath, sessions: SessionsDep, tenant: TenantDep) -> StreamingResponse:
         _own(sessions, job_id, tenant)
         return _stream(sessions, job_id, errors=False)
 
-    @app.get("/jobs/{job_id}/errors", response_class=StreamingResponse)
+    @app.get("/jobs/{job_id}/errors", response_class=StreamingResponse,
+             responses=responses(401, 404))
     def error_lines(job_id: IdPath, sessions: SessionsDep, tenant: TenantDep) -> StreamingResponse:
         _own(sessions, job_id, tenant)
         return _stream(sessions, job_id, errors=True)
 
-    @app.get("/limits", dependencies=[Depends(tenant)])
+    @app.get("/limits", dependencies=[Depends(operator)], responses=responses(401, 403))
     def limits(deployments: DeploymentsDep, limiter: LimiterDep) -> dict[str, Any]:
-        """Every deployment's limits, current bucket levels and utilisation."""
+        """Every deployment's limits, current bucket levels and utilisation (operator keys:
+        the usage is every tenant's)."""
         data = [describe(d, limiter) for d in deployments.deployments.values()]
         return {"object": "list", "data": data}
 
-    @app.get("/limits/{name}", dependencies=[Depends(tenant)])
+    @app.get("/limits/{name}", dependencies=[Depends(operator)],
+             responses=responses(401, 403, 404))
     def deployment_limits(name: str, deployments: DeploymentsDep,
                           limiter: LimiterDep) -> dict[str, Any]:
         if name not in deployments.deployments:
@@ -147,17 +160,33 @@ def _filename(name: str | None) -> str | None:
 
 
 def _metadata(raw: str | None) -> dict[str, str] | None:
+    """The `metadata` form field: a flat JSON object of strings PostgreSQL can store."""
     if raw is None or not raw.strip():
         return None
     try:
         value = json.loads(raw)
     except json.JSONDecodeError as exc:
-        raise QuotaflowError(f"metadata must be a JSON object: {exc.msg}") from exc
+        raise InvalidParameter("metadata", f"metadata must be a JSON object: {exc.msg}") from exc
+    except (ValueError, RecursionError) as exc:  # 4,300+ digits; nested past recursion
+        raise InvalidParameter("metadata", "metadata must be a JSON object of string "
+                                           "values") from exc
     if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
-        raise QuotaflowError("metadata must be a JSON object of string values")
-    if any("\x00" in key + text for key, text in value.items()):
-        raise QuotaflowError("metadata must not contain NUL characters")
+        raise InvalidParameter("metadata", "metadata must be a JSON object of string values")
+    if not all(_storable(key) and _storable(text) for key, text in value.items()):
+        raise InvalidParameter("metadata", "metadata must not contain NUL characters or lone "
+                                           "surrogates (\\ud800-\\udfff)")
     return value
+
+
+def _storable(text: str) -> bool:
+    """Whether PostgreSQL can hold the string: no NUL, and valid UTF-8 (no lone surrogate)."""
+    if "\x00" in text:
+        return False
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _stream(sessions: sessionmaker[Session], job_id: str, errors: bool) -> StreamingResponse:

@@ -8,7 +8,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session, sessionmaker
 
 from api.dispatch import CeleryDispatcher
-from quotaflow.auth import tenant_for_key
+from quotaflow.auth import operator_for_key, tenant_for_key
 from quotaflow.config import Deployments, Settings, get_settings
 from quotaflow.constants import DEFAULT_TENANT
 from quotaflow.db import session_factory
@@ -56,6 +56,16 @@ def tenant(credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(b
         return DEFAULT_TENANT
     with sessions()() as db_session:
         return tenant_for_key(db_session, credentials.credentials if credentials else None)
+
+
+def operator(credentials: Annotated[HTTPAuthorizationCredentials | None,
+                                    Depends(bearer)]) -> str:
+    """The tenant of an operator key: routes showing every tenant's activity need one
+    (401 without a key, 403 for a tenant's key); anyone when QUOTAFLOW_AUTH=off."""
+    if not get_settings().auth:
+        return DEFAULT_TENANT
+    with sessions()() as db_session:
+        return operator_for_key(db_session, credentials.credentials if credentials else None)
 
 
 # Ids quotaflow hands out (batch_..., file-..., key_...): anything else cannot name an

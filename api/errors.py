@@ -1,12 +1,31 @@
-"""One place that turns quotaflow's errors into HTTP answers (OpenAI's error shape)."""
+"""One place that turns errors into HTTP answers, in OpenAI's shape.
+
+Every error is `{"error": {"message", "type", "param", "code"}}` as OpenAI writes it:
+`type` is "invalid_request_error" for a 4xx and "server_error" for a 5xx (never a
+Python class name), `param` names the parameter at fault when one is, and `code` is
+OpenAI's where it has one, so the SDK's BadRequestError, NotFoundError, ... carry
+them. That holds for quotaflow's errors, Starlette's (413, 404, 405, a body that
+does not parse) and an unexpected failure (500) alike. Only a parameter that does
+not validate outside /v1 keeps FastAPI's 422 and its `detail` list; under /v1 it
+is OpenAI's 400 naming the parameter.
+
+Bodies are ASCII JSON: a message may quote what the client sent, and a lone
+surrogate in it (`"\\ud800"` in a JSON body) cannot be encoded as UTF-8.
+"""
+
+import json
+import logging
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exception_handlers import request_validation_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from sqlalchemy.exc import OperationalError
+from starlette.exceptions import HTTPException
 
 from quotaflow.db import translate_db_errors
 from quotaflow.errors import (
@@ -19,14 +38,18 @@ from quotaflow.errors import (
     InputFileError,
     JobNotFound,
     JobStateError,
+    PermissionDenied,
     QuotaflowError,
     ServiceUnavailable,
 )
+
+log = logging.getLogger("quotaflow.api")
 
 STATUS_BY_ERROR: list[tuple[type[QuotaflowError], int]] = [
     (JobNotFound, 404),
     (FileNotFound, 404),
     (AuthenticationError, 401),
+    (PermissionDenied, 403),
     (FileTooLarge, 413),
     (EnqueuedTokenLimit, 400),
     (DeploymentNotFound, 404),
@@ -45,15 +68,64 @@ CODE_BY_ERROR: dict[type[QuotaflowError], str] = {
 }
 
 
-async def quotaflow_error_handler(_request: Request, exc: Exception) -> JSONResponse:
+class ErrorDetail(BaseModel):
+    """OpenAI's error object."""
+
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorBody(BaseModel):
+    """What every error answer holds (a refused file adds `data`: its lines' reasons)."""
+
+    error: ErrorDetail
+
+
+_DESCRIPTIONS = {
+    400: "A parameter, the body or the input file is refused (`param` names the parameter)",
+    401: "No API key, or one that is unknown or revoked",
+    403: "The API key lacks the operator scope this route needs",
+    404: "No such object for this key's tenant",
+    409: "The job's status does not allow this action",
+    413: "The upload is larger than the server's limit",
+    503: "PostgreSQL or Redis cannot be reached",
+}
+
+
+def responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """The error answers a route really gives, for its OpenAPI operation."""
+    return {status: {"model": ErrorBody, "description": _DESCRIPTIONS[status]}
+            for status in statuses}
+
+
+class AsciiJSONResponse(JSONResponse):
+    """JSON with every non-ASCII character escaped, so any string can be written."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, ensure_ascii=True, separators=(",", ":")).encode("ascii")
+
+
+def error_response(status: int, message: str, *, param: str | None = None,
+                   code: str | None = None, headers: dict[str, str] | None = None,
+                   **extra: Any) -> Response:
+    kind = "server_error" if status >= 500 else "invalid_request_error"
+    error = {"message": message, "type": kind, "param": param, "code": code, **extra}
+    return AsciiJSONResponse(status_code=status, content={"error": error}, headers=headers)
+
+
+async def quotaflow_error_handler(_request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, QuotaflowError)
     status = next(code for kind, code in STATUS_BY_ERROR if isinstance(exc, kind))
-    error: dict = {"message": str(exc), "type": exc.__class__.__name__,
-                   "code": CODE_BY_ERROR.get(type(exc))}
-    if isinstance(exc, InputFileError):
-        error["message"] = exc.message
-        error["data"] = [{"line": p.line_no, "message": p.reason} for p in exc.problems[:1000]]
     headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
-    return JSONResponse(status_code=status, content={"error": error}, headers=headers)
+    extra: dict[str, Any] = {}
+    message = str(exc)
+    if isinstance(exc, InputFileError):
+        message = exc.message
+        extra["data"] = [{"line": p.line_no, "message": p.reason} for p in exc.problems[:1000]]
+    return error_response(status, message, param=getattr(exc, "param", None),
+                          code=CODE_BY_ERROR.get(type(exc)), headers=headers, **extra)
 
 
 async def validation_error_handler(request: Request, exc: Exception) -> Response:
@@ -65,11 +137,29 @@ async def validation_error_handler(request: Request, exc: Exception) -> Response
     first = exc.errors()[0] if exc.errors() else {}
     param = ".".join(str(part) for part in first.get("loc", ())[1:]) or None
     message = f"{param}: {first.get('msg', 'invalid')}" if param else first.get("msg", "invalid")
-    return JSONResponse(status_code=400, content={"error": {
-        "message": message, "type": "invalid_request_error", "param": param, "code": None}})
+    return error_response(400, message, param=param)
 
 
-async def outage_handler(request: Request, exc: Exception) -> JSONResponse:
+async def http_error_handler(_request: Request, exc: Exception) -> Response:
+    """Starlette's own refusals (413 over the body limit, 404/405 for no such route, 400 for
+    a body that does not parse) in the same shape as every other error."""
+    assert isinstance(exc, HTTPException)
+    if exc.status_code < 400:
+        return Response(status_code=exc.status_code, headers=exc.headers)
+    return error_response(exc.status_code, str(exc.detail), headers=exc.headers)
+
+
+async def server_error_handler(request: Request, exc: Exception) -> Response:
+    """A failure nothing else answered: OpenAI's server_error with the request's id, which
+    the log line names too (Starlette logs the traceback after this answer)."""
+    request_id = getattr(request.state, "request_id", None)
+    log.error("request %s (%s %s) failed: %r", request_id, request.method, request.url.path,
+              exc)
+    return error_response(500, f"the server failed on request {request_id}; its log has the "
+                          "details", headers={"x-request-id": request_id or ""})
+
+
+async def outage_handler(request: Request, exc: Exception) -> Response:
     """PostgreSQL or Redis away: 503 with what to check, as for any ServiceUnavailable,
     rather than a 500 with a driver's traceback (the route is asked again later)."""
     if isinstance(exc, RedisConnectionError | RedisTimeoutError):
@@ -89,3 +179,5 @@ def install(app: FastAPI) -> None:
     for outage in (OperationalError, RedisConnectionError, RedisTimeoutError):
         app.add_exception_handler(outage, outage_handler)
     app.add_exception_handler(RequestValidationError, validation_error_handler)
+    app.add_exception_handler(HTTPException, http_error_handler)
+    app.add_exception_handler(Exception, server_error_handler)

@@ -1,6 +1,7 @@
 """OpenAI's Files and Batch APIs under /v1, so the official SDK runs against quotaflow.
 
-Shapes and status codes follow OpenAI's API reference; the logic lives in
+Shapes and status codes follow OpenAI's API reference, errors included (api/errors.py:
+a bad parameter is a 400 naming it, never FastAPI's 422); the logic lives in
 quotaflow.files and quotaflow.batches. One extension: the queue a batch runs
 on, from the X-Quotaflow-Queue header or metadata["quotaflow_queue"].
 """
@@ -24,6 +25,7 @@ from api.deps import (
     SettingsDep,
     TenantDep,
 )
+from api.errors import responses
 from quotaflow import batches, files, jobs, output
 from quotaflow.config import get_settings
 
@@ -54,7 +56,8 @@ def _page(data: list[dict[str, Any]], has_more: bool) -> dict[str, Any]:
 
 # --- files ---------------------------------------------------------------------------
 
-@router.post("/files", max_body_size=get_settings().max_upload_bytes + FORM_OVERHEAD_BYTES)
+@router.post("/files", max_body_size=get_settings().max_upload_bytes + FORM_OVERHEAD_BYTES,
+             responses=responses(400, 401, 413))
 def upload_file(
     file: Annotated[UploadFile, File(description="JSONL of batch requests")],
     purpose: Annotated[str, Form(description='"batch"')],
@@ -66,10 +69,10 @@ def upload_file(
     return files.file_object(row)
 
 
-@router.get("/files")
+@router.get("/files", responses=responses(400, 401, 404))
 def list_files(
     sessions: SessionsDep, tenant: TenantDep,
-    purpose: str | None = None,
+    purpose: Annotated[str | None, Query(max_length=32, pattern=NO_NUL)] = None,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 10_000,
     after: AfterQuery = None,
     order: Literal["asc", "desc"] = "desc",
@@ -81,7 +84,7 @@ def list_files(
         return _page([files.file_object(row) for row in page[:limit]], len(page) > limit)
 
 
-@router.get("/files/{file_id}")
+@router.get("/files/{file_id}", responses=responses(400, 401, 404))
 def get_file(file_id: IdPath, sessions: SessionsDep, tenant: TenantDep) -> dict[str, Any]:
     with sessions() as session:
         virtual = files.virtual_file(session, file_id, tenant)
@@ -90,7 +93,8 @@ def get_file(file_id: IdPath, sessions: SessionsDep, tenant: TenantDep) -> dict[
         return files.file_object(files.get_file(session, file_id, tenant))
 
 
-@router.get("/files/{file_id}/content", response_class=StreamingResponse)
+@router.get("/files/{file_id}/content", response_class=StreamingResponse,
+            responses=responses(400, 401, 404))
 def file_content(file_id: IdPath, sessions: SessionsDep, tenant: TenantDep) -> StreamingResponse:
     """The file's bytes; a batch's output or error file in input order (partial while it runs)."""
     with sessions() as session:  # 404 before the stream starts
@@ -112,7 +116,7 @@ def _chunks(sessions: sessionmaker[Session], file_id: str) -> Iterator[bytes]:
         yield from files.iter_chunks(session, file_id)
 
 
-@router.delete("/files/{file_id}")
+@router.delete("/files/{file_id}", responses=responses(400, 401, 404))
 def delete_file(file_id: IdPath, sessions: SessionsDep, tenant: TenantDep) -> dict[str, Any]:
     files.delete_file(sessions, file_id, tenant)
     return {"id": file_id, "object": "file", "deleted": True}
@@ -120,7 +124,7 @@ def delete_file(file_id: IdPath, sessions: SessionsDep, tenant: TenantDep) -> di
 
 # --- batches -------------------------------------------------------------------------
 
-@router.post("/batches")
+@router.post("/batches", responses=responses(400, 401, 404))
 def create_batch(
     body: CreateBatch, sessions: SessionsDep, settings: SettingsDep,
     deployments: DeploymentsDep, dispatcher: DispatcherDep, tenant: TenantDep,
@@ -139,7 +143,7 @@ def create_batch(
         return batches.batch_object(session, jobs.get_job(session, job.id))
 
 
-@router.get("/batches")
+@router.get("/batches", responses=responses(400, 401, 404))
 def list_batches(
     sessions: SessionsDep, tenant: TenantDep,
     after: AfterQuery = None, limit: Annotated[int, Query(ge=1, le=100)] = 20,
@@ -150,13 +154,13 @@ def list_batches(
                      len(page) > limit)
 
 
-@router.get("/batches/{batch_id}")
+@router.get("/batches/{batch_id}", responses=responses(400, 401, 404))
 def get_batch(batch_id: IdPath, sessions: SessionsDep, tenant: TenantDep) -> dict[str, Any]:
     with sessions() as session:
         return batches.batch_object(session, jobs.get_job(session, batch_id, tenant))
 
 
-@router.post("/batches/{batch_id}/cancel")
+@router.post("/batches/{batch_id}/cancel", responses=responses(400, 401, 404, 409))
 def cancel_batch(batch_id: IdPath, sessions: SessionsDep, tenant: TenantDep) -> dict[str, Any]:
     """Stop new requests; those in flight finish and stay in the output file."""
     with sessions() as session:

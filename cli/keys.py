@@ -3,6 +3,8 @@
 Keys are an operator's chore, like `quotaflow db upgrade`: the commands need
 QUOTAFLOW_DATABASE_URL, not an API key. A new key is printed once, on stdout
 alone (so `KEY=$(quotaflow keys create --tenant t)` works); only its digest is stored.
+A key reaches its tenant's jobs and files; `--operator` also lets it read what spans
+every tenant (`quotaflow limits`, GET /limits), which a tenant's key must not see.
 """
 
 import click
@@ -20,28 +22,35 @@ def register(cli: click.Group) -> None:
     @click.option("--max-enqueued-tokens", type=click.IntRange(1), default=None,
                   help="Set the tenant's quota of prompt tokens in unfinished batches "
                        "(default: QUOTAFLOW_MAX_ENQUEUED_TOKENS).")
-    def create(tenant: str, max_enqueued_tokens: int | None) -> None:
+    @click.option("--operator", is_flag=True,
+                  help="Also allow what shows every tenant's activity: each deployment's "
+                       "live usage (`quotaflow limits`, GET /limits).")
+    def create(tenant: str, max_enqueued_tokens: int | None, operator: bool) -> None:
         """Create a key for TENANT and print it (shown this once only)."""
         from quotaflow import auth
         from quotaflow.db import session_factory, translate_db_errors
 
         with translate_db_errors():
             key = auth.create_key(session_factory(get_settings().database_url), tenant,
-                                  max_enqueued_tokens)
+                                  max_enqueued_tokens, operator=operator)
         click.echo(key.secret)
-        click.echo(f"key {key.id} for tenant {key.tenant}: store it now, it is not shown again",
-                   err=True)
+        scope = " (operator)" if key.operator else ""
+        click.echo(f"key {key.id} for tenant {key.tenant}{scope}: store it now, it is not "
+                   "shown again", err=True)
 
     @keys.command("list")
     def list_keys() -> None:
-        """Key ids, tenants and whether they are revoked (never the keys themselves)."""
+        """Key ids, tenants, operator keys, and whether they are revoked (never the keys
+        themselves)."""
         from quotaflow import auth
         from quotaflow.db import session_factory, translate_db_errors
 
         with translate_db_errors(), session_factory(get_settings().database_url)() as session:
             for row in auth.list_keys(session):
                 state = f"revoked {row.revoked_at:%Y-%m-%d}" if row.revoked_at else "active"
-                click.echo(f"{row.id}  {row.tenant}  created {row.created_at:%Y-%m-%d}  {state}")
+                scope = "  operator" if row.operator else ""
+                click.echo(f"{row.id}  {row.tenant}  created {row.created_at:%Y-%m-%d}  "
+                           f"{state}{scope}")
 
     @keys.command("revoke")
     @click.argument("key_id")

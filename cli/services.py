@@ -31,6 +31,26 @@ def _check_local(name: str) -> None:
                           "only local deployments have workers of their own")
 
 
+def flower_env(basic_auth: str | None, no_auth: bool) -> dict[str, str]:
+    """Flower's environment; refuses to serve it open unless told to. Flower without basic
+    auth closes its API but not its pages, which show every task's arguments and let
+    anyone shut workers down or revoke tasks."""
+    if not basic_auth:
+        if not no_auth:
+            raise ConfigError("Flower would serve its pages to anyone: set "
+                              "QUOTAFLOW_FLOWER_BASIC_AUTH=user:password, or pass --no-auth "
+                              "to serve it without a password")
+        click.echo("warning: Flower runs without a password (--no-auth); anyone who reaches "
+                   "its port can read task arguments and stop workers", err=True)
+        return {}
+    if not all(user and password for user, _, password in
+               (pair.partition(":") for pair in basic_auth.split(","))):
+        raise ConfigError("QUOTAFLOW_FLOWER_BASIC_AUTH must be user:password (several: "
+                          "user1:password1,user2:password2)")
+    # Passed through the environment so the password never shows in `ps`.
+    return {"FLOWER_BASIC_AUTH": basic_auth}
+
+
 def register(cli: click.Group) -> None:
     @cli.command()
     @click.option("--host", default=None, help="Default: QUOTAFLOW_API_HOST (127.0.0.1).")
@@ -76,14 +96,16 @@ def register(cli: click.Group) -> None:
     @cli.command()
     @click.option("--port", default=None, type=int, help="Default: QUOTAFLOW_FLOWER_PORT (5555).")
     @click.option("--address", default="127.0.0.1", show_default=True)
-    def flower(port: int | None, address: str) -> None:
+    @click.option("--no-auth", is_flag=True,
+                  help="Serve Flower's pages without a password (development only; its API "
+                       "stays closed). Without this flag Flower needs "
+                       "QUOTAFLOW_FLOWER_BASIC_AUTH.")
+    def flower(port: int | None, address: str, no_auth: bool) -> None:
         """Start Flower to watch the workers (basic auth from QUOTAFLOW_FLOWER_BASIC_AUTH)."""
-        settings = get_settings()
-        env = {}
-        if settings.flower_basic_auth:
-            # Passed through the environment so the password never shows in `ps`.
-            env["FLOWER_BASIC_AUTH"] = settings.flower_basic_auth
-        _exec_celery("flower", f"--port={port or settings.flower_port}",
+        # Flower's own variable counts too, for a set-up that already sets it.
+        basic_auth = get_settings().flower_basic_auth or os.environ.get("FLOWER_BASIC_AUTH")
+        env = flower_env(basic_auth, no_auth)
+        _exec_celery("flower", f"--port={port or get_settings().flower_port}",
                      f"--address={address}", env=env)
 
     @cli.group()

@@ -3,7 +3,9 @@
 A key is shown once, when it is created, and stored only as its SHA-256
 digest: a database dump gives no usable key. Keys are long random strings,
 so a plain (unsalted) digest is as safe as a password hash here and lets the
-API find a key with one indexed lookup per request.
+API find a key with one indexed lookup per request. A key acts for one tenant;
+an operator key (`--operator`) may also read what spans every tenant, such as
+every deployment's live usage.
 """
 
 import hashlib
@@ -15,7 +17,7 @@ from dataclasses import dataclass
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from quotaflow.errors import AuthenticationError, QuotaflowError
+from quotaflow.errors import AuthenticationError, PermissionDenied, QuotaflowError
 from quotaflow.models import ApiKey, Tenant, utcnow
 
 KEY_PREFIX = "qf-"
@@ -29,6 +31,7 @@ class NewKey:
     id: str
     tenant: str
     secret: str
+    operator: bool = False
 
 
 def hash_key(secret: str) -> str:
@@ -43,8 +46,9 @@ def check_tenant_name(name: str) -> str:
 
 
 def create_key(sessions: sessionmaker[Session], tenant: str,
-               max_enqueued_tokens: int | None = None) -> NewKey:
-    """A new key for `tenant` (created if new); sets the tenant's token quota when given."""
+               max_enqueued_tokens: int | None = None, operator: bool = False) -> NewKey:
+    """A new key for `tenant` (created if new); sets the tenant's token quota when given.
+    An operator key also reaches the routes that show every tenant's activity."""
     check_tenant_name(tenant)
     secret = KEY_PREFIX + secrets.token_urlsafe(32)
     key_id = f"key_{uuid.uuid4().hex[:16]}"
@@ -57,8 +61,8 @@ def create_key(sessions: sessionmaker[Session], tenant: str,
             row.max_enqueued_tokens = max_enqueued_tokens
         session.flush()
         session.add(ApiKey(id=key_id, tenant=tenant, key_hash=hash_key(secret),
-                           created_at=utcnow()))
-    return NewKey(key_id, tenant, secret)
+                           created_at=utcnow(), operator=operator))
+    return NewKey(key_id, tenant, secret, operator)
 
 
 def revoke_key(sessions: sessionmaker[Session], key_id: str) -> None:
@@ -77,13 +81,28 @@ def list_keys(session: Session) -> list[ApiKey]:
 
 def tenant_for_key(session: Session, secret: str | None) -> str:
     """The tenant a presented key acts for; AuthenticationError for none or an unknown one."""
+    return _key(session, secret)[0]
+
+
+def operator_for_key(session: Session, secret: str | None) -> str:
+    """The tenant of a presented operator key; PermissionDenied for a tenant's key."""
+    tenant, operator = _key(session, secret)
+    if not operator:
+        raise PermissionDenied(
+            "this route shows every tenant's activity and needs an operator key; "
+            "`quotaflow keys create --tenant NAME --operator` makes one")
+    return tenant
+
+
+def _key(session: Session, secret: str | None) -> tuple[str, bool]:
     if not secret:
         raise AuthenticationError(
             "no API key given: send `Authorization: Bearer <key>`; "
             "`quotaflow keys create --tenant NAME` makes one")
-    tenant = session.scalar(select(ApiKey.tenant).where(ApiKey.key_hash == hash_key(secret),
-                                                        ApiKey.revoked_at.is_(None)))
-    if tenant is None:
+    row = session.execute(select(ApiKey.tenant, ApiKey.operator)
+                          .where(ApiKey.key_hash == hash_key(secret),
+                                 ApiKey.revoked_at.is_(None))).first()
+    if row is None:
         raise AuthenticationError("incorrect API key provided; "
                                   "`quotaflow keys create --tenant NAME` makes a new one")
-    return tenant
+    return row.tenant, row.operator

@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from quotaflow import files, ingest, jobs
 from quotaflow.config import Deployments, Settings
 from quotaflow.constants import DEFAULT_QUEUE, ENDPOINTS, QUEUES
-from quotaflow.errors import InputFileError, QuotaflowError
+from quotaflow.errors import InputFileError, InvalidParameter
 from quotaflow.models import Item, Job, JobStatus, Result, utcnow
 from quotaflow.outcomes import FailureCode
 
@@ -49,16 +49,19 @@ def window_seconds(window: str) -> int:
     """OpenAI accepts "24h"; quotaflow any N h/m/s (no 24-hour wait on one's own cluster)."""
     match = _WINDOW.match(window)
     if not match or int(match.group(1)) == 0:
-        raise QuotaflowError(f"completion_window {window!r} is not supported; use e.g. "
-                             "\"24h\" (or any number of hours, minutes or seconds: 2h, 30m)")
+        raise InvalidParameter("completion_window", f"completion_window {window!r} is not "
+                               "supported; use e.g. \"24h\" (or any number of hours, minutes "
+                               "or seconds: 2h, 30m)")
     return int(match.group(1)) * _WINDOW_SECONDS[match.group(2)]
 
 
 def choose_queue(header: str | None, metadata: dict[str, str] | None) -> str:
     queue = header or (metadata or {}).get(QUEUE_METADATA_KEY) or DEFAULT_QUEUE
     if queue not in QUEUES:
-        raise QuotaflowError(f"unknown queue {queue!r} (X-Quotaflow-Queue or "
-                             f"metadata.{QUEUE_METADATA_KEY}); choose one of {', '.join(QUEUES)}")
+        param = "X-Quotaflow-Queue" if header else f"metadata.{QUEUE_METADATA_KEY}"
+        raise InvalidParameter(param, f"unknown queue {queue!r} (X-Quotaflow-Queue or "
+                                      f"metadata.{QUEUE_METADATA_KEY}); choose one of "
+                                      f"{', '.join(QUEUES)}")
     return queue
 
 
@@ -72,8 +75,8 @@ def create_batch(sessions: sessionmaker[Session], request: BatchRequest, *, sett
     The same idempotency key again gives the same batch.
     """
     if request.endpoint not in ENDPOINTS:
-        raise QuotaflowError(f"endpoint {request.endpoint!r} is not supported; "
-                             f"use one of {', '.join(ENDPOINTS)}")
+        raise InvalidParameter("endpoint", f"endpoint {request.endpoint!r} is not supported; "
+                                           f"use one of {', '.join(ENDPOINTS)}")
     spec = ingest.JobSpec(
         queue=choose_queue(request.queue, request.metadata), tenant=request.tenant,
         metadata=request.metadata, input_file_id=request.input_file_id,

@@ -3,10 +3,12 @@
     QuotaflowError
     ├── ConfigError            settings or deployments file are unusable
     ├── InputFileError         an uploaded JSONL file is rejected as a whole
+    ├── InvalidParameter       one parameter of a request is unusable (it is named)
     ├── JobNotFound            no job with that id (or not the caller's tenant's)
     ├── FileNotFound           no file with that id (or not the caller's tenant's)
     ├── FileTooLarge           an upload is over QUOTAFLOW_MAX_UPLOAD_BYTES
     ├── AuthenticationError    no API key, or one quotaflow does not know
+    ├── PermissionDenied       a known key without the operator scope a route needs
     ├── EnqueuedTokenLimit     a batch would take its tenant over its token quota
     ├── DeploymentNotFound     no deployment with that name
     ├── JobStateError          the job is in a state that forbids the action
@@ -55,6 +57,15 @@ class InputFileError(QuotaflowError):
         return "\n".join([self.message, *shown])
 
 
+class InvalidParameter(QuotaflowError):
+    """One parameter of a request cannot be used; `param` names it, so an API client (the
+    OpenAI SDK's `error.param`) can tell which without parsing the message."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
 class JobNotFound(QuotaflowError):
     """No job has the given id."""
 
@@ -69,6 +80,10 @@ class FileTooLarge(QuotaflowError):
 
 class AuthenticationError(QuotaflowError):
     """The request carries no API key, or a key that is unknown or revoked."""
+
+
+class PermissionDenied(QuotaflowError):
+    """The key is valid but lacks the scope the action needs (operator routes)."""
 
 
 class EnqueuedTokenLimit(QuotaflowError):

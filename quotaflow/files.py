@@ -18,7 +18,13 @@ from sqlalchemy import delete, insert, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from quotaflow import jobs
-from quotaflow.errors import FileNotFound, FileTooLarge, JobNotFound, QuotaflowError
+from quotaflow.errors import (
+    FileNotFound,
+    FileTooLarge,
+    InvalidParameter,
+    JobNotFound,
+    QuotaflowError,
+)
 from quotaflow.models import File, FileChunk, Job, utcnow
 
 CHUNK_BYTES = 1024 * 1024
@@ -35,8 +41,9 @@ def store_file(sessions: sessionmaker[Session], stream: IO[bytes], *, tenant: st
                filename: str, purpose: str, max_bytes: int) -> File:
     """Copy an upload into the database chunk by chunk; refuse it whole when too large."""
     if purpose != PURPOSE_BATCH:
-        raise QuotaflowError(f"purpose {purpose!r} is not supported: quotaflow stores "
-                             f"files for batches only (purpose={PURPOSE_BATCH!r})")
+        raise InvalidParameter("purpose", f"purpose {purpose!r} is not supported: quotaflow "
+                                          f"stores files for batches only "
+                                          f"(purpose={PURPOSE_BATCH!r})")
     file_id = f"file-{uuid.uuid4().hex}"
     size = 0
     with sessions.begin() as session:

@@ -6,6 +6,9 @@ the Anthropic Message Batches line {"custom_id", "params"}, and the shorthand
 number). Every accepted line becomes a `Request` in OpenAI's shape; every
 refused line becomes a `BadLine` naming its line number and reason. The file
 is read in 1 MiB blocks and never held whole; orjson parses the good lines.
+Whatever a line holds, it is refused on its own and never fails the file: no
+JSON that nests deeper than MAX_DEPTH, holds NaN, a lone surrogate or an
+integer longer than MAX_INTEGER_DIGITS reaches the database or a provider.
 (Out: OpenAI batch output lines, quotaflow/output.py.)
 """
 
@@ -21,10 +24,22 @@ from quotaflow.constants import ENDPOINT_CHAT, ENDPOINT_COMPLETIONS, ENDPOINT_EM
 from quotaflow.errors import InputFileError
 from quotaflow.jsoncodec import has_long_number
 
-MAX_CUSTOM_ID_CHARS = 512
+MAX_CUSTOM_ID_CHARS = 512  # the items.custom_id column
+# Containers nested in one line. Real requests nest about 6 deep (tool schemas a few
+# more); deeper JSON is refused before anything recurses over it: orjson writes at
+# most 255 levels, Python's json recurses until RecursionError.
+MAX_DEPTH = 64
+# Digits of one integer. An integer beyond 1.8e308 (309 digits) is one no provider's
+# JSON parser reads (JavaScript, Go and serde take numbers as doubles; Python stops at
+# 4,300 digits), so it can only fail at the provider; up to this many are kept exact.
+MAX_INTEGER_DIGITS = 308
 _BLOCK = 1024 * 1024
+BOM = b"\xef\xbb\xbf"  # a UTF-8 byte-order mark, which Excel and PowerShell write
 _DIGEST_PREFIX: dict[str, Any] = {}  # endpoint -> sha256 of '["endpoint",'
 NUL_REASON = "line contains a NUL character (\\u0000), which cannot be stored; remove it"
+DEPTH_REASON = f"line is nested more than {MAX_DEPTH} levels deep"
+SURROGATE_REASON = ("line is not valid JSON: it holds a lone surrogate escape (such as "
+                    "\\ud800), which is not a character")
 
 
 @dataclass(frozen=True)
@@ -53,10 +68,17 @@ class LineRejected(ValueError):
 def read_lines(stream: IO[bytes], max_line_bytes: int,
                max_file_bytes: int | None = None) -> Iterator[tuple[int, bytes | None]]:
     """(line number, line without its newline) in large reads; None for a line longer
-    than max_line_bytes, which is skipped without being held."""
-    line_no, read, carry, skipping = 0, 0, b"", False
-    while block := stream.read(_BLOCK):
-        read += len(block)
+    than max_line_bytes, which is skipped without being held. A leading UTF-8 byte-order
+    mark is not part of the first line."""
+    line_no, carry, skipping = 0, b"", False
+    block = _first_block(stream)
+    read = len(block)
+    if block.startswith(BOM):
+        block = block[len(BOM):]
+        if not block:  # the first read was the mark alone
+            block = stream.read(_BLOCK)
+            read += len(block)
+    while block:
         if max_file_bytes is not None and read > max_file_bytes:
             raise InputFileError(f"the file is larger than the limit of {max_file_bytes} "
                                  "bytes (QUOTAFLOW_MAX_FILE_BYTES)")
@@ -73,8 +95,22 @@ def read_lines(stream: IO[bytes], max_line_bytes: int,
             carry += rest
             if len(carry) > max_line_bytes:
                 carry, skipping = b"", True
+        block = stream.read(_BLOCK)
+        read += len(block)
     if carry or skipping:
         yield line_no + 1, None if skipping else carry
+
+
+def _first_block(stream: IO[bytes]) -> bytes:
+    """The first read, long enough to tell whether it starts with a byte-order mark (a
+    stream may hand out fewer bytes than asked)."""
+    block = stream.read(_BLOCK)
+    while block and len(block) < len(BOM) and BOM.startswith(block):
+        more = stream.read(_BLOCK)
+        if not more:
+            break
+        block += more
+    return block
 
 
 def parse_stream(stream: IO[bytes], max_line_bytes: int) -> Iterator[Request | BadLine]:
@@ -115,6 +151,10 @@ def load_object(raw: bytes) -> dict[str, Any] | str:
             return obj
     if not isinstance(obj, dict):
         return f"line must be a JSON object, not {type(obj).__name__}"
+    # Only a line with more brackets than MAX_DEPTH can nest deeper: the common line
+    # costs two byte counts, not a walk over its object.
+    if raw.count(b"{") + raw.count(b"[") > MAX_DEPTH and _nests_deeper(obj, MAX_DEPTH):
+        return DEPTH_REASON
     if b"\\u0000" in raw and _has_nul(obj):
         # PostgreSQL can store no NUL in text or JSONB; no model needs one.
         return NUL_REASON
@@ -128,23 +168,28 @@ def _load_slowly(raw: bytes) -> Any:
     except UnicodeDecodeError as exc:
         return f"line is not valid UTF-8 (byte {exc.start + 1})"
     try:
-        obj = json.loads(text, parse_constant=_refuse_constant, parse_float=_finite)
+        obj = json.loads(text, parse_constant=_refuse_constant, parse_float=_finite,
+                         parse_int=_integer)
     except json.JSONDecodeError as exc:
         return f"line is not valid JSON: {exc.msg} at column {exc.colno}"
     except _NotJson as exc:
         return f"line is not valid JSON: {exc}"
-    except RecursionError:
-        return "line is not valid JSON: it is nested too deeply"
+    except RecursionError:  # orjson refused it past 1,024 levels; json recursed on
+        return DEPTH_REASON
     try:  # what orjson refused and json took, e.g. a lone surrogate (\\ud800)
         orjson.dumps(obj)
     except TypeError as exc:  # orjson.JSONEncodeError is a TypeError
-        if "64-bit" not in str(exc):  # big integers are fine: JSONB keeps them exact
+        if "surrogates" in str(exc):
+            return SURROGATE_REASON
+        if "64-bit" not in str(exc) and "Recursion" not in str(exc):
             return f"line is not valid JSON: {exc}"
+        # big integers are fine (JSONB keeps them exact); depth is load_object's to refuse
     return obj
 
 
 class _NotJson(ValueError):
-    """What json.loads takes but JSON (and PostgreSQL) does not: NaN, Infinity, 1e400."""
+    """What json.loads takes but JSON (and PostgreSQL) does not: NaN, Infinity, 1e400;
+    and what no provider reads: an integer of more than MAX_INTEGER_DIGITS digits."""
 
 
 def _refuse_constant(name: str) -> Any:
@@ -158,10 +203,35 @@ def _finite(text: str) -> float:
     return value
 
 
+def _integer(text: str) -> int:
+    """An integer literal, unless it has more digits than a provider could read (a longer
+    one also stops int() at 4,300 digits, with an error that is no line's reason)."""
+    digits = len(text) - text.startswith("-")
+    if digits > MAX_INTEGER_DIGITS:
+        raise _NotJson(f"an integer of {digits} digits is out of range (at most "
+                       f"{MAX_INTEGER_DIGITS})")
+    return int(text)
+
+
+def _nests_deeper(value: Any, levels: int) -> bool:
+    """Whether arrays and objects nest more than `levels` deep in `value` (recursing at
+    most levels + 1 calls, however deep the value)."""
+    if isinstance(value, dict):
+        children: Any = value.values()
+    elif isinstance(value, list):
+        children = value
+    else:
+        return False
+    return levels == 0 or any(_nests_deeper(child, levels - 1) for child in children)
+
+
 def line_custom_id(obj: dict[str, Any]) -> str | None:
-    """The custom_id a refused line keeps in its error line, when it has a usable one."""
+    """The custom_id a refused line keeps in its error line, when it has a usable one: one
+    too long for the column is left out (cut short, it could be another line's id)."""
     value = obj.get("custom_id")
-    return value if isinstance(value, str) else None
+    if isinstance(value, str) and 0 < len(value) <= MAX_CUSTOM_ID_CHARS:
+        return value
+    return None
 
 
 def _has_nul(value: Any) -> bool:

@@ -33,7 +33,7 @@ from quotaflow.config import Deployments, Settings
 from quotaflow.constants import DEFAULT_TENANT, QUEUES
 from quotaflow.db import insert_ignore, refresh_statistics
 from quotaflow.dedup import SeenFilter, pending_batches, share_identical
-from quotaflow.errors import InputFileError, JobStateError, LineProblem, ServiceUnavailable
+from quotaflow.errors import InputFileError, InvalidParameter, LineProblem, ServiceUnavailable
 from quotaflow.formats import (
     LineRejected,
     body_digest,
@@ -99,10 +99,11 @@ def create_job(sessions: sessionmaker[Session], stream: IO[bytes], *, settings: 
     a duplicate custom_id (a seekable stream is rewound when it is not given).
     """
     if spec.queue not in QUEUES:
-        raise JobStateError(f"unknown queue {spec.queue!r}; choose one of {', '.join(QUEUES)}")
+        raise InvalidParameter("queue", f"unknown queue {spec.queue!r}; choose one of "
+                                        f"{', '.join(QUEUES)}")
     if spec.max_attempts is not None and not 1 <= spec.max_attempts <= MAX_ATTEMPTS_LIMIT:
-        raise JobStateError(f"max_attempts must be between 1 and {MAX_ATTEMPTS_LIMIT}, "
-                            f"got {spec.max_attempts}")
+        raise InvalidParameter("max_attempts", f"max_attempts must be between 1 and "
+                                               f"{MAX_ATTEMPTS_LIMIT}, got {spec.max_attempts}")
     if spec.idempotency_key is not None:
         with sessions() as session:
             if (earlier := find_by_key(session, spec.tenant, spec.idempotency_key)) is not None:

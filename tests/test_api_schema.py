@@ -1,6 +1,8 @@
 """Schemathesis against the OpenAPI schema of the running API: whatever it sends to any
-route, with a valid key or without, the answer is never a server error (5xx). (That no
-key gives 401 is tests/test_tenants.py's job; the generator also sends other methods.)"""
+route, with a valid key or without, the answer is never a server error (5xx), its status
+is one the schema documents for that route, with the documented content type and body.
+(That no key gives 401 is tests/test_tenants.py's job; the generator also sends other
+methods.)"""
 
 from collections.abc import Iterator
 
@@ -8,6 +10,12 @@ import httpx
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings
+from schemathesis.checks import (
+    content_type_conformance,
+    not_a_server_error,
+    response_schema_conformance,
+    status_code_conformance,
+)
 
 from tests.openai_cluster import V1Cluster, start_cluster
 
@@ -24,6 +32,8 @@ def api_schema(cluster: V1Cluster) -> schemathesis.BaseSchema:
 
 
 schema = schemathesis.pytest.from_fixture("api_schema")
+CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,
+          response_schema_conformance]
 
 
 @schema.parametrize()
@@ -36,6 +46,7 @@ def test_no_request_makes_the_api_fail(case: schemathesis.Case, cluster: V1Clust
         assert response.status_code < 500, (
             f"{case.method} {case.formatted_path} -> {response.status_code}: "
             f"{response.text[:500]}\n{cluster.procs['api'].log()[-3000:]}")
+        case.validate_response(response, checks=CHECKS)
 
 
 # Values the generator rarely hits that once made the API fail: PostgreSQL holds no NUL in
@@ -48,6 +59,7 @@ HOSTILE = [
     ("DELETE", "/v1/files/%00", {}),
     ("GET", "/v1/batches?after=%00", {}),
     ("GET", "/v1/files?after=%00", {}),
+    ("GET", "/v1/files?purpose=%00", {}),
     ("GET", "/jobs?after=%00", {}),
     ("GET", "/jobs/%00", {}),
     ("POST", "/v1/batches", {"json": {"input_file_id": "file-\u0000",

@@ -7,7 +7,7 @@ from pathlib import Path
 import httpx
 
 from tests.conftest import ROOT, service_env
-from tests.factories import chat_line, write_jsonl
+from tests.factories import HOSTILE_LINES, chat_line, write_jsonl
 from tests.procs import Proc, free_port, quotaflow
 
 
@@ -47,6 +47,23 @@ def test_bad_lines_are_reported_and_good_lines_still_run(tmp_path: Path) -> None
     errors = [json.loads(line) for line in
               (tmp_path / "out.errors.jsonl").read_text().splitlines()]
     assert [(e["custom_id"], e["error"]["line"]) for e in errors] == [(None, 2), ("wrong-url", 4)]
+
+
+def test_hostile_lines_end_in_the_error_file_not_a_traceback(tmp_path: Path) -> None:
+    # Given a file from Excel (a byte-order mark) with every hostile line after a good one
+    hostile = [line for line, _, _ in HOSTILE_LINES.values()]
+    path = write_jsonl(tmp_path / "hostile.jsonl", [chat_line("ok-1"), *hostile])
+    path.write_bytes(b"\xef\xbb\xbf" + path.read_bytes())
+    result = run_cli(tmp_path, "run", "hostile.jsonl", "-o", "out.jsonl")
+    # Then the good line runs and each hostile line is an error line naming its reason
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr
+    assert f"1 succeeded, {len(hostile)} failed of {len(hostile) + 1}" in result.stderr
+    errors = [json.loads(line) for line in
+              (tmp_path / "out.errors.jsonl").read_text().splitlines()]
+    assert [e["error"]["line"] for e in errors] == list(range(2, len(hostile) + 2))
+    for error, (_, reason, custom_id) in zip(errors, HOSTILE_LINES.values(), strict=True):
+        assert reason in error["error"]["message"] and error["custom_id"] == custom_id
 
 
 def test_rejected_file_exits_with_the_reason(tmp_path: Path) -> None:

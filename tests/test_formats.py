@@ -5,8 +5,10 @@ import json
 
 import pytest
 
-from quotaflow.formats import BadLine, Request, parse_stream
+from quotaflow import formats
+from quotaflow.formats import MAX_DEPTH, MAX_INTEGER_DIGITS, BadLine, Request, parse_stream
 from quotaflow.output import output_line
+from tests.factories import HOSTILE_LINES
 
 LIMIT = 4096
 
@@ -93,3 +95,46 @@ def test_output_line_has_openai_batch_shape() -> None:
                     "response": {"status_code": 200, "request_id": "batch_req_1",
                                  "body": {"choices": []}}}
     assert output_line("batch_req_2", "b", None, None, {"code": "x"})["response"] is None
+
+
+@pytest.mark.parametrize("name", HOSTILE_LINES)
+def test_a_hostile_line_is_refused_alone(name: str) -> None:
+    line, reason, custom_id = HOSTILE_LINES[name]
+    good = json.dumps(openai_line("before")).encode()
+    entries = list(parse_stream(io.BytesIO(good + b"\n" + line.encode() + b"\n"
+                                           + good.replace(b"before", b"after")), 1 << 20))
+    assert [type(e) for e in entries] == [Request, BadLine, Request]
+    assert entries[1].line_no == 2 and reason in entries[1].reason
+    assert entries[1].custom_id == custom_id
+
+
+def nested(levels: int) -> bytes:
+    """A line whose containers nest `levels` deep, the line's own object included."""
+    inner = "[" * (levels - 2) + "]" * (levels - 2)  # in the line's object, in its body
+    return json.dumps(openai_line(body={"model": "m", "x": "X", "messages": [
+        {"role": "user", "content": "hi"}]})).replace('"X"', inner).encode()
+
+
+def test_depth_and_digits_are_refused_just_past_their_limits() -> None:
+    deepest, too_deep = parse(nested(MAX_DEPTH) + b"\n" + nested(MAX_DEPTH + 1))
+    assert isinstance(deepest, Request)
+    assert isinstance(too_deep, BadLine) and "more than 64 levels" in too_deep.reason
+    longest = int("7" * MAX_INTEGER_DIGITS)
+    kept, refused = parse(json.dumps(openai_line(body={
+        "model": "m", "seed": longest, "messages": [{"role": "user", "content": "hi"}]}))
+        .encode() + b"\n" + json.dumps(openai_line(body={"seed": -longest * 10})).encode())
+    assert isinstance(kept, Request) and kept.body["seed"] == longest
+    assert isinstance(refused, BadLine)
+    assert f"integer of {MAX_INTEGER_DIGITS + 1} digits is out of range" in refused.reason
+
+
+@pytest.mark.parametrize("block", [1, 2, 3, 4, 1 << 20])
+def test_a_byte_order_mark_is_not_part_of_the_first_line(
+        block: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(formats, "_BLOCK", block)
+    line = json.dumps(openai_line("excel")).encode()
+    entries = parse(formats.BOM + line + b"\n" + line.replace(b"excel", b"second"))
+    assert [(type(e), e.custom_id) for e in entries] == [(Request, "excel"), (Request, "second")]
+    # only at the start of the file: a mark in the middle is the line's own bytes
+    [_, later] = parse(line + b"\n" + formats.BOM + line.replace(b"excel", b"second"))
+    assert isinstance(later, BadLine) and "not valid JSON" in later.reason

@@ -21,7 +21,7 @@ from quotaflow.db import session_factory, upgrade
 from quotaflow.errors import EnqueuedTokenLimit, InputFileError
 from quotaflow.jobs import BatchRef
 from quotaflow.models import Item, Job, Result
-from tests.factories import chat_line, jsonl
+from tests.factories import HOSTILE_LINES, chat_line, jsonl
 
 
 class Collect:
@@ -199,6 +199,30 @@ def test_numbers_keep_their_value(pg_sessions, settings) -> None:
     assert body["seed"] == 123456789012345678901234567890 and stored == str(body["seed"])
     assert body["temperature"] == 0.00001
     assert json.loads(json.dumps(body)) == line["body"]
+
+
+def test_hostile_lines_are_each_their_own_error(pg_sessions, settings) -> None:
+    # Given a file starting with a byte-order mark, each hostile line between good ones
+    lines: list[dict | str] = [chat_line("good-0")]
+    for n, (line, _, _) in enumerate(HOSTILE_LINES.values(), start=1):
+        lines += [line, chat_line(f"good-{n}")]
+    made = make(pg_sessions, settings, b"\xef\xbb\xbf" + jsonl(lines))
+    # Then the job runs its good lines, the first one included
+    assert made.counts == {"pending": len(HOSTILE_LINES) + 1, "failed": len(HOSTILE_LINES)}
+    with pg_sessions() as session:
+        items = dict(session.execute(select(Item.line_no, Item.custom_id)
+                                     .where(Item.job_id == made.job.id)).all())
+        errors = dict(session.execute(select(Result.line_no, Result.error)
+                                      .where(Result.job_id == made.job.id)).all())
+        stored_ids = session.scalars(select(Result.custom_id)
+                                     .where(Result.job_id == made.job.id)).all()
+    assert items[1] == "good-0"
+    # And each hostile line is a failed item with its reason, without its custom_id
+    for n, (name, (_, reason, custom_id)) in enumerate(HOSTILE_LINES.items(), start=1):
+        line_no = 2 * n
+        assert reason in errors[line_no]["message"], name
+        assert items[line_no] == custom_id and items[line_no + 1] == f"good-{n}"
+    assert set(stored_ids) == {None}
 
 
 def test_pipelined_batch_messages_are_what_send_task_writes(redis_url: str) -> None:

@@ -16,7 +16,7 @@ from sqlalchemy.engine import make_url
 
 from quotaflow.db import get_engine
 from quotaflow.quotas import tenant_lock_key
-from tests.factories import chat_line, jsonl, write_jsonl
+from tests.factories import HOSTILE_LINES, chat_line, jsonl, write_jsonl
 from tests.openai_cluster import V1Cluster, start_cluster
 from tests.procs import quotaflow
 
@@ -73,6 +73,34 @@ def test_a_bad_file_is_a_400_naming_its_lines(cluster: V1Cluster) -> None:
     error = refused.json()["error"]
     assert error["message"].startswith("duplicate custom_id 'd1' on lines 1 and 4")
     assert error["data"] == [{"line": 4, "message": "duplicate custom_id 'd1'"}]
+
+
+def test_hostile_lines_are_line_errors_on_both_routes(cluster: V1Cluster) -> None:
+    # Given a file from Excel (a byte-order mark) with every hostile line between good ones
+    lines: list[dict | str] = [chat_line("h-0")]
+    for n, (line, _, _) in enumerate(HOSTILE_LINES.values(), start=1):
+        lines += [line, chat_line(f"h-{n}")]
+    data = b"\xef\xbb\xbf" + jsonl(lines)
+    good, bad = len(HOSTILE_LINES) + 1, len(HOSTILE_LINES)
+    # When it is sent to POST /jobs: a job of its good lines, first one included
+    made = post_job(cluster, "team-a", data)
+    assert made.status_code == 201, made.text
+    counts = made.json()["request_counts"]
+    assert (counts["total"], counts["failed"], counts["pending"]) == (good + bad, bad, good)
+    errors = httpx.get(f"{cluster.api_url}/jobs/{made.json()['id']}/errors",
+                       headers=cluster.headers("team-a")).text.splitlines()
+    reasons = [HOSTILE_LINES[name][1] for name in HOSTILE_LINES]
+    assert all(reason in error for reason, error in zip(reasons, errors, strict=True))
+    # And as an OpenAI batch: running, each hostile line in errors.data with its line
+    client = openai.OpenAI(base_url=cluster.base_url, api_key=cluster.keys["team-a"],
+                           max_retries=0)
+    uploaded = client.files.create(file=("excel.jsonl", data), purpose="batch")
+    batch = client.batches.create(input_file_id=uploaded.id, endpoint=CHAT,
+                                  completion_window="24h")
+    assert batch.status == "in_progress" and batch.request_counts.total == good + bad
+    assert [(e.line, reason in e.message) for e, reason in zip(batch.errors.data, reasons,
+                                                                strict=True)] == [
+        (2 * n, True) for n in range(1, bad + 1)]
 
 
 def test_the_same_key_gives_the_same_job(cluster: V1Cluster, pg_url: str) -> None:

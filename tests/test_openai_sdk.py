@@ -2,6 +2,9 @@
 output and error files, cancelling mid-run, validation errors and the token quota."""
 
 import json
+import re
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -10,6 +13,7 @@ import httpx
 import openai
 import pytest
 
+from tests.conftest import ROOT
 from tests.factories import chat_line, jsonl, write_jsonl
 from tests.openai_cluster import FINAL, UPLOAD_LIMIT, V1Cluster, start_cluster
 
@@ -222,3 +226,22 @@ def test_queue_header_and_file_deletion(cluster: V1Cluster, tmp_path: Path) -> N
     assert seen.model_extra["queue"] == "realtime" and seen.input_file_id is None
     assert [json.loads(line)["custom_id"] for line in
             client.files.content(seen.output_file_id).text.splitlines()] == ["j-1", "j-2"]
+
+
+def test_the_readme_snippet_runs_as_pasted(cluster: V1Cluster, tmp_path: Path) -> None:
+    # Given the README's SDK example, only pointed at this cluster's port
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("## OpenAI-compatible Batch API"):]
+    snippet = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    assert "http://127.0.0.1:8000/v1" in snippet
+    script = tmp_path / "snippet.py"
+    script.write_text(snippet.replace("http://127.0.0.1:8000", cluster.api_url)
+                      + "print(batch.status, len(output.splitlines()), repr(errors))\n")
+    write_jsonl(tmp_path / "prompts.jsonl", [chat_line(f"readme-{i}") for i in range(3)])
+    # When it runs in a fresh interpreter, with the key in the environment
+    ran = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=120,
+                         env={**cluster.env, "QUOTAFLOW_API_KEY": cluster.keys["team-a"]})
+    # Then the batch completes and its output is read
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.split() == ["completed", "3", "''"]

@@ -4,8 +4,8 @@ Kept in Redis before, a restart was noticed only by a worker that had already se
 the old id: a broker restarted empty within a reaper interval of the workers'
 start went unnoticed, and its lost messages waited for the queue patience.
 
-Revision ID: 0006
-Revises: 0005
+Revision ID: 0007
+Revises: 0006
 Create Date: 2026-11-23
 """
 
@@ -14,8 +14,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0006"
-down_revision: str | None = "0005"
+revision: str = "0007"
+down_revision: str | None = "0006"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
