@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+import types
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -146,6 +147,25 @@ def service_env(**extra: str) -> dict[str, str]:
     env["PYTHONUNBUFFERED"] = "1"
     env.update(extra)
     return env
+
+
+# Tests that start processes or servers of their own are marked `cluster`, so that
+# `pytest -m "not cluster"` runs the rest (unit tests on the shared PostgreSQL and
+# Redis) in seconds: a test is one when its module uses these helpers or modules...
+PROCESS_STARTERS = frozenset({"tests.procs", "tests.harness", "tests.limiter_cluster",
+                              "tests.openai_cluster", "tests.chaos_cluster", "subprocess"})
+# ...or it asks for a server of its own.
+SERVER_FIXTURES = frozenset({"throwaway_redis", "throwaway_postgres"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        module = getattr(item, "module", None)
+        names = vars(module).values() if module is not None else ()
+        uses = ({getattr(value, "__module__", None) for value in names}
+                | {value.__name__ for value in names if isinstance(value, types.ModuleType)})
+        if uses & PROCESS_STARTERS or SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.cluster)
 
 
 def pytest_terminal_summary(terminalreporter) -> None:

@@ -99,3 +99,38 @@ def test_a_claimed_batch_stops_sending_soon_after_its_job_ends(
     with pg_sessions() as session:
         status = jobs.get_job(session, job_id).status
     assert status == (JobStatus.CANCELLED if how == "cancel" else JobStatus.EXPIRED)
+
+
+def test_a_batch_goes_on_at_once_when_its_probe_closes_the_circuit(
+        pg_sessions, settings, tmp_path, slow_provider) -> None:
+    # Given a deployment whose circuit opened and whose cooldown has just passed
+    (tmp_path / "d.toml").write_text(
+        f'[deployments.slow]\nprovider = "openai"\nbase_url = "{slow_provider}/v1"\n'
+        'model = "m"\nrpm = 600000\ntpm = 100000000\nmax_concurrency = 4\n'
+        'circuit_failures = 1\ncircuit_cooldown_s = 0.2\n[routes]\n"*" = "slow"\n')
+    settings.deployments_file = tmp_path / "d.toml"
+    settings.batch_size = 20
+    deployments = settings.load_deployments()
+    batches: list[jobs.BatchRef] = []
+
+    class Collect:
+        def dispatch(self, queue: str, refs: list[jobs.BatchRef]) -> None:
+            batches.extend(refs)
+
+    job = jobs.create_job(pg_sessions, io.BytesIO(jsonl([chat_line(f"p{i}")
+                                                         for i in range(20)])),
+                          settings=settings, deployments=deployments, dispatcher=Collect(),
+                          queue="realtime")
+    executor = BatchExecutor(pg_sessions, deployments, LocalLimiter(), settings)
+    executor.breaker.record_failure(deployments.deployments["slow"])
+    time.sleep(0.3)
+    # When a batch runs: its first call is the probe (100 ms), and it succeeds
+    started = time.monotonic()
+    report = executor.run(batches[0])
+    took = time.monotonic() - started
+    # Then the rest of the batch follows at once, not after the probe's timeout (65 s)
+    assert report.retry_in is None, report
+    assert report.succeeded == 20, report
+    assert took < 5, took
+    with pg_sessions() as session:
+        assert jobs.get_job(session, job.id).status == JobStatus.COMPLETED

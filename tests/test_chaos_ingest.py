@@ -17,6 +17,7 @@ import pytest
 from sqlalchemy import text
 
 from quotaflow.db import get_engine
+from tests.chaos_cluster import ROWS
 from tests.conftest import REDIS_URL, service_env
 from tests.factories import chat_line, jsonl
 from tests.procs import Proc, free_port, quotaflow
@@ -71,10 +72,12 @@ def test_an_api_killed_mid_ingest_leaves_nothing_and_a_retry_makes_one_whole_job
     assert _count(pg_url, "SELECT count(*) FROM items") == 0
     assert _count(pg_url, "SELECT count(*) FROM results") == 0
     # And the same upload sent again with its key makes one job, with every line
+    restarted = time.monotonic()
     api, url = _start_api(pg_url, tmp_path, "api2")
     try:
         made = httpx.post(f"{url}/jobs", files={"file": ("big.jsonl", data)},
                           headers=headers, timeout=120)
+        stored = time.monotonic() - restarted
         again = httpx.post(f"{url}/jobs", files={"file": ("big.jsonl", data)},
                            headers=headers, timeout=120)
     finally:
@@ -83,6 +86,11 @@ def test_an_api_killed_mid_ingest_leaves_nothing_and_a_retry_makes_one_whole_job
     assert again.json()["id"] == made.json()["id"]
     assert _count(pg_url, "SELECT count(*) FROM jobs") == 1
     assert _count(pg_url, "SELECT count(*) FROM items") == LINES
+    # Its row of the reliability table: nothing was sent, so nothing can repeat
+    items = _count(pg_url, "SELECT count(DISTINCT custom_id) FROM items")
+    ROWS.append(("kill -9 the API mid-ingest", str(LINES - items),
+                 str(_count(pg_url, "SELECT count(*) FROM jobs") - 1), "0", "-",
+                 f"{stored:.1f}", "- (job stored whole on retry)"))
 
 
 def _post_quietly(url: str, data: bytes, headers: dict[str, str]) -> None:

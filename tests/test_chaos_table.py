@@ -31,7 +31,7 @@ from tests.chaos_cluster import (
 )
 from tests.harness import job_status, one_result_per_line, output_ids
 
-pytestmark = [pytest.mark.timeout(300), pytest.mark.cluster]
+pytestmark = pytest.mark.timeout(300)
 
 
 def _kill_worker(cluster: ChaosCluster, _job: Progress) -> None:

@@ -75,10 +75,7 @@ class Admitter:
                 self._defer(run, waiting, LIMITER_DOWN_BACKOFF_S)
                 break
             if choice.deployment is None:
-                if busy:
-                    await asyncio.wait(set().union(*calls.values()),
-                                       return_when=asyncio.FIRST_COMPLETED)
-                elif not await self._pause(run, waiting, choice.wait_s, refunds_due=False):
+                if not await self._closed_off(run, waiting, choice, calls, busy):
                     break
                 continue
             deployment = choice.deployment
@@ -114,6 +111,25 @@ class Admitter:
             refunds_due = admission.tokens_in_flight > 0 and deployment.reconcile_usage
             if not await self._pause(run, waiting, admission.wait_s, refunds_due, deployment):
                 break
+
+    async def _closed_off(self, run: BatchRun, waiting: list[ClaimedItem], choice: Choice,
+                          calls: dict[str, set[asyncio.Task[None]]], busy: set[str]) -> bool:
+        """No deployment of the route takes a request now: wait for one (True), or hand
+        the items back to the queue (False)."""
+        flying = set().union(*calls.values())
+        if busy:
+            await asyncio.wait(flying, return_when=asyncio.FIRST_COMPLETED)
+        elif flying:
+            # Closed off (an open circuit, no budget) with calls out: one of them may
+            # change that when it ends, as the probe of a half-open circuit closes it by
+            # succeeding. Wait for one (a second at most, to notice a cancel) and report
+            # it, rather than hand the batch back for the probe's whole timeout.
+            await asyncio.wait(flying, timeout=max(0.01, min(choice.wait_s, MAX_ROUTE_WAIT_S)),
+                               return_when=asyncio.FIRST_COMPLETED)
+            run.feedback.flush()
+        else:
+            return await self._pause(run, waiting, choice.wait_s, refunds_due=False)
+        return True
 
     def _stopped(self, run: BatchRun, waiting: list[ClaimedItem]) -> bool:
         """End the unsent items of a job that was cancelled or expired meanwhile."""
