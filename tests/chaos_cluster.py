@@ -23,6 +23,7 @@ from tests.procs import Proc, free_port, quotaflow
 
 LINES = 1000
 RPM = 1200  # the provider's and the deployment's: the job needs 50 s of budget
+BURST_S = 10  # both enforce it over 10 s: 200 requests at most at once, then 20 a second
 LATENCY_MS = 200
 WORKERS = 4
 CONCURRENCY = 2
@@ -96,10 +97,11 @@ class ChaosCluster:
         self.redis.start()
         provider, self.provider_url = start_provider(
             self.tmp_path, "--rpm", str(RPM), "--tpm", "100000000",
-            "--latency-ms", str(LATENCY_MS))
+            "--burst-seconds", str(BURST_S), "--latency-ms", str(LATENCY_MS))
         self.procs.append(provider)
         deployments = deployment_file(self.tmp_path, "strict", self.provider_url)
-        text = deployments.read_text().replace("rpm = 600000", f"rpm = {RPM}")
+        text = deployments.read_text().replace("rpm = 600000",
+                                               f"rpm = {RPM}\nburst_seconds = {BURST_S}")
         deployments.write_text(text)
         env = service_env(QUOTAFLOW_DATABASE_URL=self.pg_url,
                           QUOTAFLOW_BROKER_URL=self.redis.url,

@@ -1,8 +1,8 @@
 """Crash means resume, in seconds: the reliability table, one fault at a time.
 
-Four workers on default settings, a strict mock provider (1,200 RPM, 200 ms a
-call) and a 1,000-line job that needs 50 s of budget. At about 30% done one
-fault strikes; then every custom_id must come back exactly once, the provider
+Four workers on default settings, a strict mock provider (1,200 RPM enforced
+over 10 s, 200 ms a call) and a 1,000-line job that needs about 45 s of budget.
+At about 30% done one fault strikes; then every custom_id must come back exactly once, the provider
 may have seen a request twice only if it was in flight at the crash (at most
 IN_FLIGHT_BOUND), and the job must finish within RESUME_ALLOWANCE_S of the fault
 ending plus the time its remaining lines need at the budget. While PostgreSQL
