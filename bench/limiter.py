@@ -1,8 +1,9 @@
 """Limiter benchmark: (a) acquire throughput against one local Redis, next to the
 `limits` library's moving-window limiter and a bare EVALSHA of a no-op script (the
-ceiling); (b) utilisation and 429s of the four-worker runs of tests/limiter_cluster.py.
+ceiling); (b) utilisation and 429s of the four-worker runs of tests/limiter_cluster.py; (c) a
+bulk job's throughput with and without 5% of its requests refused 429 at random.
 
-    python -m bench.limiter            # both parts (about 3 minutes)
+    python -m bench.limiter            # all parts (about 5 minutes)
     python -m bench.limiter --part a   # acquire throughput only
 
 Needs the local Redis and PostgreSQL that scripts/test sets up; uses Redis db 14
@@ -61,19 +62,21 @@ def part_a() -> list[tuple[str, float]]:
     return rows
 
 
-def part_b() -> list:
+def run_scenarios(faults: bool) -> list:
     from tests.conftest import _recreate_database
-    from tests.limiter_cluster import SCENARIOS, LimiterCluster
+    from tests.limiter_cluster import FAULT_SCENARIOS, SCENARIOS, LimiterCluster
 
+    scenarios = FAULT_SCENARIOS if faults else SCENARIOS
     _recreate_database(PG_URL)
     upgrade(PG_URL)
-    with LimiterCluster(PG_URL, REDIS_URL, Path(tempfile.mkdtemp(prefix="qf-bench-"))) as cluster:
-        return [cluster.run(scenario) for scenario in SCENARIOS]
+    with LimiterCluster(PG_URL, REDIS_URL, Path(tempfile.mkdtemp(prefix="qf-bench-")),
+                        scenarios) as cluster:
+        return [cluster.run(scenario) for scenario in scenarios]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--part", choices=["a", "b", "all"], default="all")
+    parser.add_argument("--part", choices=["a", "b", "c", "all"], default="all")
     part = parser.parse_args().part
     redis_version = redis.Redis.from_url(REDIS_URL).info()["redis_version"]
     print(f"machine: {platform.node()} {platform.machine()}, {os.cpu_count()} cores, "
@@ -89,11 +92,22 @@ def main() -> None:
         print("\n(b) 4 Celery workers x 2 slots, one deployment, strict mock provider")
         print(f"{'scenario':<12} {'burst s':>7} {'reconcile':>9} {'items':>6} {'seconds':>8} "
               f"{'429s':>5} {'repeats':>7} {'utilisation':>11} {'admitted/ceiling':>16}")
-        for o in part_b():
+        for o in run_scenarios(faults=False):
             s = o.scenario
             print(f"{s.name:<12} {s.burst_seconds:>7g} {s.reconcile!s:>9} {o.items:>6} "
                   f"{o.seconds:>8.1f} {o.rejected_429:>5} {o.duplicate_bodies:>7} "
                   f"{o.utilisation:>11.3f} {o.admitted_vs_ceiling:>16.2f}")
+
+    if part in ("c", "all"):
+        print("\n(c) a bulk job, 4 workers, with and without 5% random 429s (no headers)")
+        print(f"{'scenario':<12} {'items':>6} {'seconds':>8} {'429s':>5} {'req/s':>8} "
+              f"{'of clean':>8}")
+        clean = None
+        for o in run_scenarios(faults=True):
+            rate = o.completed / o.seconds
+            clean = clean or rate
+            print(f"{o.scenario.name:<12} {o.items:>6} {o.seconds:>8.1f} "
+                  f"{o.rejected_429 + o.faults_429:>5} {rate:>8.1f} {rate / clean:>8.0%}")
 
 
 if __name__ == "__main__":

@@ -107,11 +107,14 @@ class ProviderError(QuotaflowError):
         status_code: int | None = None,
         retry_after: float | None = None,
         body: dict | None = None,
+        remaining: tuple[float | None, float | None] = (None, None),
     ) -> None:
         super().__init__(message)
         self.status_code = status_code
         self.retry_after = retry_after
         self.body = body
+        # The provider's x-ratelimit-remaining-requests and -tokens, where it sent them.
+        self.remaining = remaining
 
 
 class RetryableProviderError(ProviderError):

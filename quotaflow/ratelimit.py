@@ -139,6 +139,8 @@ class Limiter(Protocol):
 
     def drain(self, budget: Budget, seconds: float) -> None: ...
 
+    def pause(self, budget: Budget, seconds: float) -> None: ...
+
     def clamp(self, budget: Budget, requests: float | None, tokens: float | None) -> None: ...
 
     def levels(self, budget: Budget) -> Levels: ...
@@ -180,6 +182,9 @@ class RedisLimiter:
     def drain(self, budget: Budget, seconds: float) -> None:
         self._call(budget, "drain", repr(float(seconds)))
 
+    def pause(self, budget: Budget, seconds: float) -> None:
+        self._call(budget, "pause", repr(float(seconds)))
+
     def clamp(self, budget: Budget, requests: float | None, tokens: float | None) -> None:
         self._call(budget, "clamp", "" if requests is None else repr(float(requests)),
                    "" if tokens is None else repr(float(tokens)))
@@ -197,7 +202,8 @@ class _State:
     r: float
     t: float
     ts: float
-    bu: float = 0.0
+    bu: float = 0.0  # blocked until: a drain, no refill meanwhile
+    pu: float = 0.0  # paused until: no admission, the buckets refilling
     flights: dict[int, list[float]] = field(default_factory=dict)  # slot -> [requests, tokens]
 
 
@@ -231,8 +237,9 @@ class LocalLimiter:
     def acquire(self, budget: Budget, costs: Sequence[int], floor: float) -> Admission:
         with self._lock:
             state, now, slot = self._refilled(budget)
-            if now < state.bu:
-                return Admission(0, state.bu - now, slot, self._in_flight(state)[1])
+            if now < max(state.bu, state.pu):
+                return Admission(0, max(state.bu, state.pu) - now, slot,
+                                 self._in_flight(state)[1])
             admitted, total, wait = 0, 0, 0.0
             for cost in costs:
                 floor_r = min(floor * budget.request_capacity
@@ -276,6 +283,11 @@ class LocalLimiter:
             state.r, state.t = min(state.r, 0.0), min(state.t, 0.0)
             state.bu = max(state.bu, now + seconds)
 
+    def pause(self, budget: Budget, seconds: float) -> None:
+        with self._lock:
+            state, now, _ = self._refilled(budget)
+            state.pu = max(state.pu, now + seconds)
+
     def clamp(self, budget: Budget, requests: float | None, tokens: float | None) -> None:
         with self._lock:
             state, _, _ = self._refilled(budget)
@@ -287,7 +299,7 @@ class LocalLimiter:
     def levels(self, budget: Budget) -> Levels:
         with self._lock:
             state, now, _ = self._refilled(budget)
-            return Levels(state.r, state.t, max(0.0, state.bu - now))
+            return Levels(state.r, state.t, max(0.0, state.bu - now, state.pu - now))
 
 
 def sleep_time(wait_s: float) -> float:

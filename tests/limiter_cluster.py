@@ -40,6 +40,8 @@ class Scenario:
     max_tokens: int
     reconcile: bool
     target_seconds: float
+    queue: str = "realtime"
+    fault_429: float = 0.0  # share of requests the provider refuses at random (overloaded)
 
     @property
     def capacity(self) -> float:
@@ -69,6 +71,15 @@ SCENARIOS = (
              reconcile=False, target_seconds=30),
 )
 
+# A bulk job with and without 5% of its requests refused 429 at random (no rate-limit
+# headers): an overloaded provider's 429 must cost bulk a pause, not its budget.
+FAULT_SCENARIOS = (
+    Scenario("bulk-clean", rpm=6_000, tpm=9_000, burst_seconds=60, max_tokens=100,
+             reconcile=False, target_seconds=30, queue="bulk"),
+    Scenario("bulk-429s", rpm=6_000, tpm=9_000, burst_seconds=60, max_tokens=100,
+             reconcile=False, target_seconds=30, queue="bulk", fault_429=0.05),
+)
+
 
 @dataclass(frozen=True)
 class Outcome:
@@ -81,6 +92,7 @@ class Outcome:
     duplicate_bodies: int
     tokens_admitted: int
     tokens_kept: int
+    faults_429: int = 0  # the provider's random refusals, not budget ones
 
     @property
     def utilisation(self) -> float:
@@ -97,8 +109,10 @@ class Outcome:
 class LimiterCluster:
     """Start the providers and workers once; run each scenario as one job."""
 
-    def __init__(self, pg_url: str, redis_url: str, workdir: Path) -> None:
+    def __init__(self, pg_url: str, redis_url: str, workdir: Path,
+                 scenarios: tuple[Scenario, ...] | None = None) -> None:
         self.pg_url, self.redis_url, self.workdir = pg_url, redis_url, workdir
+        self.scenarios = SCENARIOS if scenarios is None else scenarios
         self.procs: list[Proc] = []
         self.providers: dict[str, str] = {}
 
@@ -107,14 +121,16 @@ class LimiterCluster:
         env = service_env()
         deployments = []
         try:
-            for scenario in SCENARIOS:
+            for scenario in self.scenarios:
                 port = free_port()
+                faults = ["--fault", f"429={scenario.fault_429}"] if scenario.fault_429 else []
                 self.providers[scenario.name] = f"http://127.0.0.1:{port}"
                 self.procs.append(Proc(f"provider-{scenario.name}", quotaflow(
                     "mock-provider", "--port", str(port), "--rpm", str(scenario.rpm),
                     "--tpm", str(scenario.tpm), "--burst-seconds", str(scenario.burst_seconds),
                     "--latency-ms", str(LATENCY_MS),
-                    "--reconcile" if scenario.reconcile else "--no-reconcile"), env, self.workdir))
+                    "--reconcile" if scenario.reconcile else "--no-reconcile", *faults), env,
+                    self.workdir))
                 deployments.append(
                     f'[deployments.{scenario.name}]\nprovider = "openai"\n'
                     f'base_url = "http://127.0.0.1:{port}/v1"\nmodel = "{scenario.name}"\n'
@@ -130,7 +146,7 @@ class LimiterCluster:
                 "worker", "--queues", "realtime,standard,bulk", "--concurrency", str(CONCURRENCY),
                 "--name", f"limiter{n}@qftest"), self.env, self.workdir) for n in range(WORKERS)]
             self.procs += workers
-            for proc in self.procs[:len(SCENARIOS)]:
+            for proc in self.procs[:len(self.scenarios)]:
                 name = proc.name.removeprefix("provider-")
                 proc.wait_http(f"{self.providers[name]}/healthz")
             for worker in workers:
@@ -153,7 +169,7 @@ class LimiterCluster:
         data = "".join(json.dumps(line) + "\n" for line in lines).encode()
         job = jobs.create_job(sessions, io.BytesIO(data), settings=settings,
                               deployments=settings.load_deployments(),
-                              dispatcher=CeleryDispatcher(self.redis_url), queue="realtime")
+                              dispatcher=CeleryDispatcher(self.redis_url), queue=scenario.queue)
         deadline = time.monotonic() + timeout
         while True:
             with sessions() as session:
@@ -170,4 +186,5 @@ class LimiterCluster:
             seconds=stats["last_admitted_at"] - stats["first_admitted_at"],
             rejected_429=stats["rejected_429"], duplicate_bodies=stats["duplicate_bodies"],
             tokens_admitted=stats["tokens_admitted"],
-            tokens_kept=stats["tokens_admitted"] - stats["tokens_refunded"])
+            tokens_kept=stats["tokens_admitted"] - stats["tokens_refunded"],
+            faults_429=stats.get("faults", {}).get("429", 0))

@@ -1,5 +1,7 @@
 """Provider feedback: when the provider's real limit is tighter than the deployments
-file says, its 429s drain the budget until Retry-After instead of storming it."""
+file says, its 429s lower the budget to what it says remains and pause the deployment
+until Retry-After instead of storming it; a 429 that is not the budget running out
+costs the pause and nothing more."""
 
 import io
 from collections.abc import Iterator
@@ -62,12 +64,36 @@ def test_a_429_blocks_the_deployment_until_retry_after(pg_sessions, settings, tm
     # When two requests go out at once and the provider takes only one
     _, limiter, report = run_job(pg_sessions, settings, tmp_path, strict_provider, 2, 1)
     # Then the refused one fails (no retries allowed here), and the whole deployment is
-    # blocked for the provider's Retry-After (1 s), its buckets emptied
+    # paused for the provider's Retry-After (1 s), its requests bucket lowered to what
+    # the provider's headers say remains (none; refilling since, at 100 a second, for
+    # less than half a second)
     assert (report.succeeded, report.failed) == (1, 1)
     levels = limiter.levels(OPTIMISTIC)
     assert 0.5 < levels.blocked_s <= 1.0
-    assert levels.requests <= 0 and levels.tokens <= 0
+    assert levels.requests < OPTIMISTIC.request_capacity / 2
     assert limiter.acquire(OPTIMISTIC, [10], 0.0).wait_s > 0.5
+
+
+def test_a_429_that_is_not_the_budget_only_pauses(pg_sessions, settings, tmp_path: Path) -> None:
+    # Given a provider that answers every request 429, without rate-limit headers (an
+    # overloaded server, not a spent budget)
+    port = free_port()
+    proc = Proc("provider", quotaflow("mock-provider", "--port", str(port), "--rpm", "60000",
+                                      "--tpm", "100000000", "--latency-ms", "0",
+                                      "--fault", "429=1.0"), service_env(), tmp_path)
+    try:
+        proc.wait_http(f"http://127.0.0.1:{port}/healthz")
+        _, limiter, report = run_job(pg_sessions, settings, tmp_path,
+                                     f"http://127.0.0.1:{port}", 1, 1)
+    finally:
+        proc.stop()
+    # Then the deployment pauses for its Retry-After, and its budget stays as it was
+    # (less the one request, which the provider may have counted)
+    assert report.failed == 1
+    levels = limiter.levels(OPTIMISTIC)
+    assert 0.5 < levels.blocked_s <= 1.0
+    assert levels.requests >= OPTIMISTIC.request_capacity - 1.01
+    assert levels.tokens >= OPTIMISTIC.token_capacity * 0.99
 
 
 def test_429s_are_retried_without_a_storm(pg_sessions, settings, tmp_path,

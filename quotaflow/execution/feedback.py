@@ -5,7 +5,7 @@ x-ratelimit-remaining headers clamp the buckets, and a success closes the
 deployment's circuit count. Doing that per call cost two Lua calls per
 request; here settlements wait a few milliseconds and go as one call per
 budget, with one clamp (the newest headers) and one success per deployment.
-Failures are not buffered: a 429 drains the budget for everyone at once and
+Failures are not buffered: a 429 pauses the budget for everyone at once and
 a failure counts towards the circuit at once, after what was buffered before
 them, so the order the provider answered in is the order recorded.
 
@@ -78,13 +78,20 @@ class Feedback:
     def failed(self, deployment: Deployment, budget: Budget, error: ProviderError) -> bool:
         """Tell the limiter or the breaker now; True when it was the quota (a 429).
 
-        A 429 is the quota speaking, not a broken deployment: the budget is drained
-        for everyone until Retry-After. Anything else counts towards opening the
-        deployment's circuit.
+        A 429 is the quota speaking, not a broken deployment: the buckets are lowered
+        to what the provider's headers say remains (never raised), and the deployment
+        pauses for everyone until Retry-After, its buckets refilling meanwhile as the
+        provider's do. A 429 that is not the budget running out (an overloaded
+        provider, whose headers show budget left or are absent) so costs the pause
+        and nothing more, and pauses never add up. Anything else counts towards
+        opening the deployment's circuit.
         """
         self.flush()
         if error.status_code == 429:
-            _best_effort(self.limiter.drain, budget, error.retry_after or DEFAULT_429_PAUSE_S)
+            requests, tokens = error.remaining
+            if requests is not None or tokens is not None:
+                _best_effort(self.limiter.clamp, budget, requests, tokens)
+            _best_effort(self.limiter.pause, budget, error.retry_after or DEFAULT_429_PAUSE_S)
             return True
         _best_effort(self.breaker.record_failure, deployment)
         return False

@@ -34,6 +34,9 @@ then, by op:
            once: one round trip, not one per call.
   drain    ARGV[3] seconds: empty both buckets and admit nothing for that long;
            they start refilling, from empty, when the block ends
+  pause    ARGV[3] seconds: admit nothing for that long, the buckets as they are and
+           refilling meanwhile (a 429 that is not the budget running out: the
+           provider's Retry-After, no more; a pause never extends another)
   clamp    ARGV[3] requests remaining, ARGV[4] tokens remaining ("" = unknown):
            lower the buckets to what the provider reports, never raise them
   peek     refills and reports; writes nothing
@@ -72,6 +75,7 @@ local r = state.r or cap_r
 local t = state.t or cap_t
 local ts = state.ts or now
 local bu = state.bu or 0
+local pu = state.pu or 0
 -- Nothing refills while a 429 block lasts: the bucket is empty when it ends.
 local elapsed = math.max(0, now - math.max(ts, bu))
 r = math.min(cap_r, r + elapsed * rate_r)
@@ -82,8 +86,8 @@ local admitted, wait = 0, 0
 if op == 'acquire' then
   local floor, margin = tonumber(ARGV[3]), tonumber(ARGV[4])
   local cost_total = 0
-  if now < bu then
-    wait = bu - now
+  if now < math.max(bu, pu) then
+    wait = math.max(bu, pu) - now
   else
     for i = 5, #ARGV do
       local cost = tonumber(ARGV[i])
@@ -119,16 +123,19 @@ elseif op == 'settle' then
 elseif op == 'drain' then
   r, t = math.min(r, 0), math.min(t, 0)
   bu = math.max(bu, now + tonumber(ARGV[3]))
+elseif op == 'pause' then
+  pu = math.max(pu, now + tonumber(ARGV[3]))
 elseif op == 'clamp' then
   if ARGV[3] ~= '' then r = math.min(r, tonumber(ARGV[3])) end
   if ARGV[4] ~= '' then t = math.min(t, tonumber(ARGV[4])) end
 end
 
-local blocked = math.max(0, bu - now)
+local blocked = math.max(0, bu - now, pu - now)
 if op ~= 'peek' then
   if #stale > 0 then redis.call('HDEL', key, unpack(stale)) end
   redis.call('HSET', key, 'r', string.format(fmt, r), 't', string.format(fmt, t),
-             'ts', string.format(fmt, now), 'bu', string.format(fmt, bu))
+             'ts', string.format(fmt, now), 'bu', string.format(fmt, bu),
+             'pu', string.format(fmt, pu))
   -- Keep the hash while calls are in flight, a block lasts, or it is not yet full.
   local until_full = math.max((cap_r - r) / rate_r, (cap_t - t) / rate_t, blocked)
   local keep = until_full

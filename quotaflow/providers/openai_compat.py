@@ -102,6 +102,8 @@ class OpenAICompatProvider:
                 status_code=status,
                 retry_after=parse_retry_after(headers),
                 body=payload if isinstance(payload, dict) else None,
+                remaining=(_header_number(headers, "x-ratelimit-remaining-requests"),
+                           _header_number(headers, "x-ratelimit-remaining-tokens")),
             )
         if not isinstance(payload, dict):
             raise RetryableProviderError(
