@@ -6,6 +6,7 @@ what orjson refuses (integers beyond 64 bits), so no valid input is lost.
 """
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,13 +33,26 @@ class RawJson:
     text: bytes
 
 
+# A \u0000 escape that is one (not an escaped backslash followed by "u0000").
+_NUL_ESCAPE = re.compile(rb"(?<!\\)((?:\\\\)*)\\u0000")
+
+
+def without_nul(text: bytes) -> bytes:
+    """JSON text PostgreSQL can store: JSONB holds no NUL character, so a provider's
+    answer carrying one (\u0000) would fail the write of its whole chunk. Each becomes
+    U+FFFD, the replacement character; everything else is kept as it came."""
+    if b"\\u0000" not in text:
+        return text
+    return _NUL_ESCAPE.sub(rb"\1\\ufffd", text)
+
+
 def dumps(value: Any) -> bytes:
     if isinstance(value, RawJson):
-        return value.text
+        return without_nul(value.text)
     try:
-        return orjson.dumps(value)
+        return without_nul(orjson.dumps(value))
     except TypeError:
-        return json.dumps(value, ensure_ascii=False).encode()
+        return without_nul(json.dumps(value, ensure_ascii=False).encode())
 
 
 def dumps_text(value: Any) -> str:
