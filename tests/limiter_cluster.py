@@ -74,9 +74,9 @@ SCENARIOS = (
 # A bulk job with and without 5% of its requests refused 429 at random (no rate-limit
 # headers): an overloaded provider's 429 must cost bulk a pause, not its budget.
 FAULT_SCENARIOS = (
-    Scenario("bulk-clean", rpm=6_000, tpm=9_000, burst_seconds=60, max_tokens=100,
+    Scenario("bulk-clean", rpm=1_200, tpm=72_000, burst_seconds=60, max_tokens=50,
              reconcile=False, target_seconds=30, queue="bulk"),
-    Scenario("bulk-429s", rpm=6_000, tpm=9_000, burst_seconds=60, max_tokens=100,
+    Scenario("bulk-429s", rpm=1_200, tpm=72_000, burst_seconds=60, max_tokens=50,
              reconcile=False, target_seconds=30, queue="bulk", fault_429=0.05),
 )
 

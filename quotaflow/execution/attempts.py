@@ -66,7 +66,7 @@ class Caller:
                 last = exc
                 run.feedback.answered(deployment, admitted.budget, admitted.slot,
                                       admitted.cost, None)
-                quota = run.feedback.failed(deployment, admitted.budget, exc)
+                quota = run.feedback.failed(deployment, admitted.budget, admitted.cost, exc)
                 avoid = self.router.siblings(deployment) if quota else frozenset()
             else:
                 run.feedback.answered(deployment, admitted.budget, admitted.slot,

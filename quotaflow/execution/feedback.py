@@ -5,9 +5,10 @@ x-ratelimit-remaining headers clamp the buckets, and a success closes the
 deployment's circuit count. Doing that per call cost two Lua calls per
 request; here settlements wait a few milliseconds and go as one call per
 budget, with one clamp (the newest headers) and one success per deployment.
-Failures are not buffered: a 429 pauses the budget for everyone at once and
-a failure counts towards the circuit at once, after what was buffered before
-them, so the order the provider answered in is the order recorded.
+Failures are not buffered: a 429 that says the budget ran out pauses it for
+everyone at once and a failure counts towards the circuit at once, after what
+was buffered before them, so the order the provider answered in is the order
+recorded.
 
 Feedback is best effort: a limiter or breaker that is down must not fail a
 finished call (its in-flight tally lapses by itself after the flight timeout).
@@ -75,23 +76,28 @@ class Feedback:
         if response.remaining_requests is not None or tokens is not None:
             pending.remaining = (response.remaining_requests, tokens)
 
-    def failed(self, deployment: Deployment, budget: Budget, error: ProviderError) -> bool:
+    def failed(self, deployment: Deployment, budget: Budget, cost: int,
+               error: ProviderError) -> bool:
         """Tell the limiter or the breaker now; True when it was the quota (a 429).
 
-        A 429 is the quota speaking, not a broken deployment: the buckets are lowered
-        to what the provider's headers say remains (never raised), and the deployment
-        pauses for everyone until Retry-After, its buckets refilling meanwhile as the
-        provider's do. A 429 that is not the budget running out (an overloaded
-        provider, whose headers show budget left or are absent) so costs the pause
-        and nothing more, and pauses never add up. Anything else counts towards
-        opening the deployment's circuit.
+        A 429 is the quota speaking, not a broken deployment. Where its
+        x-ratelimit-remaining headers say the budget ran out (not a request left, or
+        fewer tokens than this request's), the buckets are lowered to them (never
+        raised) and the deployment pauses for everyone until Retry-After, refilling
+        meanwhile as the provider does. A 429 that does not say so (an overloaded
+        provider: budget left, or no headers) costs only its own request a retry after
+        Retry-After: pausing everyone for each one would add up to a standstill.
+        Anything else counts towards opening the deployment's circuit.
         """
         self.flush()
         if error.status_code == 429:
             requests, tokens = error.remaining
             if requests is not None or tokens is not None:
                 _best_effort(self.limiter.clamp, budget, requests, tokens)
-            _best_effort(self.limiter.pause, budget, error.retry_after or DEFAULT_429_PAUSE_S)
+            if (requests is not None and requests < 1) or (tokens is not None
+                                                           and tokens < cost):
+                _best_effort(self.limiter.pause, budget,
+                             error.retry_after or DEFAULT_429_PAUSE_S)
             return True
         _best_effort(self.breaker.record_failure, deployment)
         return False
