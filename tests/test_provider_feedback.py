@@ -13,21 +13,17 @@ import pytest
 from quotaflow import jobs
 from quotaflow.execution import BatchExecutor
 from quotaflow.ratelimit import Budget, LocalLimiter
-from tests.conftest import service_env
 from tests.factories import chat_line, jsonl
-from tests.procs import Proc, free_port, quotaflow
+from tests.harness import start_provider
 
 
 @pytest.fixture
 def strict_provider(tmp_path: Path) -> Iterator[str]:
     """A provider that really allows one request a second (60 RPM over 1 s windows)."""
-    port = free_port()
-    proc = Proc("provider", quotaflow("mock-provider", "--port", str(port), "--rpm", "60",
-                                      "--tpm", "1000000", "--burst-seconds", "1",
-                                      "--latency-ms", "0"), service_env(), tmp_path)
+    proc, url = start_provider(tmp_path, "--rpm", "60", "--tpm", "1000000",
+                               "--burst-seconds", "1", "--latency-ms", "0")
     try:
-        proc.wait_http(f"http://127.0.0.1:{port}/healthz")
-        yield f"http://127.0.0.1:{port}"
+        yield url
     finally:
         proc.stop()
 
@@ -78,14 +74,10 @@ def test_a_429_that_is_not_the_budget_costs_only_its_retry(pg_sessions, settings
                                                           tmp_path: Path) -> None:
     # Given a provider that answers every request 429, without rate-limit headers (an
     # overloaded server, not a spent budget)
-    port = free_port()
-    proc = Proc("provider", quotaflow("mock-provider", "--port", str(port), "--rpm", "60000",
-                                      "--tpm", "100000000", "--latency-ms", "0",
-                                      "--fault", "429=1.0"), service_env(), tmp_path)
+    proc, url = start_provider(tmp_path, "--rpm", "60000", "--tpm", "100000000",
+                               "--latency-ms", "0", "--fault", "429=1.0")
     try:
-        proc.wait_http(f"http://127.0.0.1:{port}/healthz")
-        _, limiter, report = run_job(pg_sessions, settings, tmp_path,
-                                     f"http://127.0.0.1:{port}", 1, 1)
+        _, limiter, report = run_job(pg_sessions, settings, tmp_path, url, 1, 1)
     finally:
         proc.stop()
     # Then the deployment is neither paused nor drained: its budget stays as it was
