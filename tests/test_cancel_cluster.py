@@ -10,7 +10,6 @@ each of them in the error file with the job's reason.
 import io
 import json
 import time
-from datetime import datetime
 from pathlib import Path
 
 import httpx
@@ -69,7 +68,7 @@ def test_no_admission_later_than_two_seconds_after_a_job_ends(
             jobs.cancel_job(pg_sessions, job.id)
         else:
             assert job.expires_at is not None
-            ended_at = _epoch(job.expires_at)
+            ended_at = job.expires_at.timestamp()
         deadline = time.monotonic() + 60
         while (status := job_status(pg_sessions, job.id)) in ("in_progress", "cancelling"):
             assert time.monotonic() < deadline, f"still {status} a minute later"
@@ -95,7 +94,3 @@ def test_no_admission_later_than_two_seconds_after_a_job_ends(
         f"s{i}" for i in range(LINES))
     assert stats["admitted"] == len(answered)
     assert 0 < len(answered) < LINES / 2
-
-
-def _epoch(moment: datetime) -> float:
-    return moment.timestamp()

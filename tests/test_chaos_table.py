@@ -47,7 +47,8 @@ def _restart_redis(cluster: ChaosCluster, job: Progress) -> None:
     cluster.redis.start()
 
 
-def _restart_postgres(stop: Callable[[], None], start: Callable[[], None]):
+def _restart_postgres(stop: Callable[[], None], start: Callable[[], None]
+                      ) -> Callable[[ChaosCluster, Progress], None]:
     def fault(cluster: ChaosCluster, job: Progress) -> None:
         stop()
         time.sleep(2)
@@ -67,8 +68,8 @@ def _run(cluster: ChaosCluster, name: str,
     cluster.wait_for(job, LINES * 3 // 10)
     fault(cluster, job)
     ended = time.monotonic()
-    left = LINES - cluster.done(job)
     at_end = cluster.done(job)
+    left = LINES - at_end
     resumed = None
     allowed = RESUME_ALLOWANCE_S + left / (RPM / 60)
     while (status := job_status(cluster.sessions, job.job_id)) == "in_progress":
