@@ -14,8 +14,9 @@ from quotaflow.constants import DEFAULT_TENANT
 from quotaflow.db import session_factory
 from quotaflow.errors import ConfigError
 from quotaflow.jobs import Dispatcher
+from quotaflow.limiters import make_limiter
 from quotaflow.placement import PlacingDispatcher
-from quotaflow.ratelimit import Limiter, make_limiter
+from quotaflow.ratelimit import Limiter
 
 
 def sessions() -> sessionmaker[Session]:

@@ -1,10 +1,12 @@
 """Limiter benchmark: (a) acquire throughput against one local Redis, next to the
 `limits` library's moving-window limiter and a bare EVALSHA of a no-op script (the
-ceiling); (b) utilisation and 429s of the four-worker runs of tests/limiter_cluster.py; (c) a
-bulk job's throughput with and without 5% of its requests refused 429 at random.
+ceiling); (b) utilisation and 429s of the four-worker runs of tests/limiter_cluster.py, at
+providers that keep and that give back unused max_tokens; (c) a bulk job's throughput with
+and without 5% of its requests refused 429 at random.
 
-    python -m bench.limiter            # all parts (about 5 minutes)
+    python -m bench.limiter            # all parts (about 7 minutes)
     python -m bench.limiter --part a   # acquire throughput only
+    python -m bench.limiter --part b --scenario auto-second-keeps
 
 Needs the local Redis and PostgreSQL that scripts/test sets up; uses Redis db 14
 and a database of its own, quotaflow_bench.
@@ -25,7 +27,8 @@ from limits.storage import RedisStorage
 from limits.strategies import MovingWindowRateLimiter
 
 from quotaflow.db import upgrade
-from quotaflow.ratelimit import Budget, RedisLimiter
+from quotaflow.limiters import RedisLimiter
+from quotaflow.ratelimit import Budget
 
 REDIS_URL = os.environ.get("QUOTAFLOW_BENCH_REDIS_URL", "redis://127.0.0.1:6379/14")
 PG_URL = os.environ.get("QUOTAFLOW_BENCH_DATABASE_URL",
@@ -62,11 +65,10 @@ def part_a() -> list[tuple[str, float]]:
     return rows
 
 
-def run_scenarios(faults: bool) -> list:
+def run_scenarios(scenarios: tuple) -> list:
     from tests.conftest import _recreate_database
-    from tests.limiter_cluster import FAULT_SCENARIOS, SCENARIOS, LimiterCluster
+    from tests.limiter_cluster import LimiterCluster
 
-    scenarios = FAULT_SCENARIOS if faults else SCENARIOS
     _recreate_database(PG_URL)
     upgrade(PG_URL)
     with LimiterCluster(PG_URL, REDIS_URL, Path(tempfile.mkdtemp(prefix="qf-bench-")),
@@ -77,7 +79,15 @@ def run_scenarios(faults: bool) -> list:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--part", choices=["a", "b", "c", "all"], default="all")
-    part = parser.parse_args().part
+    parser.add_argument("--scenario", action="append", default=[],
+                        help="run only this scenario of part b or c (repeatable)")
+    args = parser.parse_args()
+    part = args.part
+    from tests.limiter_cluster import AUTO_SCENARIOS, FAULT_SCENARIOS, SCENARIOS
+
+    def chosen(scenarios: tuple) -> tuple:
+        return tuple(s for s in scenarios if not args.scenario or s.name in args.scenario)
+
     redis_version = redis.Redis.from_url(REDIS_URL).info()["redis_version"]
     print(f"machine: {platform.node()} {platform.machine()}, {os.cpu_count()} cores, "
           f"Python {platform.python_version()}, Redis {redis_version}")
@@ -90,11 +100,14 @@ def main() -> None:
             print(f"{name:<46} {rate:>10,.0f} {rate / ceiling:>10.0%}")
     if part in ("b", "all"):
         print("\n(b) 4 Celery workers x 2 slots, one deployment, strict mock provider")
-        print(f"{'scenario':<12} {'burst s':>7} {'reconcile':>9} {'items':>6} {'seconds':>8} "
-              f"{'429s':>5} {'repeats':>7} {'utilisation':>11} {'admitted/ceiling':>16}")
-        for o in run_scenarios(faults=False):
+        print(f"{'scenario':<20} {'queue':<8} {'latency':>7} {'burst s':>7} {'refunds':>7} "
+              f"{'reconcile':>9} {'items':>6} {'seconds':>8} {'429s':>5} {'repeats':>7} "
+              f"{'utilisation':>11} {'admitted/ceiling':>16}")
+        for o in run_scenarios(chosen(SCENARIOS + AUTO_SCENARIOS)):
             s = o.scenario
-            print(f"{s.name:<12} {s.burst_seconds:>7g} {s.reconcile!s:>9} {o.items:>6} "
+            reconcile = "auto" if s.reconcile is None else str(s.reconcile)
+            print(f"{s.name:<20} {s.queue:<8} {s.latency_ms:>5}ms {s.burst_seconds:>7g} "
+                  f"{'yes' if s.provider_refunds else 'no':>7} {reconcile:>9} {o.items:>6} "
                   f"{o.seconds:>8.1f} {o.rejected_429:>5} {o.duplicate_bodies:>7} "
                   f"{o.utilisation:>11.3f} {o.admitted_vs_ceiling:>16.2f}")
 
@@ -103,7 +116,7 @@ def main() -> None:
         print(f"{'scenario':<12} {'items':>6} {'seconds':>8} {'429s':>5} {'req/s':>8} "
               f"{'of clean':>8}")
         clean = None
-        for o in run_scenarios(faults=True):
+        for o in run_scenarios(chosen(FAULT_SCENARIOS)):
             rate = o.completed / o.seconds
             clean = clean or rate
             print(f"{o.scenario.name:<12} {o.items:>6} {o.seconds:>8.1f} "

@@ -17,7 +17,7 @@ from quotaflow.constants import MOCK_PROVIDER
 from quotaflow.db import session_factory, upgrade
 from quotaflow.execution import BatchExecutor
 from quotaflow.jobs import BatchRef
-from quotaflow.ratelimit import LocalLimiter
+from quotaflow.limiters import LocalLimiter
 
 
 class CollectingDispatcher:

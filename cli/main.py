@@ -193,16 +193,22 @@ def limits(deployment: str | None, watch: bool) -> None:
             live.update(limits_table(limit_rows(api.limits(deployment))), refresh=True)
 
 
-LIMIT_COLUMNS = ("deployment", "model", "rpm", "tpm", "burst s", "requests left",
+LIMIT_COLUMNS = ("deployment", "model", "rpm", "tpm", "burst s", "refunds", "requests left",
                  "tokens left", "blocked s", "utilisation")
 
 
 def limit_rows(limits: list[dict]) -> list[tuple[str, ...]]:
     return [(row["deployment"], row["model"], f"{row['rpm']:,}", f"{row['tpm']:,}",
-             f"{row['burst_seconds']:g}",
+             f"{row['burst_seconds']:g}", _refunds(row),
              f"{row['requests_available']:,.1f} / {row['request_capacity']:,.0f}",
              f"{row['tokens_available']:,.0f} / {row['token_capacity']:,.0f}",
              f"{row['blocked_for_s']:.1f}", f"{row['utilisation']:.0%}") for row in limits]
+
+
+def _refunds(row: dict) -> str:
+    """Whether unused max_tokens are given back: forced, or learned from the headers."""
+    given = "yes" if row.get("refunds_unused_tokens") else "no"
+    return f"{given} (learned)" if row.get("reconcile_usage") == "auto" else given
 
 
 def limits_table(rows: list[tuple[str, ...]]) -> Table:

@@ -47,8 +47,10 @@ class Deployment(BaseModel):
     # Counted at admission when a request sets no max_tokens; keep it at or
     # above the provider's own default so quotaflow never under-counts.
     default_max_tokens: int = Field(default=1024, gt=0)
-    # Refund unused max_tokens after the call, as providers that bill real usage do.
-    reconcile_usage: bool = True
+    # Whether the provider gives back the unused part of max_tokens after a call:
+    # "auto" learns it from its x-ratelimit-remaining-tokens headers (no refunds
+    # until they show them), true and false force it.
+    reconcile_usage: bool | Literal["auto"] = "auto"
     # Budget kept in hand, in seconds of refill: at least the time a request takes
     # to reach the provider (a full provider bucket loses that refill).
     safety_margin_s: float = Field(default=0.25, ge=0, le=10)

@@ -2,8 +2,11 @@
 prove the limiter: 429s, repeated requests, and utilisation.
 
 Used by tests/test_limiter_cluster.py (the proof) and bench/limiter.py (the table).
-utilisation = tokens the provider kept / (bucket capacity + TPM x minutes from the
-first admission to the last): the share of the most any client could have had.
+utilisation = the provider's binding limit's share: tokens it kept / (bucket capacity +
+TPM x minutes from the first admission to the last), or the same for requests and RPM,
+whichever is higher: the share of the most the job could have had. A standard or bulk
+job leaves its queue's floor of the bucket to realtime, so its capacity here is the
+bucket's less that floor.
 """
 
 import io
@@ -38,22 +41,34 @@ class Scenario:
     tpm: int
     burst_seconds: float
     max_tokens: int
-    reconcile: bool
+    provider_refunds: bool  # the provider gives back unused max_tokens after a call
     target_seconds: float
+    reconcile: bool | None = None  # the deployment's reconcile_usage; None: the default
     queue: str = "realtime"
     fault_429: float = 0.0  # share of requests the provider refuses at random (overloaded)
+    latency_ms: int = LATENCY_MS
+
+    @property
+    def floor(self) -> float:
+        """The share of each bucket the job's queue leaves to higher priorities."""
+        return Settings.model_fields[f"floor_{self.queue}"].default
 
     @property
     def capacity(self) -> float:
-        return self.tpm * self.burst_seconds / 60
+        return self.tpm * self.burst_seconds / 60 * (1 - self.floor)
+
+    @property
+    def request_capacity(self) -> float:
+        return self.rpm * self.burst_seconds / 60 * (1 - self.floor)
 
     def lines(self) -> list[dict]:
         """Enough distinct requests to keep the budget busy for about target_seconds."""
         sample = self.body(0)
         cost = admission_tokens(ENDPOINT_CHAT, sample, 0)
         used = simulated_body(ENDPOINT_CHAT, sample)["usage"]["total_tokens"]
-        per_item = used if self.reconcile else cost
-        count = math.ceil((self.capacity + self.tpm / 60 * self.target_seconds) / per_item)
+        per_item = used if self.provider_refunds else cost
+        count = math.ceil(min((self.capacity + self.tpm / 60 * self.target_seconds) / per_item,
+                              self.request_capacity + self.rpm / 60 * self.target_seconds))
         return [{"custom_id": f"{self.name}-{i}", "method": "POST", "url": ENDPOINT_CHAT,
                  "body": self.body(i)} for i in range(count)]
 
@@ -64,20 +79,31 @@ class Scenario:
 
 SCENARIOS = (
     Scenario("per-minute", rpm=6_000, tpm=9_000, burst_seconds=60, max_tokens=100,
-             reconcile=False, target_seconds=30),
+             provider_refunds=False, reconcile=False, target_seconds=30),
     Scenario("reconciled", rpm=6_000, tpm=3_000, burst_seconds=60, max_tokens=400,
-             reconcile=True, target_seconds=30),
+             provider_refunds=True, reconcile=True, target_seconds=30),
     Scenario("per-second", rpm=600, tpm=9_000, burst_seconds=1, max_tokens=100,
-             reconcile=False, target_seconds=30),
+             provider_refunds=False, reconcile=False, target_seconds=30),
 )
+
+# One deployment, default settings (reconcile_usage = "auto"), the standard queue and
+# 200 ms calls, at providers that do and do not give back unused max_tokens, per minute
+# and per second. A request reserves 108 tokens and uses 21: given back, tokens allow
+# about 48 requests a second and RPM binds at 20; kept, tokens bind at 9.3.
+AUTO_SCENARIOS = tuple(
+    Scenario(f"auto-{window}-{kind}", rpm=1_200, tpm=60_000, burst_seconds=burst,
+             max_tokens=100, provider_refunds=kind == "refunds", target_seconds=20,
+             queue="standard", latency_ms=200)
+    for window, burst in (("minute", 60), ("second", 1)) for kind in ("keeps", "refunds"))
 
 # A bulk job with and without 5% of its requests refused 429 at random (no rate-limit
 # headers): an overloaded provider's 429 must cost bulk a pause, not its budget.
 FAULT_SCENARIOS = (
     Scenario("bulk-clean", rpm=1_200, tpm=72_000, burst_seconds=60, max_tokens=50,
-             reconcile=False, target_seconds=30, queue="bulk"),
+             provider_refunds=False, reconcile=False, target_seconds=30, queue="bulk"),
     Scenario("bulk-429s", rpm=1_200, tpm=72_000, burst_seconds=60, max_tokens=50,
-             reconcile=False, target_seconds=30, queue="bulk", fault_429=0.05),
+             provider_refunds=False, reconcile=False, target_seconds=30, queue="bulk",
+             fault_429=0.05),
 )
 
 
@@ -92,12 +118,16 @@ class Outcome:
     duplicate_bodies: int
     tokens_admitted: int
     tokens_kept: int
+    requests_admitted: int
     faults_429: int = 0  # the provider's random refusals, not budget ones
 
     @property
     def utilisation(self) -> float:
-        """Tokens the provider kept over the most it could have admitted in the window."""
-        return self.tokens_kept / (self.scenario.capacity + self.scenario.tpm / 60 * self.seconds)
+        """What the provider kept over the most it could have admitted in the window, for
+        its binding limit: tokens (net of refunds) or requests."""
+        s = self.scenario
+        return max(self.tokens_kept / (s.capacity + s.tpm / 60 * self.seconds),
+                   self.requests_admitted / (s.request_capacity + s.rpm / 60 * self.seconds))
 
     @property
     def admitted_vs_ceiling(self) -> float:
@@ -128,15 +158,16 @@ class LimiterCluster:
                 self.procs.append(Proc(f"provider-{scenario.name}", quotaflow(
                     "mock-provider", "--port", str(port), "--rpm", str(scenario.rpm),
                     "--tpm", str(scenario.tpm), "--burst-seconds", str(scenario.burst_seconds),
-                    "--latency-ms", str(LATENCY_MS),
-                    "--reconcile" if scenario.reconcile else "--no-reconcile", *faults), env,
-                    self.workdir))
+                    "--latency-ms", str(scenario.latency_ms),
+                    "--reconcile" if scenario.provider_refunds else "--no-reconcile", *faults),
+                    env, self.workdir))
+                reconcile = ("" if scenario.reconcile is None else
+                             f"reconcile_usage = {str(scenario.reconcile).lower()}\n")
                 deployments.append(
                     f'[deployments.{scenario.name}]\nprovider = "openai"\n'
                     f'base_url = "http://127.0.0.1:{port}/v1"\nmodel = "{scenario.name}"\n'
                     f"rpm = {scenario.rpm}\ntpm = {scenario.tpm}\n"
-                    f"burst_seconds = {scenario.burst_seconds}\n"
-                    f"reconcile_usage = {str(scenario.reconcile).lower()}\n")
+                    f"burst_seconds = {scenario.burst_seconds}\n{reconcile}")
             self.deployments_file = self.workdir / "deployments.toml"
             self.deployments_file.write_text("\n".join(deployments))
             self.env = {**env, "QUOTAFLOW_DATABASE_URL": self.pg_url,
@@ -187,4 +218,5 @@ class LimiterCluster:
             rejected_429=stats["rejected_429"], duplicate_bodies=stats["duplicate_bodies"],
             tokens_admitted=stats["tokens_admitted"],
             tokens_kept=stats["tokens_admitted"] - stats["tokens_refunded"],
+            requests_admitted=stats["admitted"],
             faults_429=stats.get("faults", {}).get("429", 0))

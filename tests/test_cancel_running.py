@@ -15,8 +15,8 @@ from sqlalchemy import update
 
 from quotaflow import jobs
 from quotaflow.execution import BatchExecutor
+from quotaflow.limiters import LocalLimiter
 from quotaflow.models import Job, JobStatus
-from quotaflow.ratelimit import LocalLimiter
 from tests.conftest import service_env
 from tests.factories import chat_line, jsonl
 from tests.procs import Proc, free_port, quotaflow

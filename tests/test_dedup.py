@@ -13,8 +13,8 @@ from quotaflow import jobs
 from quotaflow.config import Settings
 from quotaflow.execution import BatchExecutor
 from quotaflow.jobs import BatchRef
+from quotaflow.limiters import LocalLimiter
 from quotaflow.models import Item
-from quotaflow.ratelimit import LocalLimiter
 from tests.factories import chat_line, jsonl
 from tests.harness import deployment_file, start_provider
 

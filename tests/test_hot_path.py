@@ -15,7 +15,8 @@ from quotaflow import jobs
 from quotaflow.circuit import RedisCircuitBreaker
 from quotaflow.db import get_engine
 from quotaflow.execution import BatchExecutor
-from quotaflow.ratelimit import Budget, RedisLimiter, Settlement
+from quotaflow.limiters import RedisLimiter
+from quotaflow.ratelimit import Budget, Settlement
 from tests.factories import chat_line, jsonl
 
 ANSWER = (b'{"id":"chatcmpl-1","object":"chat.completion","created":1,"model":"m",'

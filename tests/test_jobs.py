@@ -15,9 +15,9 @@ from quotaflow.errors import InputFileError, JobStateError
 from quotaflow.execution import LIMITER_DOWN_BACKOFF_S, BatchExecutor
 from quotaflow.jobs import BatchRef
 from quotaflow.leases import claim, renew, store_many
+from quotaflow.limiters import LocalLimiter, RedisLimiter
 from quotaflow.models import Item, Job, JobStatus, Result, utcnow
 from quotaflow.providers.mock import MockProvider
-from quotaflow.ratelimit import LocalLimiter, RedisLimiter
 from quotaflow.reaper import reap
 from tests.factories import chat_line, jsonl
 

@@ -12,7 +12,8 @@ import pytest
 
 from quotaflow import jobs
 from quotaflow.execution import BatchExecutor
-from quotaflow.ratelimit import Budget, LocalLimiter
+from quotaflow.limiters import LocalLimiter
+from quotaflow.ratelimit import Budget
 from tests.factories import chat_line, jsonl
 from tests.harness import start_provider
 

@@ -14,15 +14,8 @@ import pytest
 import redis
 
 from quotaflow.errors import ServiceUnavailable
-from quotaflow.ratelimit import (
-    Budget,
-    LocalLimiter,
-    RedisLimiter,
-    RequestTooLarge,
-    Settlement,
-    bucket_key,
-    sleep_time,
-)
+from quotaflow.limiters import LocalLimiter, RedisLimiter, bucket_key
+from quotaflow.ratelimit import Budget, Refunds, RequestTooLarge, Settlement, sleep_time
 from tests.conftest import REDIS_URL
 
 
@@ -37,8 +30,9 @@ def limiter(request: pytest.FixtureRequest, redis_url: str) -> Iterator[object]:
 
 
 def budget(rpm: float = 60_000, tpm: float = 6_000, burst: float = 1.0,
-           margin: float = 0.0) -> Budget:
-    return Budget(f"test-{uuid.uuid4().hex[:8]}", rpm, tpm, burst, margin_s=margin)
+           margin: float = 0.0, refunds: Refunds = Refunds.ALWAYS) -> Budget:
+    return Budget(f"test-{uuid.uuid4().hex[:8]}", rpm, tpm, burst, margin_s=margin,
+                  refunds=refunds)
 
 
 def test_acquire_is_all_or_nothing_and_returns_the_exact_wait(limiter) -> None:
@@ -151,6 +145,54 @@ def test_a_chunk_of_settlements_counts_as_each_one_in_turn(limiter) -> None:
     assert limiter.levels(tokens).tokens == pytest.approx(600)
 
 
+def test_a_provider_that_keeps_reservations_gets_no_refund_but_its_debts(limiter) -> None:
+    tokens = budget(rpm=600, tpm=600, burst=60, refunds=Refunds.NEVER)
+    first = limiter.acquire(tokens, [300], 0.0)
+    limiter.settle(tokens, [Settlement(first.slot, 300, 250)])
+    levels = limiter.levels(tokens)
+    assert 299 < levels.tokens <= 301 and not levels.refunding
+    second = limiter.acquire(tokens, [100], 0.0)
+    limiter.settle(tokens, [Settlement(second.slot, 100, -300)])  # it used 400, not 100
+    assert -101 < limiter.levels(tokens).tokens <= -99
+
+
+def test_refunds_are_learned_from_the_providers_remaining_tokens(limiter) -> None:
+    # 600 tokens, 10 a second. A header may be off by what was admitted after its call
+    # (the provider may not have counted it yet) and by 0.05 s + its call's age of refill.
+    tokens = budget(rpm=600, tpm=600, burst=60, refunds=Refunds.LEARNED)
+    first = limiter.acquire(tokens, [300], 0.0)
+    second = limiter.acquire(tokens, [200], 0.0)
+    assert not first.refunding and (first.mark, second.mark) == (0, 300)
+    limiter.settle(tokens, [Settlement(first.slot, 300, 250)])  # 250 back, if given back
+    assert limiter.levels(tokens).tokens == pytest.approx(100, abs=1)
+    # The first call's answer says 340 left: more than 100 + the 200 admitted after it
+    counted = first.mark + 300  # the budget's total with the first call counted
+    limiter.clamp(tokens, None, 340, counted, 0.0)
+    assert not limiter.levels(tokens).refunding  # one header is not enough
+    limiter.clamp(tokens, None, 340, counted, 0.0)
+    levels = limiter.levels(tokens)
+    assert levels.refunding and levels.tokens == pytest.approx(340, abs=1)
+    third = limiter.acquire(tokens, [10], 0.0)
+    assert third.refunding and third.mark == 500  # spent from 340
+    # Its answer says 30: below the 330 it would show had the refund come back
+    limiter.clamp(tokens, None, 30, third.mark + 10, 0.0)
+    levels = limiter.levels(tokens)
+    assert not levels.refunding and levels.tokens == pytest.approx(30, abs=1)
+
+
+def test_headers_that_may_predate_admissions_or_refill_learn_nothing(limiter) -> None:
+    tokens = budget(rpm=600, tpm=600, burst=60, refunds=Refunds.LEARNED)
+    first = limiter.acquire(tokens, [300], 0.0)
+    limiter.acquire(tokens, [200], 0.0)
+    limiter.settle(tokens, [Settlement(first.slot, 300, 250)])
+    for _ in range(3):
+        limiter.clamp(tokens, None, 290, 300, 0.0)  # within 100 + 200 since
+        limiter.clamp(tokens, None, 340, 300, 5.0)  # within 5 s of refill more
+        limiter.clamp(tokens, None, 340)  # undated: a 429's headers
+    levels = limiter.levels(tokens)
+    assert not levels.refunding and levels.tokens == pytest.approx(100, abs=1)
+
+
 def test_admission_keeps_the_safety_margin_in_hand(limiter) -> None:
     fast = budget(tpm=6_000, margin=0.05)  # 100 tokens, 100 a second: 5 tokens of margin
     assert limiter.acquire(fast, [95], 0.0).admitted == 1
@@ -161,7 +203,7 @@ def test_admission_keeps_the_safety_margin_in_hand(limiter) -> None:
 def test_an_admission_of_a_dead_worker_is_forgotten_after_the_flight_timeout() -> None:
     now = [1000.0]
     local = LocalLimiter(clock=lambda: now[0])
-    spec = Budget("leak", 600, 600, 60, flight_timeout_s=100)
+    spec = Budget("leak", 600, 600, 60, flight_timeout_s=100, refunds=Refunds.ALWAYS)
     local.acquire(spec, [500], 0.0)  # its worker dies: never settled
     now[0] += 60  # the bucket refills; the lost call still counts as in flight
     other = local.acquire(spec, [100], 0.0)
@@ -185,7 +227,7 @@ def test_drain_stops_everyone_until_retry_after(limiter) -> None:
 
 
 def test_clamp_lowers_to_what_the_provider_reports_never_raises(limiter) -> None:
-    tokens = budget(rpm=600, tpm=600, burst=60)
+    tokens = budget(rpm=600, tpm=600, burst=60, refunds=Refunds.NEVER)
     limiter.clamp(tokens, None, 30)
     assert limiter.levels(tokens).tokens == pytest.approx(30, abs=0.5)
     limiter.clamp(tokens, 5, 10_000)

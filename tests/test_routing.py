@@ -8,7 +8,8 @@ import pytest
 from quotaflow.circuit import LocalCircuitBreaker
 from quotaflow.config import Deployment, Deployments, Route, load_deployments
 from quotaflow.errors import ConfigError
-from quotaflow.ratelimit import Budget, LocalLimiter
+from quotaflow.limiters import LocalLimiter
+from quotaflow.ratelimit import Budget
 from quotaflow.routing import Router
 
 

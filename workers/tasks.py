@@ -12,8 +12,8 @@ from quotaflow.db import session_factory, translate_db_errors
 from quotaflow.errors import ConfigError, ServiceUnavailable
 from quotaflow.execution import BatchExecutor
 from quotaflow.jobs import BatchRef
+from quotaflow.limiters import make_limiter
 from quotaflow.providers.local import runner_for, serve_only
-from quotaflow.ratelimit import make_limiter
 from workers.app import app
 
 # A closed circuit is read again after this long (quotaflow/circuit.py): another

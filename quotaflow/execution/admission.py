@@ -16,13 +16,14 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from quotaflow.config import Deployment, Deployments, Route, Settings
 from quotaflow.errors import ServiceUnavailable
+from quotaflow.execution.admitted import Admitted
 from quotaflow.execution.attempts import LIMITER_DOWN_BACKOFF_S, MAX_ROUTE_WAIT_S, Caller, poll_time
-from quotaflow.execution.batch import Admitted, BatchRun
+from quotaflow.execution.batch import BatchRun
 from quotaflow.execution.prepare import Preparer
 from quotaflow.leases import ClaimedItem, end_unsent, release
 from quotaflow.models import utcnow
 from quotaflow.outcomes import Failure
-from quotaflow.ratelimit import Limiter, sleep_time
+from quotaflow.ratelimit import Limiter
 from quotaflow.routing import Choice, Router
 
 log = logging.getLogger(__name__)
@@ -102,14 +103,13 @@ class Admitter:
             del waiting[:admission.admitted]
             flying = calls.setdefault(deployment.name, flying)
             for entry in asked[:admission.admitted]:
-                entry.slot = admission.slot
+                entry.paid(admission)
                 flying.add(asyncio.create_task(self.caller.call(run, route, entry)))
             if admission.admitted == len(asked):
                 continue
-            # Refunds of calls in flight will shorten a reconciling deployment's wait:
+            # Refunds of calls in flight will shorten a refunding deployment's wait:
             # keep polling rather than handing the batch back.
-            refunds_due = admission.tokens_in_flight > 0 and deployment.reconcile_usage
-            if not await self._pause(run, waiting, admission.wait_s, refunds_due, deployment):
+            if not await self._pause(run, waiting, admission.wait_s, admission.refunds_due):
                 break
 
     async def _closed_off(self, run: BatchRun, waiting: list[ClaimedItem], choice: Choice,
@@ -161,14 +161,13 @@ class Admitter:
         return asked
 
     async def _pause(self, run: BatchRun, waiting: list[ClaimedItem], wait_s: float,
-                     refunds_due: bool, deployment: Deployment | None = None) -> bool:
+                     refunds_due: bool) -> bool:
         """Sleep through a short wait (True), or hand the items back to the queue (False)."""
         if wait_s > self.max_inline_wait and not refunds_due:
             self._defer(run, waiting, wait_s)
             return False
         run.feedback.flush()  # this batch's own refunds count before it asks again
-        pause = poll_time(deployment, wait_s) if deployment else sleep_time(wait_s)
-        await asyncio.sleep(min(pause, MAX_ROUTE_WAIT_S))
+        await asyncio.sleep(min(poll_time(refunds_due, wait_s), MAX_ROUTE_WAIT_S))
         return True
 
     def _defer(self, run: BatchRun, waiting: list[ClaimedItem], wait_s: float) -> None:

@@ -8,9 +8,10 @@ the wait between attempts is the retry policy's (quotaflow/retries.py).
 import asyncio
 import logging
 
-from quotaflow.config import Deployment, Route
+from quotaflow.config import Route
 from quotaflow.errors import PermanentProviderError, ProviderError, ServiceUnavailable
-from quotaflow.execution.batch import Admitted, BatchRun
+from quotaflow.execution.admitted import Admitted
+from quotaflow.execution.batch import BatchRun
 from quotaflow.execution.prepare import Preparer
 from quotaflow.execution.stopping import CODES
 from quotaflow.leases import ClaimedItem
@@ -57,20 +58,17 @@ class Caller:
             try:
                 response = await admitted.provider.send(run.url, admitted.body)
             except PermanentProviderError as exc:
-                run.feedback.answered(deployment, admitted.budget, admitted.slot,
-                                      admitted.cost, None)
+                run.feedback.answered(admitted, None)
                 return Failure(FailureCode.PROVIDER_ERROR,
                                f"{exc} (attempt {attempt}, not retried)",
                                exc.status_code, exc.body, attempt)
             except ProviderError as exc:
                 last = exc
-                run.feedback.answered(deployment, admitted.budget, admitted.slot,
-                                      admitted.cost, None)
-                quota = run.feedback.failed(deployment, admitted.budget, admitted.cost, exc)
+                run.feedback.answered(admitted, None)
+                quota = run.feedback.failed(admitted, exc)
                 avoid = self.router.siblings(deployment) if quota else frozenset()
             else:
-                run.feedback.answered(deployment, admitted.budget, admitted.slot,
-                                      admitted.cost, response)
+                run.feedback.answered(admitted, response)
                 return response
             if attempt < attempts:
                 await asyncio.sleep(run.policy.delay(attempt, last.retry_after))
@@ -101,13 +99,13 @@ class Caller:
                 await asyncio.sleep(LIMITER_DOWN_BACKOFF_S)
                 continue
             if admission.admitted:
-                prepared.slot = admission.slot
+                prepared.paid(admission)
                 return prepared
-            await asyncio.sleep(min(poll_time(choice.deployment, admission.wait_s),
+            await asyncio.sleep(min(poll_time(admission.refunds_due, admission.wait_s),
                                     MAX_ROUTE_WAIT_S))
 
 
-def poll_time(deployment: Deployment | None, wait_s: float) -> float:
-    """How long to sleep before asking the limiter again."""
+def poll_time(refunds_due: bool, wait_s: float) -> float:
+    """How long to sleep before asking the limiter again: refunds may end a wait early."""
     pause = sleep_time(wait_s)
-    return min(pause, REFUND_POLL_S) if deployment and deployment.reconcile_usage else pause
+    return min(pause, REFUND_POLL_S) if refunds_due else pause

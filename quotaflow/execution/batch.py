@@ -1,17 +1,13 @@
 """The state one batch run carries from claim to report, shared by the loop's parts."""
 
 from dataclasses import dataclass, field
-from typing import Any
 
-from quotaflow.config import Deployment
 from quotaflow.execution.feedback import Feedback
 from quotaflow.execution.stopping import JobWatch
 from quotaflow.execution.writer import ResultWriter
 from quotaflow.jobs import BatchRef
 from quotaflow.leases import ClaimedItem
 from quotaflow.outcomes import Outcome
-from quotaflow.providers import Provider
-from quotaflow.ratelimit import Budget
 from quotaflow.retries import RetryPolicy
 
 
@@ -23,20 +19,6 @@ class BatchReport:
     succeeded: int
     failed: int
     retry_in: float | None = None
-
-
-@dataclass
-class Admitted:
-    """An item prepared for one deployment: the provider and request as sent there, its
-    admission cost, and the slot of the admission that paid for it."""
-
-    item: ClaimedItem
-    deployment: Deployment
-    provider: Provider
-    budget: Budget
-    body: dict[str, Any]
-    cost: int
-    slot: int = 0
 
 
 @dataclass

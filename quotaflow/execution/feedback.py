@@ -23,6 +23,7 @@ from typing import Any
 from quotaflow.circuit import CircuitBreaker
 from quotaflow.config import Deployment
 from quotaflow.errors import ProviderError, ServiceUnavailable
+from quotaflow.execution.admitted import Admitted
 from quotaflow.providers import ProviderResponse
 from quotaflow.ratelimit import Budget, Limiter, Settlement
 
@@ -35,13 +36,23 @@ FLUSH_SIZE = 64
 FLUSH_AFTER_S = 0.02
 
 
+@dataclass(frozen=True, slots=True)
+class _Remaining:
+    """A call's x-ratelimit-remaining figures, dated by its admission's mark and its age."""
+
+    requests: float | None
+    tokens: float | None
+    mark: float | None
+    age_s: float
+
+
 @dataclass
 class _Pending:
     """A budget's settlements and newest remaining-headers since the last flush."""
 
     budget: Budget
     settlements: list[Settlement] = field(default_factory=list)
-    remaining: tuple[float | None, float | None] | None = None
+    remaining: _Remaining | None = None
 
 
 @dataclass
@@ -53,31 +64,30 @@ class Feedback:
     _count: int = 0
     _since: float = 0.0
 
-    def answered(self, deployment: Deployment, budget: Budget, slot: int, cost: int,
-                 response: ProviderResponse | None) -> None:
+    def answered(self, admitted: Admitted, response: ProviderResponse | None) -> None:
         """Record an admitted call's end: settled once, whatever became of it. A failed
-        call refunds nothing, since the provider may have counted it."""
+        call refunds nothing, since the provider may have counted it. The limiter
+        decides whether a refund is spent (the deployment's reconcile_usage, or what
+        the provider's headers have shown)."""
+        cost, budget = admitted.cost, admitted.budget
         used = 0 if response is None else response.prompt_tokens + response.completion_tokens
-        refund = float(cost - used) if deployment.reconcile_usage and used > 0 else 0.0
+        refund = float(cost - used) if used > 0 else 0.0
         pending = self._pending.get(budget.name)
+        now = time.monotonic()
         if pending is None:
             pending = self._pending[budget.name] = _Pending(budget)
         if not self._count:
-            self._since = time.monotonic()
+            self._since = now
         self._count += 1
-        pending.settlements.append(Settlement(slot, cost, refund))
+        pending.settlements.append(Settlement(admitted.slot, cost, refund))
         if response is None:
             return
-        self._succeeded[deployment.name] = deployment
-        # Where usage is reconciled, a token count in the headers races with the
-        # refunds of other calls (an older header would undo a newer refund), so
-        # only the requests bucket is clamped; 429s still drain both.
-        tokens = None if deployment.reconcile_usage else response.remaining_tokens
-        if response.remaining_requests is not None or tokens is not None:
-            pending.remaining = (response.remaining_requests, tokens)
+        self._succeeded[admitted.deployment.name] = admitted.deployment
+        if response.remaining_requests is not None or response.remaining_tokens is not None:
+            pending.remaining = _Remaining(response.remaining_requests, response.remaining_tokens,
+                                           admitted.mark, now - admitted.admitted_at)
 
-    def failed(self, deployment: Deployment, budget: Budget, cost: int,
-               error: ProviderError) -> bool:
+    def failed(self, admitted: Admitted, error: ProviderError) -> bool:
         """Tell the limiter or the breaker now; True when it was the quota (a 429).
 
         A 429 is the quota speaking, not a broken deployment. Where its
@@ -90,6 +100,7 @@ class Feedback:
         Anything else counts towards opening the deployment's circuit.
         """
         self.flush()
+        budget, cost = admitted.budget, admitted.cost
         if error.status_code == 429:
             requests, tokens = error.remaining
             if requests is not None or tokens is not None:
@@ -99,7 +110,7 @@ class Feedback:
                 _best_effort(self.limiter.pause, budget,
                              error.retry_after or DEFAULT_429_PAUSE_S)
             return True
-        _best_effort(self.breaker.record_failure, deployment)
+        _best_effort(self.breaker.record_failure, admitted.deployment)
         return False
 
     def due(self) -> bool:
@@ -115,8 +126,9 @@ class Feedback:
         self._count = 0
         for entry in pending.values():
             _best_effort(self.limiter.settle, entry.budget, entry.settlements)
-            if entry.remaining is not None:
-                _best_effort(self.limiter.clamp, entry.budget, *entry.remaining)
+            if (seen := entry.remaining) is not None:
+                _best_effort(self.limiter.clamp, entry.budget, seen.requests, seen.tokens,
+                             seen.mark, seen.age_s)
         for deployment in succeeded.values():
             _best_effort(self.breaker.record_success, deployment)
 

@@ -2,7 +2,7 @@
 
 from quotaflow.config import Deployment, Deployments
 from quotaflow.errors import ConfigError
-from quotaflow.execution.batch import Admitted
+from quotaflow.execution.admitted import Admitted
 from quotaflow.execution.runtime import ProviderPool
 from quotaflow.leases import ClaimedItem
 from quotaflow.outcomes import Failure, FailureCode

@@ -6,7 +6,11 @@ server's clock, so every worker on every machine spends one budget.
 KEYS[1]  the deployment's hash, hash-tagged for Redis Cluster:
          "{quotaflow:rl:<deployment>}" with fields
            r    requests in the bucket (float; below 0 after a debt)
-           t    tokens in the bucket   (float; below 0 after a debt)
+           t    tokens in the bucket, unused reservations given back
+                (float; below 0 after a debt)
+           tn   tokens in the bucket, nothing given back
+           v    votes, -4..4: which of t and tn the provider's headers follow
+           a    tokens admitted in all (a running total: "marks" on it date headers)
            ts   server time of the last update (seconds, float)
            bu   server time until which nothing is admitted (after a 429)
            f:N  tokens admitted in time slot N and not yet settled
@@ -15,11 +19,16 @@ KEYS[1]  the deployment's hash, hash-tagged for Redis Cluster:
          bucket is nearly full loses part of a refund to its own ceiling. A slot
          older than the flight timeout is forgotten (its caller died).
          A missing hash is a full bucket; it expires once it would be full.
+         Admission spends from t where the provider gives back the unused part
+         of max_tokens after a call, from tn where it keeps it (mode 1 and 0),
+         and in mode 2 from whichever the provider's x-ratelimit-remaining-tokens
+         headers have shown it to follow (tn until v >= 2).
 
 ARGV[1]  op: "acquire" | "settle" | "drain" | "clamp" | "peek"
-ARGV[2]  the budget, five numbers separated by spaces: requests refill rate per
+ARGV[2]  the budget, six numbers separated by spaces: requests refill rate per
          second, requests capacity, tokens refill rate per second, tokens capacity,
-         flight timeout in seconds (the longest a call can be in flight)
+         flight timeout in seconds (the longest a call can be in flight), refund
+         mode (0 never, 1 always, 2 learned from the headers)
 then, by op:
   acquire  ARGV[3] floor fraction (0..1), ARGV[4] safety margin (seconds of refill),
            ARGV[5..] token costs of k requests in order.
@@ -29,27 +38,40 @@ then, by op:
            provider's full bucket loses while a request travels to it.
            -> admitted, wait_seconds_for_the_next, ...
   settle   one triple per finished call, ARGV[3..]: the slot it was admitted in, its
-           admitted cost, tokens to refund (unused estimate; < 0 for a debt; 0 when
-           the deployment does not reconcile). A worker settles a chunk of calls at
-           once: one round trip, not one per call.
+           admitted cost, its unused estimate (< 0 for a debt). A refund goes to t
+           only, a debt to both. A worker settles a chunk of calls at once: one round
+           trip, not one per call.
   drain    ARGV[3] seconds: empty both buckets and admit nothing for that long;
            they start refilling, from empty, when the block ends
   pause    ARGV[3] seconds: admit nothing for that long, the buckets as they are and
            refilling meanwhile (a 429 that is not the budget running out: the
            provider's Retry-After, no more; a pause never extends another)
-  clamp    ARGV[3] requests remaining, ARGV[4] tokens remaining ("" = unknown):
-           lower the buckets to what the provider reports, never raise them
+  clamp    ARGV[3] requests remaining, ARGV[4] tokens remaining ("" = unknown),
+           ARGV[5] the mark of the admission of the call that carried them, ARGV[6]
+           that call's age in seconds ("" = unknown: no vote):
+           lower the buckets to what the provider reports, never raise them (t
+           only while refunds are not applied: an older header would undo a newer
+           refund). In mode 2 the tokens figure first votes: above what tn allows
+           for refunds, below what t allows against them. Either level may be off
+           by the tokens admitted since the call's admission (the provider may not
+           have counted them when it wrote the header) and by the refill of the
+           call's age (the header, or an earlier one that lowered tn, is that old).
   peek     refills and reports; writes nothing
 Every op returns one string, "admitted wait_seconds r t blocked_seconds slot
-tokens_in_flight": one bulk reply is cheaper to parse than seven.
+tokens_in_flight refunding mark": one bulk reply is cheaper to parse than nine. t
+is the level admission spends from; mark is a's value before this admission.
 --]]
 
 local key = KEYS[1]
 local op = ARGV[1]
 local budget = {}
 for number in string.gmatch(ARGV[2], '%S+') do table.insert(budget, tonumber(number)) end
-local rate_r, cap_r, rate_t, cap_t, flight_timeout = unpack(budget)
+local rate_r, cap_r, rate_t, cap_t, flight_timeout, mode = unpack(budget)
 local SLOT_S, EPS = 10, 1e-9
+-- Votes saturate at +-VOTES; refunds apply from REFUNDING votes on (mode 2).
+local VOTES, REFUNDING = 4, 2
+-- Seconds of refill a header may be off by besides those of its call's age.
+local NOISE_S = 0.05
 local fmt = '%.17g'
 
 local clock = redis.call('TIME')
@@ -73,6 +95,10 @@ end
 
 local r = state.r or cap_r
 local t = state.t or cap_t
+local tn = state.tn or t
+local v = state.v or 0
+local a = state.a or 0
+local mark = a
 local ts = state.ts or now
 local bu = state.bu or 0
 local pu = state.pu or 0
@@ -80,6 +106,10 @@ local pu = state.pu or 0
 local elapsed = math.max(0, now - math.max(ts, bu))
 r = math.min(cap_r, r + elapsed * rate_r)
 t = math.min(cap_t, t + elapsed * rate_t)
+tn = math.min(cap_t, tn + elapsed * rate_t)
+local function refunding()
+  return mode == 1 or (mode == 2 and v >= REFUNDING)
+end
 
 local admitted, wait = 0, 0
 
@@ -89,15 +119,19 @@ if op == 'acquire' then
   if now < math.max(bu, pu) then
     wait = math.max(bu, pu) - now
   else
+    local spend_from_t = refunding()
     for i = 5, #ARGV do
       local cost = tonumber(ARGV[i])
+      local level = spend_from_t and t or tn
       local floor_r = math.min(floor * cap_r + margin * rate_r, cap_r - 1)
       local floor_t = math.min(floor * cap_t + margin * rate_t, cap_t - cost)
-      if r - 1 >= floor_r - EPS and t - cost >= floor_t - EPS then
-        r, t = r - 1, t - cost
+      if r - 1 >= floor_r - EPS and level - cost >= floor_t - EPS then
+        -- Spending from t, tn stops at 0: a provider that keeps reservations
+        -- refuses below 0 rather than going there, and tn must stay its picture.
+        r, t, tn = r - 1, t - cost, math.max(math.min(tn, 0), tn - cost)
         admitted, cost_total = admitted + 1, cost_total + cost
       else
-        wait = math.max(0, (1 + floor_r - r) / rate_r, (cost + floor_t - t) / rate_t)
+        wait = math.max(0, (1 + floor_r - r) / rate_r, (cost + floor_t - level) / rate_t)
         break
       end
     end
@@ -105,6 +139,7 @@ if op == 'acquire' then
   if admitted > 0 then
     redis.call('HINCRBYFLOAT', key, 'f:' .. slot, cost_total)
     f = f + cost_total
+    a = a + cost_total
   end
 elseif op == 'settle' then
   for i = 3, #ARGV - 2, 3 do
@@ -115,32 +150,46 @@ elseif op == 'settle' then
       f = math.max(0, f - cost - math.min(0, left))
     end
     if refund < 0 then
-      t = t + refund
+      t, tn = t + refund, tn + refund
     else
       t = math.max(t, math.min(t + refund, cap_t - f))
     end
   end
 elseif op == 'drain' then
-  r, t = math.min(r, 0), math.min(t, 0)
+  r, t, tn = math.min(r, 0), math.min(t, 0), math.min(tn, 0)
   bu = math.max(bu, now + tonumber(ARGV[3]))
 elseif op == 'pause' then
   pu = math.max(pu, now + tonumber(ARGV[3]))
 elseif op == 'clamp' then
   if ARGV[3] ~= '' then r = math.min(r, tonumber(ARGV[3])) end
-  if ARGV[4] ~= '' then t = math.min(t, tonumber(ARGV[4])) end
+  if ARGV[4] ~= '' then
+    local seen, since = tonumber(ARGV[4]), tonumber(ARGV[5])
+    if mode == 2 and since and since <= a then
+      -- More than tn + slack cannot be without refunds; less than t - slack
+      -- cannot be with them.
+      local slack = a - since + (tonumber(ARGV[6]) + NOISE_S) * rate_t
+      if seen > tn + slack then v = math.min(VOTES, v + 1)
+      elseif seen < t - slack then v = math.max(-VOTES, v - 1) end
+    end
+    tn = math.min(tn, seen)
+    if not refunding() then t = math.min(t, seen) end
+  end
 end
 
 local blocked = math.max(0, bu - now, pu - now)
 if op ~= 'peek' then
   if #stale > 0 then redis.call('HDEL', key, unpack(stale)) end
   redis.call('HSET', key, 'r', string.format(fmt, r), 't', string.format(fmt, t),
-             'ts', string.format(fmt, now), 'bu', string.format(fmt, bu),
-             'pu', string.format(fmt, pu))
+             'tn', string.format(fmt, tn), 'v', v, 'a', string.format(fmt, a),
+             'ts', string.format(fmt, now),
+             'bu', string.format(fmt, bu), 'pu', string.format(fmt, pu))
   -- Keep the hash while calls are in flight, a block lasts, or it is not yet full.
-  local until_full = math.max((cap_r - r) / rate_r, (cap_t - t) / rate_t, blocked)
+  local until_full = math.max((cap_r - r) / rate_r, (cap_t - math.min(t, tn)) / rate_t,
+                              blocked)
   local keep = until_full
   if f > EPS then keep = math.max(keep, flight_timeout + SLOT_S) end
   redis.call('PEXPIRE', key, math.ceil(keep * 1000) + 1000)
 end
-return string.format('%d %.17g %.17g %.17g %.17g %d %.17g',
-                     admitted, wait, r, t, blocked, slot, f)
+local spending = refunding()
+return string.format('%d %.17g %.17g %.17g %.17g %d %.17g %d %.17g', admitted, wait, r,
+                     spending and t or tn, blocked, slot, f, spending and 1 or 0, mark)

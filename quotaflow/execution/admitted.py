@@ -1,0 +1,33 @@
+"""An item on its way to one deployment, and what its admission there paid."""
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from quotaflow.config import Deployment
+from quotaflow.leases import ClaimedItem
+from quotaflow.providers import Provider
+from quotaflow.ratelimit import Admission, Budget
+
+
+@dataclass
+class Admitted:
+    """An item prepared for one deployment: the provider and request as sent there, and
+    its admission cost. Once paid for: the slot of the admission (to settle it), and
+    to date the provider's headers on its answer, when it was admitted and the
+    budget's admitted-tokens total with it counted (the rest of its chunk, admitted at
+    the same instant, left out: the provider may have counted them or not)."""
+
+    item: ClaimedItem
+    deployment: Deployment
+    provider: Provider
+    budget: Budget
+    body: dict[str, Any]
+    cost: int
+    slot: int = 0
+    mark: float | None = None
+    admitted_at: float = 0.0
+
+    def paid(self, admission: Admission) -> None:
+        self.slot, self.mark = admission.slot, admission.mark + self.cost
+        self.admitted_at = time.monotonic()
