@@ -32,7 +32,7 @@ from api.deps import (
 )
 from api.errors import responses
 from api.request_id import RequestIdMiddleware
-from quotaflow import __version__, ingest, jobs, output
+from quotaflow import __version__, ingest, job_view, jobs, output
 from quotaflow.config import get_settings
 from quotaflow.constants import DEFAULT_QUEUE
 from quotaflow.errors import DeploymentNotFound, InvalidParameter
@@ -84,14 +84,14 @@ def create_app() -> FastAPI:
             response.status_code = 200
             response.headers[REPLAYED_HEADER] = "true"
         with sessions() as session:
-            return jobs.job_object(session, jobs.get_job(session, made.job.id), made.counts)
+            return job_view.job_object(session, jobs.get_job(session, made.job.id), made.counts)
 
     @app.get("/jobs", responses=responses(401, 404))
     def list_jobs(session: SessionDep, tenant: TenantDep,
                   limit: Annotated[int, Query(ge=1, le=100)] = 20,
                   after: AfterQuery = None) -> dict[str, Any]:
         page = jobs.list_jobs(session, limit=limit + 1, after=after, tenant=tenant)
-        data = [jobs.job_object(session, job) for job in page[:limit]]
+        data = [job_view.job_object(session, job) for job in page[:limit]]
         return {"object": "list", "data": data,
                 "first_id": data[0]["id"] if data else None,
                 "last_id": data[-1]["id"] if data else None,
@@ -99,14 +99,14 @@ def create_app() -> FastAPI:
 
     @app.get("/jobs/{job_id}", responses=responses(401, 404))
     def get_job(job_id: IdPath, session: SessionDep, tenant: TenantDep) -> dict[str, Any]:
-        return jobs.job_object(session, jobs.get_job(session, job_id, tenant))
+        return job_view.job_object(session, jobs.get_job(session, job_id, tenant))
 
     @app.post("/jobs/{job_id}/cancel", responses=responses(401, 404, 409))
     def cancel_job(job_id: IdPath, sessions: SessionsDep, tenant: TenantDep) -> dict[str, Any]:
         _own(sessions, job_id, tenant)
         jobs.cancel_job(sessions, job_id)
         with sessions() as session:
-            return jobs.job_object(session, jobs.get_job(session, job_id))
+            return job_view.job_object(session, jobs.get_job(session, job_id))
 
     @app.post("/jobs/{job_id}/retry", responses=responses(401, 404, 409))
     def retry_job(job_id: IdPath, sessions: SessionsDep, settings: SettingsDep,
@@ -115,7 +115,7 @@ def create_app() -> FastAPI:
         _own(sessions, job_id, tenant)
         retried = jobs.retry_failed(sessions, job_id, dispatcher, settings)
         with sessions() as session:
-            return {**jobs.job_object(session, jobs.get_job(session, job_id)),
+            return {**job_view.job_object(session, jobs.get_job(session, job_id)),
                     "retried": retried}
 
     @app.get("/jobs/{job_id}/results", response_class=StreamingResponse,
@@ -195,7 +195,7 @@ def _stream(sessions: sessionmaker[Session], job_id: str, errors: bool) -> Strea
 
     def chunks() -> Iterator[bytes]:
         with sessions() as session:
-            yield from output.output_chunks(jobs.iter_output(session, job_id, errors=errors))
+            yield from output.output_chunks(output.iter_output(session, job_id, errors=errors))
 
     return StreamingResponse(chunks(), media_type=JSONL)
 

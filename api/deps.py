@@ -7,39 +7,35 @@ from fastapi import Depends, Header, Path, Query
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session, sessionmaker
 
-from api.dispatch import CeleryDispatcher
 from quotaflow.auth import operator_for_key, tenant_for_key
 from quotaflow.config import Deployments, Settings, get_settings
 from quotaflow.constants import DEFAULT_TENANT
-from quotaflow.db import session_factory
-from quotaflow.errors import ConfigError
-from quotaflow.jobs import Dispatcher
-from quotaflow.limiters import make_limiter
-from quotaflow.placement import PlacingDispatcher
+from quotaflow.dispatch import Dispatcher
 from quotaflow.ratelimit import Limiter
+from quotaflow.runtime import Runtime
+from workers.dispatch import CeleryDispatcher
+
+
+@lru_cache
+def runtime() -> Runtime:
+    """The API process's parts (quotaflow/runtime.py); jobs are queued through Celery."""
+    return Runtime(get_settings(), CeleryDispatcher)
 
 
 def sessions() -> sessionmaker[Session]:
-    return session_factory(get_settings().database_url)
+    return runtime().sessions
 
 
-@lru_cache
 def deployments() -> Deployments:
-    return get_settings().load_deployments()
+    return runtime().deployments
 
 
-@lru_cache
 def limiter() -> Limiter:
-    return make_limiter(get_settings().limiter_url)
+    return runtime().limiter
 
 
-@lru_cache
 def dispatcher() -> Dispatcher:
-    broker = get_settings().broker_url
-    if not broker:
-        raise ConfigError("QUOTAFLOW_BROKER_URL is not set; the API queues jobs on Redis")
-    # Batches for a local deployment go to its own queues (quotaflow/placement.py).
-    return PlacingDispatcher(CeleryDispatcher(broker), sessions(), deployments())
+    return runtime().dispatcher
 
 
 def session() -> Session:

@@ -11,23 +11,14 @@ from pathlib import Path
 from typing import IO
 
 from cli.progress import request_progress, stderr
-from quotaflow import jobs
+from quotaflow import job_view, jobs
 from quotaflow.config import Deployments, Settings
 from quotaflow.constants import MOCK_PROVIDER
-from quotaflow.db import session_factory, upgrade
+from quotaflow.db import upgrade
+from quotaflow.dispatch import BatchRef, CollectingDispatcher
 from quotaflow.execution import BatchExecutor
-from quotaflow.jobs import BatchRef
-from quotaflow.limiters import LocalLimiter
-
-
-class CollectingDispatcher:
-    """Keeps the batches to run them here instead of queueing them."""
-
-    def __init__(self) -> None:
-        self.batches: list[BatchRef] = []
-
-    def dispatch(self, queue: str, batches: list[BatchRef]) -> None:
-        self.batches.extend(batches)
+from quotaflow.output import iter_output
+from quotaflow.runtime import Runtime
 
 
 def uses_only_mock(deployments: Deployments) -> bool:
@@ -37,32 +28,32 @@ def uses_only_mock(deployments: Deployments) -> bool:
 def run_file(settings: Settings, input_path: Path, output: IO[str], errors_path: Path,
              queue: str, concurrency: int) -> dict:
     """Process the file and write results and errors; returns the final job object."""
-    deployments = settings.load_deployments()
-    if uses_only_mock(deployments):
+    runtime = Runtime(settings, in_process=True)
+    if uses_only_mock(runtime.deployments):
         stderr.print("[yellow]Using the built-in mock provider: every response is SIMULATED. "
                      "Set QUOTAFLOW_DEPLOYMENTS_FILE to call a real model.[/yellow]",
                      soft_wrap=True)
     upgrade(settings.database_url)
-    sessions = session_factory(settings.database_url)
-    dispatcher = CollectingDispatcher()
+    sessions, dispatcher = runtime.sessions, runtime.dispatcher
+    assert isinstance(dispatcher, CollectingDispatcher)
     with input_path.open("rb") as handle:
-        job = jobs.create_job(sessions, handle, settings=settings, deployments=deployments,
-                              dispatcher=dispatcher, queue=queue, filename=input_path.name)
-    # In-process: one process holds the whole budget, so the in-process limiter is exact.
-    executor = BatchExecutor(sessions, deployments, LocalLimiter(), settings, defer=False)
+        job = jobs.create_job(sessions, handle, settings=settings,
+                              deployments=runtime.deployments, dispatcher=dispatcher,
+                              queue=queue, filename=input_path.name)
+    executor = runtime.executor
     with sessions() as session:
-        pending = jobs.job_object(session, jobs.get_job(session, job.id))["request_counts"]
+        pending = job_view.job_object(session, jobs.get_job(session, job.id))["request_counts"]
     with request_progress() as progress:
         task = progress.add_task(job.id, total=pending["pending"])
         asyncio.run(_run_batches(executor, dispatcher.batches, concurrency,
                                  lambda _ok: progress.advance(task)))
     with sessions() as session:
-        for line in jobs.iter_output(session, job.id, errors=False):
+        for line in iter_output(session, job.id, errors=False):
             output.write(line)
-        error_lines = list(jobs.iter_output(session, job.id, errors=True))
+        error_lines = list(iter_output(session, job.id, errors=True))
         if error_lines:
             errors_path.write_text("".join(error_lines), encoding="utf-8")
-        return jobs.job_object(session, jobs.get_job(session, job.id))
+        return job_view.job_object(session, jobs.get_job(session, job.id))
 
 
 async def _run_batches(executor: BatchExecutor, batches: list[BatchRef], concurrency: int,

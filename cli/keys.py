@@ -28,10 +28,11 @@ def register(cli: click.Group) -> None:
     def create(tenant: str, max_enqueued_tokens: int | None, operator: bool) -> None:
         """Create a key for TENANT and print it (shown this once only)."""
         from quotaflow import auth
-        from quotaflow.db import session_factory, translate_db_errors
+        from quotaflow.db import translate_db_errors
+        from quotaflow.runtime import Runtime
 
         with translate_db_errors():
-            key = auth.create_key(session_factory(get_settings().database_url), tenant,
+            key = auth.create_key(Runtime(get_settings()).sessions, tenant,
                                   max_enqueued_tokens, operator=operator)
         click.echo(key.secret)
         scope = " (operator)" if key.operator else ""
@@ -43,9 +44,10 @@ def register(cli: click.Group) -> None:
         """Key ids, tenants, operator keys, and whether they are revoked (never the keys
         themselves)."""
         from quotaflow import auth
-        from quotaflow.db import session_factory, translate_db_errors
+        from quotaflow.db import translate_db_errors
+        from quotaflow.runtime import Runtime
 
-        with translate_db_errors(), session_factory(get_settings().database_url)() as session:
+        with translate_db_errors(), Runtime(get_settings()).sessions() as session:
             for row in auth.list_keys(session):
                 state = f"revoked {row.revoked_at:%Y-%m-%d}" if row.revoked_at else "active"
                 scope = "  operator" if row.operator else ""
@@ -57,8 +59,9 @@ def register(cli: click.Group) -> None:
     def revoke(key_id: str) -> None:
         """Revoke a key by its id: requests with it get 401 from now on."""
         from quotaflow import auth
-        from quotaflow.db import session_factory, translate_db_errors
+        from quotaflow.db import translate_db_errors
+        from quotaflow.runtime import Runtime
 
         with translate_db_errors():
-            auth.revoke_key(session_factory(get_settings().database_url), key_id)
+            auth.revoke_key(Runtime(get_settings()).sessions, key_id)
         click.echo(f"{key_id} revoked")

@@ -16,7 +16,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from quotaflow import files, ingest, jobs
+from quotaflow import files, ingest, job_view, jobs
 from quotaflow.config import Deployments, Settings
 from quotaflow.constants import DEFAULT_QUEUE, ENDPOINTS, QUEUES
 from quotaflow.errors import InputFileError, InvalidParameter
@@ -133,7 +133,7 @@ def invalid_lines(session: Session, job_id: str) -> list[dict[str, Any]]:
 
 def batch_object(session: Session, job: Job) -> dict[str, Any]:
     """The job as OpenAI's Batch object, plus quotaflow's `queue`."""
-    view = jobs.job_object(session, job)
+    view = job_view.job_object(session, job)
     counts = view["request_counts"]
     final = job.status in FINAL
     succeeded = counts["completed"]

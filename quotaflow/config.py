@@ -165,7 +165,7 @@ class Deployments(BaseModel):
         for model, route in self.routes.items():
             local = [n for n in route.names if self.deployments[n].provider == "local"]
             if len(local) > 1:
-                # Placement (quotaflow/placement.py) sends a request to the queue of the
+                # Placement (quotaflow/dispatch.py) sends a request to the queue of the
                 # one local deployment its route names; two would need two queues.
                 raise ValueError(
                     f"route {model!r} names local deployments {local}; a route may name at "

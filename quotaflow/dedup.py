@@ -13,7 +13,7 @@ import struct
 from sqlalchemy import bindparam, func, select, update
 from sqlalchemy.orm import Session
 
-from quotaflow.jobs import BatchRef
+from quotaflow.dispatch import BatchRef
 from quotaflow.models import Item, ItemStatus
 
 ITEMS = Item.__table__

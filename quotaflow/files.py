@@ -17,7 +17,7 @@ from typing import IO, Any
 from sqlalchemy import delete, insert, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from quotaflow import jobs
+from quotaflow import jobs, output
 from quotaflow.errors import (
     FileNotFound,
     FileTooLarge,
@@ -181,7 +181,7 @@ def virtual_file(session: Session, file_id: str, tenant: str | None) -> VirtualF
 
 
 def virtual_lines(session: Session, virtual: VirtualFile) -> Iterator[str]:
-    return jobs.iter_output(session, virtual.job_id, errors=virtual.errors)
+    return output.iter_output(session, virtual.job_id, errors=virtual.errors)
 
 
 def virtual_object(session: Session, virtual: VirtualFile) -> dict[str, Any]:

@@ -33,6 +33,7 @@ from quotaflow.config import Deployments, Settings
 from quotaflow.constants import DEFAULT_TENANT, QUEUES
 from quotaflow.db import insert_ignore, refresh_statistics
 from quotaflow.dedup import SeenFilter, pending_batches, share_identical
+from quotaflow.dispatch import BatchRef, Dispatcher
 from quotaflow.errors import InputFileError, InvalidParameter, LineProblem, ServiceUnavailable
 from quotaflow.formats import (
     LineRejected,
@@ -44,7 +45,7 @@ from quotaflow.formats import (
     read_lines,
 )
 from quotaflow.formats import to_request as _to_request
-from quotaflow.jobs import MAX_ATTEMPTS_LIMIT, BatchRef, Dispatcher, new_request_id
+from quotaflow.jobs import MAX_ATTEMPTS_LIMIT, new_request_id
 from quotaflow.models import Item, ItemStatus, Job, JobStatus, utcnow
 from quotaflow.outcomes import FailureCode
 from quotaflow.tokens import estimate_tokens, prompt_text

@@ -5,41 +5,21 @@ job (REST, CLI, embedded run) reports the same statuses and counts.
 """
 
 import uuid
-from collections.abc import Iterator
-from dataclasses import dataclass
-from datetime import datetime, timedelta
-from typing import IO, Any, Protocol
+from datetime import timedelta
+from typing import IO
 
-from sqlalchemy import Text, and_, case, cast, delete, func, or_, select, update
+from sqlalchemy import case, delete, select, update
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.sql.selectable import ScalarSelect
 
 from quotaflow.config import Deployments, Settings
 from quotaflow.constants import DEFAULT_TENANT
+from quotaflow.dispatch import Dispatcher, batch_refs
 from quotaflow.errors import JobNotFound, JobStateError
 from quotaflow.models import Item, ItemStatus, Job, JobStatus, Result, utcnow
-from quotaflow.outcomes import FailureCode
-from quotaflow.output import dumps_line, output_line, render_stored
 
-# Rows fetched per round trip when results are downloaded.
-OUTPUT_ROWS = 2000
 # A job may ask for more tries per request than the default, within reason.
 MAX_ATTEMPTS_LIMIT = 20
-
-
-@dataclass(frozen=True)
-class BatchRef:
-    """What a queue message carries: a job and an inclusive line range, never prompts."""
-
-    job_id: str
-    first_line: int
-    last_line: int
-
-
-class Dispatcher(Protocol):
-    """Hands a new job's batches to whatever runs them (Celery, or in-process)."""
-
-    def dispatch(self, queue: str, batches: list[BatchRef]) -> None: ...
 
 
 def new_request_id() -> str:
@@ -82,14 +62,6 @@ def create_job(
                              dispatcher=dispatcher, spec=spec).job
 
 
-def batch_refs(job_id: str, line_numbers: list[int], batch_size: int) -> list[BatchRef]:
-    return [
-        BatchRef(job_id, chunk[0], chunk[-1])
-        for chunk in (line_numbers[i:i + batch_size]
-                      for i in range(0, len(line_numbers), batch_size))
-    ]
-
-
 def get_job(session: Session, job_id: str, tenant: str | None = None) -> Job:
     """The job; with `tenant`, only if it is that tenant's (another's is "not found")."""
     job = session.get(Job, job_id)
@@ -108,60 +80,6 @@ def list_jobs(session: Session, limit: int = 20, after: str | None = None,
         anchor = get_job(session, after, tenant)
         query = query.where(Job.created_at <= anchor.created_at, Job.id != anchor.id)
     return list(session.scalars(query))
-
-
-def item_counts(session: Session, job_id: str) -> dict[str, int]:
-    rows = session.execute(
-        select(Item.status, func.count()).where(Item.job_id == job_id).group_by(Item.status))
-    return {status: count for status, count in rows}
-
-
-def usage_totals(session: Session, job_id: str) -> tuple[int, int]:
-    prompt, completion = session.execute(
-        select(func.coalesce(func.sum(Result.prompt_tokens), 0),
-               func.coalesce(func.sum(Result.completion_tokens), 0))
-        .where(Result.job_id == job_id)).one()
-    return int(prompt), int(completion)
-
-
-def _unix(moment: datetime | None) -> int | None:
-    return None if moment is None else int(moment.timestamp())
-
-
-def job_object(session: Session, job: Job,
-               counts: dict[str, int] | None = None) -> dict[str, Any]:
-    """The job as OpenAI describes a batch, plus quotaflow's queue.
-
-    `counts` (items per status) are given by ingest for a job it has just made, which
-    has no usage yet: counting a million fresh rows again would take seconds."""
-    if counts is None:
-        counts = item_counts(session, job.id)
-        prompt, completion = usage_totals(session, job.id)
-    else:
-        prompt = completion = 0
-    return {
-        "id": job.id,
-        "object": "batch",
-        "endpoint": job.endpoint,
-        "status": job.status,
-        "queue": job.queue,
-        "input_filename": job.input_filename,
-        "request_counts": {
-            "total": job.total,
-            "completed": counts.get(ItemStatus.SUCCEEDED, 0),
-            "failed": counts.get(ItemStatus.FAILED, 0),
-            "pending": sum(counts.get(status, 0) for status in ItemStatus.OPEN),
-            "cancelled": counts.get(ItemStatus.CANCELLED, 0),
-            "expired": counts.get(ItemStatus.EXPIRED, 0),
-        },
-        "usage": {"input_tokens": prompt, "output_tokens": completion,
-                  "total_tokens": prompt + completion},
-        "metadata": job.metadata_,
-        "max_attempts": job.max_attempts,
-        **{name: _unix(getattr(job, name)) for name in (
-            "created_at", "in_progress_at", "finalizing_at", "completed_at", "failed_at",
-            "cancelling_at", "cancelled_at", "expired_at", "expires_at")},
-    }
 
 
 def cancel_job(sessions: sessionmaker[Session], job_id: str) -> Job:
@@ -273,38 +191,3 @@ def _last_line(job_id: str, status: str) -> ScalarSelect[int]:
             .order_by(items.line_no.desc()).limit(1).scalar_subquery())
 
 
-def iter_output(session: Session, job_id: str, errors: bool) -> Iterator[str]:
-    """Result lines in input order: successes, or everything that did not succeed.
-
-    Works while the job runs, so partial results can be downloaded. Only the needed
-    rows and columns are read, through a server-side cursor, and the stored JSON comes
-    back as text spliced into the line as it is, never parsed and written again.
-    """
-    get_job(session, job_id)
-    stored = (Result.request_id, Result.custom_id, Result.status_code,
-              cast(Result.response, Text), cast(Result.error, Text),
-              cast(Result.shared_from, Text))
-    if not errors:
-        query = (select(Result.line_no, *stored)
-                 .where(Result.job_id == job_id, Result.error.is_(None)))
-        for _line, *row in session.execute(query.order_by(Result.line_no)
-                                           .execution_options(yield_per=OUTPUT_ROWS)):
-            yield render_stored(*row)
-        return
-    unsent = (ItemStatus.CANCELLED, ItemStatus.EXPIRED)
-    query = (select(Item.line_no, Item.custom_id, Item.status, Result.line_no, *stored)
-             .outerjoin(Result, (Result.job_id == Item.job_id) & (Result.line_no == Item.line_no))
-             .where(Item.job_id == job_id,
-                    or_(Result.error.is_not(None),
-                        and_(Result.line_no.is_(None), Item.status.in_(unsent)))))
-    for line_no, custom_id, status, result_line, *row in session.execute(
-            query.order_by(Item.line_no).execution_options(yield_per=OUTPUT_ROWS)):
-        if result_line is not None:
-            yield render_stored(*row)
-            continue
-        cancelled = status == ItemStatus.CANCELLED
-        how = "cancelled" if cancelled else "expired"
-        code = FailureCode.BATCH_CANCELLED if cancelled else FailureCode.BATCH_EXPIRED
-        yield dumps_line(output_line(stable_request_id(job_id, line_no), custom_id, None, None, {
-            "code": str(code), "line": line_no,
-            "message": f"line {line_no}: not sent because the job was {how}"}))

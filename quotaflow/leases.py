@@ -15,7 +15,8 @@ from sqlalchemy import and_, case, exists, func, or_, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from quotaflow.db import insert_ignore
-from quotaflow.jobs import BatchRef, new_request_id
+from quotaflow.dispatch import BatchRef
+from quotaflow.jobs import new_request_id
 from quotaflow.jsoncodec import RawJson
 from quotaflow.models import Item, ItemStatus, Job, JobStatus, Result, utcnow
 from quotaflow.outcomes import Failure, Outcome, Shared

@@ -10,6 +10,15 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 import orjson
+from sqlalchemy import Text, and_, cast, or_, select
+from sqlalchemy.orm import Session
+
+from quotaflow.jobs import get_job, stable_request_id
+from quotaflow.models import Item, ItemStatus, Result
+from quotaflow.outcomes import FailureCode
+
+# Rows fetched per round trip when results are downloaded.
+OUTPUT_ROWS = 2000
 
 
 def output_line(
@@ -65,3 +74,40 @@ def output_chunks(lines: Iterable[str], size: int = 64 * 1024) -> Iterator[bytes
             pending, held = [], 0
     if pending:
         yield "".join(pending).encode()
+
+
+def iter_output(session: Session, job_id: str, errors: bool) -> Iterator[str]:
+    """Result lines in input order: successes, or everything that did not succeed.
+
+    Works while the job runs, so partial results can be downloaded. Only the needed
+    rows and columns are read, through a server-side cursor, and the stored JSON comes
+    back as text spliced into the line as it is, never parsed and written again.
+    """
+    get_job(session, job_id)
+    stored = (Result.request_id, Result.custom_id, Result.status_code,
+              cast(Result.response, Text), cast(Result.error, Text),
+              cast(Result.shared_from, Text))
+    if not errors:
+        query = (select(Result.line_no, *stored)
+                 .where(Result.job_id == job_id, Result.error.is_(None)))
+        for _line, *row in session.execute(query.order_by(Result.line_no)
+                                           .execution_options(yield_per=OUTPUT_ROWS)):
+            yield render_stored(*row)
+        return
+    unsent = (ItemStatus.CANCELLED, ItemStatus.EXPIRED)
+    query = (select(Item.line_no, Item.custom_id, Item.status, Result.line_no, *stored)
+             .outerjoin(Result, (Result.job_id == Item.job_id) & (Result.line_no == Item.line_no))
+             .where(Item.job_id == job_id,
+                    or_(Result.error.is_not(None),
+                        and_(Result.line_no.is_(None), Item.status.in_(unsent)))))
+    for line_no, custom_id, status, result_line, *row in session.execute(
+            query.order_by(Item.line_no).execution_options(yield_per=OUTPUT_ROWS)):
+        if result_line is not None:
+            yield render_stored(*row)
+            continue
+        cancelled = status == ItemStatus.CANCELLED
+        how = "cancelled" if cancelled else "expired"
+        code = FailureCode.BATCH_CANCELLED if cancelled else FailureCode.BATCH_EXPIRED
+        yield dumps_line(output_line(stable_request_id(job_id, line_no), custom_id, None, None, {
+            "code": str(code), "line": line_no,
+            "message": f"line {line_no}: not sent because the job was {how}"}))

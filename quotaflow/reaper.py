@@ -17,7 +17,7 @@ from datetime import timedelta
 from sqlalchemy import and_, or_, select, true, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from quotaflow.jobs import Dispatcher, batch_refs
+from quotaflow.dispatch import Dispatcher, batch_refs
 from quotaflow.models import Item, ItemStatus, Job, JobStatus, utcnow
 
 REAP_LIMIT = 10_000

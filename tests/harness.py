@@ -12,13 +12,13 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from api.dispatch import CeleryDispatcher
-from quotaflow import jobs
+from quotaflow import job_view, jobs, output
 from quotaflow.config import Settings
 from quotaflow.models import Result
 from tests.conftest import service_env
 from tests.factories import jsonl
 from tests.procs import Proc, free_port, quotaflow
+from workers.dispatch import CeleryDispatcher
 
 T = TypeVar("T")
 
@@ -94,7 +94,7 @@ def submit_and_finish(sessions: sessionmaker[Session], settings: Settings, lines
     deadline = time.monotonic() + timeout
     while True:
         with sessions() as session:
-            view = jobs.job_object(session, jobs.get_job(session, job.id))
+            view = job_view.job_object(session, jobs.get_job(session, job.id))
         if view["status"] != "in_progress":
             return view
         assert time.monotonic() < deadline, view["request_counts"]
@@ -111,4 +111,4 @@ def one_result_per_line(sessions: sessionmaker[Session], job_id: str) -> tuple[i
 def output_ids(sessions: sessionmaker[Session], job_id: str) -> list[str]:
     with sessions() as session:
         return [json.loads(line)["custom_id"]
-                for line in jobs.iter_output(session, job_id, errors=False)]
+                for line in output.iter_output(session, job_id, errors=False)]

@@ -19,8 +19,7 @@ from pathlib import Path
 import httpx
 import redis
 
-from api.dispatch import CeleryDispatcher
-from quotaflow import jobs
+from quotaflow import job_view, jobs
 from quotaflow.config import Settings
 from quotaflow.constants import ENDPOINT_CHAT
 from quotaflow.db import session_factory
@@ -28,6 +27,7 @@ from quotaflow.providers.mock import simulated_body
 from quotaflow.tokens import admission_tokens
 from tests.conftest import service_env
 from tests.procs import Proc, free_port, quotaflow
+from workers.dispatch import CeleryDispatcher
 
 WORKERS = 4
 CONCURRENCY = 2
@@ -204,7 +204,7 @@ class LimiterCluster:
         deadline = time.monotonic() + timeout
         while True:
             with sessions() as session:
-                view = jobs.job_object(session, jobs.get_job(session, job.id))
+                view = job_view.job_object(session, jobs.get_job(session, job.id))
             if view["status"] not in ("in_progress", "validating"):
                 break
             if time.monotonic() > deadline:

@@ -15,8 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from api.dispatch import CeleryDispatcher
-from quotaflow import jobs
+from quotaflow import jobs, output
 from quotaflow.config import Settings
 from quotaflow.models import JobStatus
 from tests.conftest import REDIS_URL, service_env
@@ -28,6 +27,7 @@ from tests.harness import (
     start_provider,
     start_workers,
 )
+from workers.dispatch import CeleryDispatcher
 
 LINES = 600
 STOP_WITHIN_S = 2.0
@@ -87,8 +87,8 @@ def test_no_admission_later_than_two_seconds_after_a_job_ends(
     code = "batch_cancelled" if how == "cancel" else "batch_expired"
     with pg_sessions() as session:
         answered = [json.loads(line)["custom_id"]
-                    for line in jobs.iter_output(session, job.id, errors=False)]
-        errors = [json.loads(line) for line in jobs.iter_output(session, job.id, errors=True)]
+                    for line in output.iter_output(session, job.id, errors=False)]
+        errors = [json.loads(line) for line in output.iter_output(session, job.id, errors=True)]
     assert {error["error"]["code"] for error in errors} == {code}
     assert sorted(answered + [error["custom_id"] for error in errors]) == sorted(
         f"s{i}" for i in range(LINES))

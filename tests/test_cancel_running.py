@@ -13,7 +13,8 @@ import httpx
 import pytest
 from sqlalchemy import update
 
-from quotaflow import jobs
+from quotaflow import jobs, output
+from quotaflow.dispatch import BatchRef
 from quotaflow.execution import BatchExecutor
 from quotaflow.limiters import LocalLimiter
 from quotaflow.models import Job, JobStatus
@@ -44,10 +45,10 @@ def _run_in_background(pg_sessions, settings, tmp_path: Path, provider: str):
         'rpm = 600000\ntpm = 100000000\nmax_concurrency = 4\n[routes]\n"*" = "slow"\n')
     settings.deployments_file = tmp_path / "d.toml"
     settings.batch_size = LINES
-    batches: list[jobs.BatchRef] = []
+    batches: list[BatchRef] = []
 
     class Collect:
-        def dispatch(self, queue: str, refs: list[jobs.BatchRef]) -> None:
+        def dispatch(self, queue: str, refs: list[BatchRef]) -> None:
             batches.extend(refs)
 
     job = jobs.create_job(pg_sessions, io.BytesIO(jsonl([chat_line(f"c{i}")
@@ -63,7 +64,7 @@ def _run_in_background(pg_sessions, settings, tmp_path: Path, provider: str):
 
 def _errors(pg_sessions, job_id: str) -> list[dict]:
     with pg_sessions() as session:
-        return [json.loads(line) for line in jobs.iter_output(session, job_id, errors=True)]
+        return [json.loads(line) for line in output.iter_output(session, job_id, errors=True)]
 
 
 @pytest.mark.parametrize("how", ["cancel", "expire", "window"])
@@ -111,10 +112,10 @@ def test_a_batch_goes_on_at_once_when_its_probe_closes_the_circuit(
     settings.deployments_file = tmp_path / "d.toml"
     settings.batch_size = 20
     deployments = settings.load_deployments()
-    batches: list[jobs.BatchRef] = []
+    batches: list[BatchRef] = []
 
     class Collect:
-        def dispatch(self, queue: str, refs: list[jobs.BatchRef]) -> None:
+        def dispatch(self, queue: str, refs: list[BatchRef]) -> None:
             batches.extend(refs)
 
     job = jobs.create_job(pg_sessions, io.BytesIO(jsonl([chat_line(f"p{i}")

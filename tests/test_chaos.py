@@ -11,7 +11,6 @@ import pytest
 import redis
 from sqlalchemy import func, select
 
-from api.dispatch import CeleryDispatcher
 from quotaflow import jobs
 from quotaflow.config import Settings
 from quotaflow.db import session_factory
@@ -26,6 +25,7 @@ from tests.harness import (
     start_workers,
     wait_until_finished,
 )
+from workers.dispatch import CeleryDispatcher
 
 
 def test_sigkilled_worker_loses_nothing(pg_url: str, pg_sessions, tmp_path: Path) -> None:

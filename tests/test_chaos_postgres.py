@@ -8,7 +8,6 @@ import httpx
 import pytest
 import redis
 
-from api.dispatch import CeleryDispatcher
 from quotaflow import jobs
 from quotaflow.config import Settings
 from quotaflow.db import session_factory
@@ -23,6 +22,7 @@ from tests.harness import (
     start_workers,
     wait_until_finished,
 )
+from workers.dispatch import CeleryDispatcher
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -7,7 +7,6 @@ from pathlib import Path
 import httpx
 import pytest
 
-from api.dispatch import CeleryDispatcher
 from quotaflow import jobs
 from quotaflow.config import Settings
 from quotaflow.db import session_factory
@@ -22,6 +21,7 @@ from tests.harness import (
     start_workers,
     wait_until_finished,
 )
+from workers.dispatch import CeleryDispatcher
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -9,10 +9,10 @@ import httpx
 import pytest
 from sqlalchemy import select
 
-from quotaflow import jobs
+from quotaflow import job_view, jobs, output
 from quotaflow.config import Settings
+from quotaflow.dispatch import BatchRef
 from quotaflow.execution import BatchExecutor
-from quotaflow.jobs import BatchRef
 from quotaflow.limiters import LocalLimiter
 from quotaflow.models import Item
 from tests.factories import chat_line, jsonl
@@ -69,7 +69,7 @@ def run_all(sessions, settings: Settings, dispatcher: Collect) -> None:
 def outputs(sessions, job_id: str, errors: bool = False) -> dict[str, dict]:
     with sessions() as session:
         return {line["custom_id"]: line for line in map(
-            json.loads, jobs.iter_output(session, job_id, errors=errors))}
+            json.loads, output.iter_output(session, job_id, errors=errors))}
 
 
 def test_identical_requests_are_sent_once_and_share_the_answer(
@@ -95,7 +95,7 @@ def test_identical_requests_are_sent_once_and_share_the_answer(
     assert all("shared_from" not in out[cid] for cid in ("a1", "b1", "u"))
     # And the job's usage counts each call once, and every line as completed
     with pg_sessions() as session:
-        view = jobs.job_object(session, jobs.get_job(session, job_id))
+        view = job_view.job_object(session, jobs.get_job(session, job_id))
     assert view["status"] == "completed"
     assert view["request_counts"]["completed"] == 6
     assert view["usage"]["input_tokens"] == stats["prompt_tokens"]
@@ -149,7 +149,7 @@ def test_a_job_sets_its_own_retry_limit_and_errors_say_what_happened(
         assert "gave up after 2 attempts" in error["message"]
     assert errors["e3"]["shared_from"]["custom_id"] == "e1"
     with pg_sessions() as session:
-        assert jobs.job_object(session, jobs.get_job(session, job_id))["max_attempts"] == 2
+        assert job_view.job_object(session, jobs.get_job(session, job_id))["max_attempts"] == 2
 
 
 def test_retrying_a_failed_job_resends_originals_and_refills_their_copies(
@@ -194,7 +194,7 @@ def test_a_later_job_may_reuse_an_earlier_jobs_answers(
                                                "batch_id": first_id}
         assert out["again"]["response"]["body"] == earlier["response"]["body"]
         with pg_sessions() as session:
-            usage = jobs.job_object(session, jobs.get_job(session, second_id))["usage"]
+            usage = job_view.job_object(session, jobs.get_job(session, second_id))["usage"]
         assert usage["input_tokens"] == out["new"]["response"]["body"]["usage"]["prompt_tokens"]
     else:
         # Then (the default) every job calls for itself

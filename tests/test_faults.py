@@ -8,7 +8,7 @@ import pytest
 import redis
 from sqlalchemy import func, select
 
-from quotaflow import jobs
+from quotaflow import output as downloads
 from quotaflow.config import Settings
 from quotaflow.models import Result
 from tests.conftest import REDIS_URL, service_env
@@ -59,8 +59,8 @@ def test_a_job_under_mixed_faults_loses_nothing(pg_url: str, pg_sessions, tmp_pa
     with pg_sessions() as session:
         per_line = session.execute(select(func.count(), func.count(func.distinct(Result.line_no)))
                                    .where(Result.job_id == job_id)).one()
-        errors = [json.loads(line) for line in jobs.iter_output(session, job_id, errors=True)]
-        output = [json.loads(line) for line in jobs.iter_output(session, job_id, errors=False)]
+        errors = [json.loads(line) for line in downloads.iter_output(session, job_id, errors=True)]
+        output = [json.loads(line) for line in downloads.iter_output(session, job_id, errors=False)]
     assert per_line == (ITEMS, ITEMS)
     assert sorted(line["custom_id"] for line in output + errors) == sorted(
         f"f{i}" for i in range(ITEMS))

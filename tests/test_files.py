@@ -10,8 +10,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from quotaflow import batches, files, jobs
 from quotaflow.config import Settings, builtin_deployments
+from quotaflow.dispatch import BatchRef
 from quotaflow.errors import FileTooLarge
-from quotaflow.jobs import BatchRef
 from quotaflow.models import File, FileChunk, Item
 from tests.factories import chat_line, jsonl
 

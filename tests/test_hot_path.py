@@ -14,6 +14,7 @@ from sqlalchemy import event
 from quotaflow import jobs
 from quotaflow.circuit import RedisCircuitBreaker
 from quotaflow.db import get_engine
+from quotaflow.dispatch import BatchRef
 from quotaflow.execution import BatchExecutor
 from quotaflow.limiters import RedisLimiter
 from quotaflow.ratelimit import Budget, Settlement
@@ -76,9 +77,9 @@ def counting_provider() -> Iterator[str]:
 
 class _Collect:
     def __init__(self) -> None:
-        self.batches: list[jobs.BatchRef] = []
+        self.batches: list[BatchRef] = []
 
-    def dispatch(self, queue: str, batches: list[jobs.BatchRef]) -> None:
+    def dispatch(self, queue: str, batches: list[BatchRef]) -> None:
         self.batches.extend(batches)
 
 
@@ -93,7 +94,7 @@ class _CountingLimiter(RedisLimiter):
 
 
 def _job(pg_sessions, settings, tmp_path: Path, provider: str, lines: int,
-         batch_size: int) -> tuple[str, list[jobs.BatchRef]]:
+         batch_size: int) -> tuple[str, list[BatchRef]]:
     (tmp_path / "d.toml").write_text(
         f'[deployments.fast]\nprovider = "openai"\nbase_url = "{provider}/v1"\nmodel = "m"\n'
         'rpm = 1000000\ntpm = 100000000\nmax_concurrency = 8\n[routes]\n"*" = "fast"\n')
@@ -107,7 +108,7 @@ def _job(pg_sessions, settings, tmp_path: Path, provider: str, lines: int,
     return job.id, collect.batches
 
 
-def _statements_per_batch(pg_sessions, settings, redis_url: str, batch: jobs.BatchRef) -> int:
+def _statements_per_batch(pg_sessions, settings, redis_url: str, batch: BatchRef) -> int:
     executor = BatchExecutor(pg_sessions, settings.load_deployments(), RedisLimiter(redis_url),
                              settings, breaker=RedisCircuitBreaker(redis_url))
     seen: list[str] = []

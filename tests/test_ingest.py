@@ -14,14 +14,14 @@ import redis
 from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session, sessionmaker
 
-from api.dispatch import CeleryDispatcher
 from quotaflow import dedup, formats, ingest, quotas
 from quotaflow.config import Settings
 from quotaflow.db import session_factory, upgrade
+from quotaflow.dispatch import BatchRef
 from quotaflow.errors import EnqueuedTokenLimit, InputFileError
-from quotaflow.jobs import BatchRef
 from quotaflow.models import Item, Job, Result
 from tests.factories import HOSTILE_LINES, chat_line, jsonl
+from workers.dispatch import CeleryDispatcher
 
 
 class Collect:

@@ -9,11 +9,12 @@ import pytest
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from quotaflow import jobs
+from quotaflow import job_view, jobs
+from quotaflow import output as downloads
 from quotaflow.config import Settings
+from quotaflow.dispatch import BatchRef
 from quotaflow.errors import InputFileError, JobStateError
 from quotaflow.execution import LIMITER_DOWN_BACKOFF_S, BatchExecutor
-from quotaflow.jobs import BatchRef
 from quotaflow.leases import claim, renew, store_many
 from quotaflow.limiters import LocalLimiter, RedisLimiter
 from quotaflow.models import Item, Job, JobStatus, Result, utcnow
@@ -59,7 +60,7 @@ def test_job_is_stored_and_dispatched_in_batches(pg_sessions, settings) -> None:
     ranges = [(b.first_line, b.last_line) for b in dispatcher.batches]
     assert ranges == [(1, 10), (11, 20), (21, 25)]
     with pg_sessions() as session:
-        view = jobs.job_object(session, jobs.get_job(session, job.id))
+        view = job_view.job_object(session, jobs.get_job(session, job.id))
     assert view["status"] == JobStatus.IN_PROGRESS
     assert view["request_counts"] == {"total": 25, "completed": 0, "failed": 0, "pending": 25,
                                       "cancelled": 0, "expired": 0}
@@ -75,9 +76,9 @@ def test_bad_lines_become_failed_items_and_good_lines_run(pg_sessions, settings)
         executor(pg_sessions, settings).run(ref)
     # Then the good line succeeded and each bad line has an error naming its line
     with pg_sessions() as session:
-        view = jobs.job_object(session, jobs.get_job(session, job.id))
-        errors = [json.loads(line) for line in jobs.iter_output(session, job.id, errors=True)]
-        output = [json.loads(line) for line in jobs.iter_output(session, job.id, errors=False)]
+        view = job_view.job_object(session, jobs.get_job(session, job.id))
+        errors = [json.loads(line) for line in downloads.iter_output(session, job.id, errors=True)]
+        output = [json.loads(line) for line in downloads.iter_output(session, job.id, errors=False)]
     assert view["status"] == JobStatus.COMPLETED
     assert view["request_counts"]["completed"] == 1 and view["request_counts"]["failed"] == 2
     assert [o["custom_id"] for o in output] == ["good"]
@@ -113,7 +114,7 @@ def test_unrouted_model_is_a_line_error(pg_sessions, settings, tmp_path) -> None
     job = create(pg_sessions, settings, jsonl([chat_line("a", model="small"),
                                                chat_line("b", model="huge")]))
     with pg_sessions() as session:
-        [error] = [json.loads(line) for line in jobs.iter_output(session, job.id, errors=True)]
+        [error] = [json.loads(line) for line in downloads.iter_output(session, job.id, errors=True)]
     assert error["custom_id"] == "b"
     assert "no deployment serves model 'huge'" in error["error"]["message"]
 
@@ -182,8 +183,8 @@ def test_cancel_stops_pending_items_and_keeps_finished_ones(pg_sessions, setting
     assert store_many(pg_sessions, job.id, list(zip(running, answers, strict=True))) == (5, 0)
     jobs.finish_if_done(pg_sessions, job.id)
     with pg_sessions() as session:
-        view = jobs.job_object(session, jobs.get_job(session, job.id))
-        errors = [json.loads(line) for line in jobs.iter_output(session, job.id, errors=True)]
+        view = job_view.job_object(session, jobs.get_job(session, job.id))
+        errors = [json.loads(line) for line in downloads.iter_output(session, job.id, errors=True)]
     assert view["status"] == JobStatus.CANCELLED
     assert view["request_counts"]["completed"] == 10 and view["request_counts"]["cancelled"] == 5
     assert {e["error"]["code"] for e in errors} == {"batch_cancelled"}
@@ -236,7 +237,7 @@ def test_request_larger_than_the_bucket_fails_at_once(pg_sessions, settings, tmp
     report = executor(pg_sessions, settings).run(dispatcher.batches[0])
     assert (report.succeeded, report.failed, report.retry_in) == (1, 1, None)
     with pg_sessions() as session:
-        [error] = [json.loads(line) for line in jobs.iter_output(session, job.id, errors=True)]
+        [error] = [json.loads(line) for line in downloads.iter_output(session, job.id, errors=True)]
     assert error["custom_id"] == "huge" and error["error"]["code"] == "request_too_large"
     assert "admits at most 600 at once" in error["error"]["message"]
 
@@ -340,8 +341,8 @@ def test_retry_runs_failed_requests_again_but_not_invalid_lines(pg_sessions, set
     executor(pg_sessions, settings).run(again.batches[0])
     # Then the retried request succeeds, once; the invalid line stays failed
     with pg_sessions() as session:
-        view = jobs.job_object(session, jobs.get_job(session, job.id))
-        output = [json.loads(line)["custom_id"] for line in jobs.iter_output(session, job.id,
+        view = job_view.job_object(session, jobs.get_job(session, job.id))
+        output = [json.loads(line)["custom_id"] for line in downloads.iter_output(session, job.id,
                                                                               errors=False)]
     assert view["status"] == JobStatus.COMPLETED
     assert output == ["ok", "big"]
@@ -359,8 +360,8 @@ def test_jobs_past_their_completion_window_expire(pg_sessions, settings) -> None
     assert jobs.expire_overdue(pg_sessions) == [job.id]
     assert executor(pg_sessions, settings).run(dispatcher.batches[1]).claimed == 0
     with pg_sessions() as session:
-        view = jobs.job_object(session, jobs.get_job(session, job.id))
-        errors = [json.loads(line) for line in jobs.iter_output(session, job.id, errors=True)]
+        view = job_view.job_object(session, jobs.get_job(session, job.id))
+        errors = [json.loads(line) for line in downloads.iter_output(session, job.id, errors=True)]
     assert view["status"] == "expired" and view["expired_at"] is not None
     assert view["request_counts"]["completed"] == 2 and view["request_counts"]["expired"] == 2
     assert [e["error"]["code"] for e in errors] == ["batch_expired", "batch_expired"]

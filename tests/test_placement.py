@@ -10,9 +10,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from quotaflow import jobs
 from quotaflow.config import Deployments, Settings, load_deployments
-from quotaflow.jobs import BatchRef
+from quotaflow.dispatch import BatchRef, PlacingDispatcher
 from quotaflow.models import Item
-from quotaflow.placement import PlacingDispatcher
 from quotaflow.reaper import reap
 from tests.factories import chat_line, jsonl
 

@@ -5,7 +5,8 @@ import io
 import json
 from datetime import timedelta
 
-from quotaflow import jobs, leases
+from quotaflow import jobs, leases, output
+from quotaflow.dispatch import BatchRef
 from quotaflow.providers.base import ProviderResponse
 from tests.factories import chat_line, jsonl
 
@@ -18,7 +19,7 @@ def test_a_nul_in_an_answer_does_not_fail_its_chunk(pg_sessions, settings) -> No
     job = jobs.create_job(pg_sessions, io.BytesIO(jsonl([chat_line("a"), chat_line("b")])),
                           settings=settings, deployments=settings.load_deployments(),
                           dispatcher=Collect(), queue="realtime")
-    first, second = leases.claim(pg_sessions, jobs.BatchRef(job.id, 1, 2), "w",
+    first, second = leases.claim(pg_sessions, BatchRef(job.id, 1, 2), "w",
                                  timedelta(seconds=30))
     odd = rb'{"choices":[{"message":{"content":"a\u0000b \\u0000 stays"}}]}'
     plain = rb'{"choices":[{"message":{"content":"fine"}}]}'
@@ -26,7 +27,7 @@ def test_a_nul_in_an_answer_does_not_fail_its_chunk(pg_sessions, settings) -> No
                (second, ProviderResponse(200, {}, None, 1, 1, raw=plain))]
     assert leases.store_many(pg_sessions, job.id, answers) == (2, 0)
     with pg_sessions() as session:
-        lines = [json.loads(line) for line in jobs.iter_output(session, job.id, errors=False)]
+        lines = [json.loads(line) for line in output.iter_output(session, job.id, errors=False)]
     content = lines[0]["response"]["body"]["choices"][0]["message"]["content"]
     assert content == "a\ufffdb \\u0000 stays"
     assert lines[1]["response"]["body"]["choices"][0]["message"]["content"] == "fine"

@@ -9,43 +9,30 @@ import threading
 from datetime import timedelta
 
 import redis
-from celery import Celery
 from celery.signals import worker_ready, worker_shutting_down
 
 from quotaflow.broker_watch import BrokerWatch
 from quotaflow.config import get_settings
-from quotaflow.constants import REDIS_PREFIX, TASK_PROCESS_BATCH
-from quotaflow.db import session_factory
-from quotaflow.jobs import BatchRef, expire_overdue
-from quotaflow.placement import PlacingDispatcher
+from quotaflow.constants import REDIS_PREFIX
+from quotaflow.jobs import expire_overdue
 from quotaflow.reaper import reap
-from workers.app import app
+from quotaflow.runtime import Runtime
+from workers.dispatch import CeleryDispatcher
 
 log = logging.getLogger(__name__)
 LOCK_KEY = f"{REDIS_PREFIX}:reaper:lock"
 _stop = threading.Event()
 
 
-class AppDispatcher:
-    """Sends batch messages by task name through the worker's own Celery app."""
-
-    def __init__(self, celery: Celery) -> None:
-        self._celery = celery
-
-    def dispatch(self, queue: str, batches: list[BatchRef]) -> None:
-        for ref in batches:
-            self._celery.send_task(TASK_PROCESS_BATCH,
-                                   args=[ref.job_id, ref.first_line, ref.last_line], queue=queue)
-
-
 def reap_forever() -> None:
-    settings = get_settings()
+    # The reaper's own parts, in the worker's main process (tasks run in its children).
+    runtime = Runtime(get_settings(), CeleryDispatcher)
+    settings, sessions = runtime.settings, runtime.sessions
     interval = settings.reap_interval_s
     lock = redis.Redis.from_url(settings.limiter_url or settings.broker_url)
-    sessions = session_factory(settings.database_url)
     broker = BrokerWatch(redis.Redis.from_url(settings.broker_url), sessions)
     # Queued again where they were first sent: a local deployment's batches to its queues.
-    dispatcher = PlacingDispatcher(AppDispatcher(app), sessions, settings.load_deployments())
+    dispatcher = runtime.dispatcher
     # The first round at once, not an interval after start: it records the broker's run
     # id, and a restart can only be noticed against a recorded one.
     delay = 0.0

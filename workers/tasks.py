@@ -5,29 +5,21 @@ from functools import lru_cache
 from celery import Task
 from celery.signals import worker_init
 
-from quotaflow.circuit import make_breaker
 from quotaflow.config import get_settings
 from quotaflow.constants import TASK_PROCESS_BATCH
-from quotaflow.db import session_factory, translate_db_errors
+from quotaflow.db import translate_db_errors
+from quotaflow.dispatch import BatchRef
 from quotaflow.errors import ConfigError, ServiceUnavailable
-from quotaflow.execution import BatchExecutor
-from quotaflow.jobs import BatchRef
-from quotaflow.limiters import make_limiter
 from quotaflow.providers.local import runner_for, serve_only
+from quotaflow.runtime import Runtime
 from workers.app import app
-
-# A closed circuit is read again after this long (quotaflow/circuit.py): another
-# worker's failures reach this one's routing at most this late.
-CIRCUIT_CLOSED_FOR_S = 0.25
+from workers.dispatch import CeleryDispatcher
 
 
 @lru_cache
-def executor() -> BatchExecutor:
+def runtime() -> Runtime:
     """Built once per worker process, after the fork, so no pool is shared across processes."""
-    settings = get_settings()
-    return BatchExecutor(session_factory(settings.database_url), settings.load_deployments(),
-                         make_limiter(settings.limiter_url), settings,
-                         breaker=make_breaker(settings.limiter_url, CIRCUIT_CLOSED_FOR_S))
+    return Runtime(get_settings(), CeleryDispatcher)
 
 
 @worker_init.connect
@@ -52,7 +44,7 @@ def load_local_model(**_kwargs: object) -> None:
           retry_jitter=True)
 def process_batch(self: Task, job_id: str, first_line: int, last_line: int) -> dict[str, int]:
     with translate_db_errors():
-        report = executor().run(BatchRef(job_id, first_line, last_line))
+        report = runtime().executor.run(BatchRef(job_id, first_line, last_line))
     if report.retry_in is not None:
         # Items wait for budget, or are leased by another worker (look again when
         # its lease runs out, in case that worker died).

@@ -2,10 +2,10 @@
 
 from dataclasses import dataclass, field
 
+from quotaflow.dispatch import BatchRef
 from quotaflow.execution.feedback import Feedback
 from quotaflow.execution.stopping import JobWatch
 from quotaflow.execution.writer import ResultWriter
-from quotaflow.jobs import BatchRef
 from quotaflow.leases import ClaimedItem
 from quotaflow.outcomes import Outcome
 from quotaflow.retries import RetryPolicy

@@ -24,6 +24,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from quotaflow.circuit import CircuitBreaker, LocalCircuitBreaker
 from quotaflow.config import Deployments, Settings
+from quotaflow.dispatch import BatchRef
 from quotaflow.execution import runtime
 from quotaflow.execution.admission import Admitter
 from quotaflow.execution.attempts import Caller
@@ -34,7 +35,7 @@ from quotaflow.execution.prepare import Preparer
 from quotaflow.execution.runtime import PROVIDERS, ProviderPool
 from quotaflow.execution.stopping import JobWatch
 from quotaflow.execution.writer import ResultWriter
-from quotaflow.jobs import BatchRef, close_if_done
+from quotaflow.jobs import close_if_done
 from quotaflow.leases import ClaimedItem, claim, leased_elsewhere_for
 from quotaflow.models import Item, Job
 from quotaflow.outcomes import Failure, FailureCode

@@ -1,26 +1,66 @@
-"""Which queue a batch goes to: its priority's, or its local deployment's.
+"""The queue contract: what a batch message carries, who sends it, and to which queue.
 
-A local deployment's model lives only in the workers started for it
+A message names a job and an inclusive line range, never prompts: the items
+are in PostgreSQL, so a message lost or delivered twice costs nothing (the
+worker claims the lines; the reaper queues again what nobody claimed).
+Job creation, retries and the reaper hand their batches to a `Dispatcher`:
+Celery's (workers/dispatch.py) in a deployment, `CollectingDispatcher` for
+the in-process `quotaflow run`.
+
+Placing: a local deployment's model lives only in the workers started for it
 (`quotaflow worker --deployment NAME`), so a batch whose requests route to it
-must reach no other worker. PlacingDispatcher wraps any Dispatcher: it
-splits each batch's line range into runs of lines placed alike and sends a
-run whose model's route names a local deployment to local.NAME.PRIORITY
-(quotaflow.constants.local_queue); everything else goes to the priority
-queue as before. Job creation, retries and the reaper all dispatch through
-it, so a batch queued again lands where it was first sent. A route that
-names a local deployment and remote ones is served wholly by the local
-deployment's workers (they can call the remote ones too).
+must reach no other worker. PlacingDispatcher wraps any Dispatcher: it splits
+each batch's line range into runs of lines placed alike and sends a run whose
+model's route names a local deployment to local.NAME.PRIORITY
+(quotaflow.constants.local_queue); everything else goes to the priority queue.
+Every dispatch goes through it, so a batch queued again lands where it was
+first sent. A route that names a local deployment and remote ones is served
+wholly by the local deployment's workers (they can call the remote ones too).
 """
 
 from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Protocol
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from quotaflow.config import Deployments
 from quotaflow.constants import local_queue
-from quotaflow.jobs import BatchRef, Dispatcher
 from quotaflow.models import Item
+
+
+@dataclass(frozen=True)
+class BatchRef:
+    """What a queue message carries: a job and an inclusive line range, never prompts."""
+
+    job_id: str
+    first_line: int
+    last_line: int
+
+
+class Dispatcher(Protocol):
+    """Hands a new job's batches to whatever runs them (Celery, or in-process)."""
+
+    def dispatch(self, queue: str, batches: list[BatchRef]) -> None: ...
+
+
+def batch_refs(job_id: str, line_numbers: list[int], batch_size: int) -> list[BatchRef]:
+    return [
+        BatchRef(job_id, chunk[0], chunk[-1])
+        for chunk in (line_numbers[i:i + batch_size]
+                      for i in range(0, len(line_numbers), batch_size))
+    ]
+
+
+class CollectingDispatcher:
+    """Keeps the batches, for a caller that runs them itself instead of queueing them."""
+
+    def __init__(self) -> None:
+        self.batches: list[BatchRef] = []
+
+    def dispatch(self, queue: str, batches: list[BatchRef]) -> None:
+        self.batches.extend(batches)
 
 
 def queue_for(deployments: Deployments, model: str | None, priority: str) -> str:

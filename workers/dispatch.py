@@ -1,4 +1,6 @@
-"""Sends batch messages to Celery by task name; the API never imports workers/.
+"""The Celery dispatcher: sends batch messages by task name, for the API, the CLI and
+the reaper alike. It builds its own small Celery client, so the API loads no worker
+code (workers.app and its tasks) by importing it.
 
 A job of a million lines is 40,000 messages, and Celery's send_task spends
 about half a millisecond of Python on each (20 s for that job). On a Redis
@@ -19,8 +21,8 @@ import redis
 from celery import Celery
 
 from quotaflow.constants import TASK_PROCESS_BATCH
+from quotaflow.dispatch import BatchRef
 from quotaflow.errors import ServiceUnavailable
-from quotaflow.jobs import BatchRef
 
 PIPELINE_MESSAGES = 1000
 

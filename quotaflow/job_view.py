@@ -1,0 +1,67 @@
+"""A job as clients see it: OpenAI's batch object, plus quotaflow's queue and usage.
+
+Every view of a job (REST, /v1, CLI, embedded run) is this one object, so they
+all report the same statuses and counts.
+"""
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from quotaflow.models import Item, ItemStatus, Job, Result
+
+
+def item_counts(session: Session, job_id: str) -> dict[str, int]:
+    rows = session.execute(
+        select(Item.status, func.count()).where(Item.job_id == job_id).group_by(Item.status))
+    return {status: count for status, count in rows}
+
+
+def usage_totals(session: Session, job_id: str) -> tuple[int, int]:
+    prompt, completion = session.execute(
+        select(func.coalesce(func.sum(Result.prompt_tokens), 0),
+               func.coalesce(func.sum(Result.completion_tokens), 0))
+        .where(Result.job_id == job_id)).one()
+    return int(prompt), int(completion)
+
+
+def _unix(moment: datetime | None) -> int | None:
+    return None if moment is None else int(moment.timestamp())
+
+
+def job_object(session: Session, job: Job,
+               counts: dict[str, int] | None = None) -> dict[str, Any]:
+    """The job as OpenAI describes a batch, plus quotaflow's queue.
+
+    `counts` (items per status) are given by ingest for a job it has just made, which
+    has no usage yet: counting a million fresh rows again would take seconds."""
+    if counts is None:
+        counts = item_counts(session, job.id)
+        prompt, completion = usage_totals(session, job.id)
+    else:
+        prompt = completion = 0
+    return {
+        "id": job.id,
+        "object": "batch",
+        "endpoint": job.endpoint,
+        "status": job.status,
+        "queue": job.queue,
+        "input_filename": job.input_filename,
+        "request_counts": {
+            "total": job.total,
+            "completed": counts.get(ItemStatus.SUCCEEDED, 0),
+            "failed": counts.get(ItemStatus.FAILED, 0),
+            "pending": sum(counts.get(status, 0) for status in ItemStatus.OPEN),
+            "cancelled": counts.get(ItemStatus.CANCELLED, 0),
+            "expired": counts.get(ItemStatus.EXPIRED, 0),
+        },
+        "usage": {"input_tokens": prompt, "output_tokens": completion,
+                  "total_tokens": prompt + completion},
+        "metadata": job.metadata_,
+        "max_attempts": job.max_attempts,
+        **{name: _unix(getattr(job, name)) for name in (
+            "created_at", "in_progress_at", "finalizing_at", "completed_at", "failed_at",
+            "cancelling_at", "cancelled_at", "expired_at", "expires_at")},
+    }
