@@ -285,7 +285,7 @@ class Settings(BaseSettings):
     task_time_limit: int = Field(default=900, gt=0)
 
     # Priority floors: the share of each bucket a queue must leave for higher
-    # priorities (design.md, "The limiter").
+    # priorities (docs/architecture.md, "The limiter").
     floor_realtime: float = Field(default=0.0, ge=0, lt=1)
     floor_standard: float = Field(default=0.05, ge=0, lt=1)
     floor_bulk: float = Field(default=0.20, ge=0, lt=1)

@@ -54,7 +54,8 @@ class Budget:
     # this is forgotten (its worker died).
     flight_timeout_s: float = 300.0
     # Refill kept in hand at admission: a provider whose bucket is full loses the
-    # refill of the time a request spends travelling to it (design.md, the limiter).
+    # refill of the time a request spends travelling to it (docs/architecture.md,
+    # "The limiter").
     margin_s: float = 0.0
     refunds: Refunds = Refunds.LEARNED
 

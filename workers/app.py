@@ -1,4 +1,5 @@
-"""The Celery application, configured for "nothing is lost" (see design.md).
+"""The Celery application, configured for "nothing is lost" (docs/architecture.md,
+"Reliability rules").
 
 acks_late + reject_on_worker_lost: a batch whose worker dies goes back to the
 queue. Prefetch 1: a busy worker does not sit on batches others could run.

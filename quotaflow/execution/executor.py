@@ -25,14 +25,14 @@ from sqlalchemy.orm import Session, sessionmaker
 from quotaflow.circuit import CircuitBreaker, LocalCircuitBreaker
 from quotaflow.config import Deployments, Settings
 from quotaflow.dispatch import BatchRef
-from quotaflow.execution import runtime
+from quotaflow.execution import loops
 from quotaflow.execution.admission import Admitter
 from quotaflow.execution.attempts import Caller
 from quotaflow.execution.batch import BatchReport, BatchRun
 from quotaflow.execution.feedback import Feedback
 from quotaflow.execution.leasing import keep_leases
+from quotaflow.execution.loops import PROVIDERS, ProviderPool
 from quotaflow.execution.prepare import Preparer
-from quotaflow.execution.runtime import PROVIDERS, ProviderPool
 from quotaflow.execution.stopping import JobWatch
 from quotaflow.execution.writer import ResultWriter
 from quotaflow.jobs import close_if_done
@@ -94,7 +94,7 @@ class BatchExecutor:
 
     def run(self, ref: BatchRef, on_item: Callable[[bool], None] | None = None) -> BatchReport:
         """Run the batch on this thread's long-lived loop (its connections stay open)."""
-        return runtime.run(self.run_async(ref, on_item))
+        return loops.run(self.run_async(ref, on_item))
 
     async def aclose(self) -> None:
         """Close the running loop's provider connections."""

@@ -3,7 +3,7 @@
 from quotaflow.config import Deployment, Deployments
 from quotaflow.errors import ConfigError
 from quotaflow.execution.admitted import Admitted
-from quotaflow.execution.runtime import ProviderPool
+from quotaflow.execution.loops import ProviderPool
 from quotaflow.leases import ClaimedItem
 from quotaflow.outcomes import Failure, FailureCode
 from quotaflow.ratelimit import Budget, RequestTooLarge

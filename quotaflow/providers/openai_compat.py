@@ -48,7 +48,7 @@ def parse_retry_after(headers: Mapping[str, str]) -> float | None:
 class OpenAICompatProvider:
     """Sends batch lines to {base_url}/chat/completions etc. with the deployment's key.
 
-    Built once per worker process and event loop (quotaflow/execution/runtime.py);
+    Built once per worker process and event loop (quotaflow/execution/loops.py);
     the session opens on the first call, inside the loop that will use it.
     """
 
