@@ -50,7 +50,7 @@ def create_app() -> FastAPI:
     app.add_middleware(RequestIdMiddleware)
     app.include_router(v1.router)
 
-    @app.get("/healthz")
+    @app.get("/healthz", responses=responses())
     def healthz(session: SessionDep) -> dict[str, str]:
         session.execute(text("SELECT 1"))
         return {"status": "ok"}

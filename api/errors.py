@@ -17,6 +17,7 @@ import json
 import logging
 from typing import Any
 
+import psycopg
 from fastapi import FastAPI, Request
 from fastapi.exception_handlers import request_validation_exception_handler
 from fastapi.exceptions import RequestValidationError
@@ -31,13 +32,12 @@ from quotaflow.db import translate_db_errors
 from quotaflow.errors import (
     AuthenticationError,
     ConfigError,
-    DeploymentNotFound,
     EnqueuedTokenLimit,
-    FileNotFound,
     FileTooLarge,
     InputFileError,
-    JobNotFound,
+    InvalidRequest,
     JobStateError,
+    NotFound,
     PermissionDenied,
     QuotaflowError,
     ServiceUnavailable,
@@ -45,20 +45,20 @@ from quotaflow.errors import (
 
 log = logging.getLogger("quotaflow.api")
 
-STATUS_BY_ERROR: list[tuple[type[QuotaflowError], int]] = [
-    (JobNotFound, 404),
-    (FileNotFound, 404),
-    (AuthenticationError, 401),
-    (PermissionDenied, 403),
-    (FileTooLarge, 413),
-    (EnqueuedTokenLimit, 400),
-    (DeploymentNotFound, 404),
-    (InputFileError, 400),
-    (JobStateError, 409),
-    (ServiceUnavailable, 503),
-    (ConfigError, 500),
-    (QuotaflowError, 400),
-]
+# The status is the error's class's: the nearest of its classes (its own first) listed
+# here. A QuotaflowError none of them covers is the server's failure, not the request's.
+STATUS_BY_ERROR: dict[type[QuotaflowError], int] = {
+    InvalidRequest: 400,
+    FileTooLarge: 413,
+    NotFound: 404,
+    AuthenticationError: 401,
+    PermissionDenied: 403,
+    EnqueuedTokenLimit: 400,
+    JobStateError: 409,
+    ServiceUnavailable: 503,
+    ConfigError: 500,
+    QuotaflowError: 500,
+}
 
 # OpenAI's error codes, so SDK users can branch on `error.code` as they do there.
 CODE_BY_ERROR: dict[type[QuotaflowError], str] = {
@@ -95,9 +95,10 @@ _DESCRIPTIONS = {
 
 
 def responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
-    """The error answers a route really gives, for its OpenAPI operation."""
+    """The error answers a route really gives, for its OpenAPI operation: those named, and
+    503, as every route reaches PostgreSQL or Redis."""
     return {status: {"model": ErrorBody, "description": _DESCRIPTIONS[status]}
-            for status in statuses}
+            for status in (*statuses, 503)}
 
 
 class AsciiJSONResponse(JSONResponse):
@@ -115,9 +116,13 @@ def error_response(status: int, message: str, *, param: str | None = None,
     return AsciiJSONResponse(status_code=status, content={"error": error}, headers=headers)
 
 
+def status_of(exc: QuotaflowError) -> int:
+    return next(STATUS_BY_ERROR[kind] for kind in type(exc).__mro__ if kind in STATUS_BY_ERROR)
+
+
 async def quotaflow_error_handler(_request: Request, exc: Exception) -> Response:
     assert isinstance(exc, QuotaflowError)
-    status = next(code for kind, code in STATUS_BY_ERROR if isinstance(exc, kind))
+    status = status_of(exc)
     headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
     extra: dict[str, Any] = {}
     message = str(exc)
@@ -161,12 +166,15 @@ async def server_error_handler(request: Request, exc: Exception) -> Response:
 
 async def outage_handler(request: Request, exc: Exception) -> Response:
     """PostgreSQL or Redis away: 503 with what to check, as for any ServiceUnavailable,
-    rather than a 500 with a driver's traceback (the route is asked again later)."""
+    rather than a 500 with a driver's traceback (the route is asked again later). The
+    driver's own error (psycopg's, from a COPY on the raw connection) reads as SQLAlchemy's."""
     if isinstance(exc, RedisConnectionError | RedisTimeoutError):
         unavailable = ServiceUnavailable(
             f"Redis unreachable ({exc.__class__.__name__}); check QUOTAFLOW_BROKER_URL "
             "(and QUOTAFLOW_REDIS_URL) and that Redis is running")
         return await quotaflow_error_handler(request, unavailable)
+    if isinstance(exc, psycopg.OperationalError):
+        exc = OperationalError(None, None, exc)
     try:
         with translate_db_errors():
             raise exc
@@ -176,7 +184,8 @@ async def outage_handler(request: Request, exc: Exception) -> Response:
 
 def install(app: FastAPI) -> None:
     app.add_exception_handler(QuotaflowError, quotaflow_error_handler)
-    for outage in (OperationalError, RedisConnectionError, RedisTimeoutError):
+    for outage in (OperationalError, psycopg.OperationalError, RedisConnectionError,
+                   RedisTimeoutError):
         app.add_exception_handler(outage, outage_handler)
     app.add_exception_handler(RequestValidationError, validation_error_handler)
     app.add_exception_handler(HTTPException, http_error_handler)

@@ -8,21 +8,30 @@ from typing import Any
 
 import httpx
 
-from quotaflow.errors import QuotaflowError, ServiceUnavailable
+from quotaflow.errors import (
+    AuthenticationError,
+    FileTooLarge,
+    InvalidRequest,
+    JobStateError,
+    NotFound,
+    PermissionDenied,
+    QuotaflowError,
+    ServiceUnavailable,
+)
 
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 SUBMIT_ATTEMPTS = 3
 # Answers worth sending the same upload again for: the key makes it safe.
 RETRY_STATUSES = (502, 503, 504)
+# The API's 4xx answers as the errors the API raised for them; any other 4xx is
+# an InvalidRequest.
+ERROR_BY_STATUS: dict[int, type[QuotaflowError]] = {
+    403: PermissionDenied, 404: NotFound, 409: JobStateError, 413: FileTooLarge}
 
 
 def new_idempotency_key() -> str:
     """One per `quotaflow submit`, reused by its own retries."""
     return f"qf-submit-{uuid.uuid4().hex}"
-
-
-class NotFound(QuotaflowError):
-    """The API has no such job or deployment."""
 
 
 class ApiClient:
@@ -138,11 +147,9 @@ def _raise_for_error(response: httpx.Response) -> None:
     message = error.get("message") or response.text or response.reason_phrase
     lines = [f"  line {d['line']}: {d['message']}" for d in error.get("data", [])[:20]]
     text = "\n".join([message, *lines])
-    if response.status_code == 404:
-        raise NotFound(text)
     if response.status_code == 401:
-        raise QuotaflowError(f"{text}\n(set QUOTAFLOW_API_KEY to a key from "
-                             "`quotaflow keys create`)")
+        raise AuthenticationError(f"{text}\n(set QUOTAFLOW_API_KEY to a key from "
+                                  "`quotaflow keys create`)")
     if response.status_code >= 500:
         raise ServiceUnavailable(f"the quotaflow API failed (HTTP {response.status_code}): {text}")
-    raise QuotaflowError(text)
+    raise ERROR_BY_STATUS.get(response.status_code, InvalidRequest)(text)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from quotaflow.errors import AuthenticationError, PermissionDenied, QuotaflowError
+from quotaflow.errors import AuthenticationError, InvalidParameter, NotFound, PermissionDenied
 from quotaflow.models import ApiKey, Tenant, utcnow
 
 KEY_PREFIX = "qf-"
@@ -40,8 +40,8 @@ def hash_key(secret: str) -> str:
 
 def check_tenant_name(name: str) -> str:
     if not _TENANT_NAME.match(name):
-        raise QuotaflowError(f"tenant name {name!r} is not allowed: use 1-64 letters, digits, "
-                             "'.', '_' or '-', starting with a letter or digit")
+        raise InvalidParameter("tenant", f"tenant name {name!r} is not allowed: use 1-64 "
+                               "letters, digits, '.', '_' or '-', starting with a letter or digit")
     return name
 
 
@@ -71,8 +71,8 @@ def revoke_key(sessions: sessionmaker[Session], key_id: str) -> None:
                                                     ApiKey.revoked_at.is_(None))
                                .values(revoked_at=utcnow()))
         if done.rowcount == 0:
-            raise QuotaflowError(f"no active key with id {key_id!r}; "
-                                 "`quotaflow keys list` shows them")
+            raise NotFound(f"no active key with id {key_id!r}; "
+                           "`quotaflow keys list` shows them")
 
 
 def list_keys(session: Session) -> list[ApiKey]:

@@ -2,15 +2,18 @@
 
     QuotaflowError
     ├── ConfigError            settings or deployments file are unusable
-    ├── InputFileError         an uploaded JSONL file is rejected as a whole
-    ├── InvalidParameter       one parameter of a request is unusable (it is named)
-    ├── JobNotFound            no job with that id (or not the caller's tenant's)
-    ├── FileNotFound           no file with that id (or not the caller's tenant's)
-    ├── FileTooLarge           an upload is over QUOTAFLOW_MAX_UPLOAD_BYTES
+    ├── InvalidRequest         the request itself cannot be used as given (HTTP 400)
+    │   ├── InvalidParameter   one parameter of a request is unusable (it is named)
+    │   ├── InputFileError     an uploaded JSONL file is rejected as a whole
+    │   ├── FileTooLarge       an upload is over QUOTAFLOW_MAX_UPLOAD_BYTES (HTTP 413)
+    │   └── RequestTooLarge    a request costs more tokens than its deployment ever admits
+    ├── NotFound               no such object, or not the caller's tenant's (HTTP 404)
+    │   ├── JobNotFound        no job with that id
+    │   ├── FileNotFound       no file with that id
+    │   └── DeploymentNotFound no deployment with that name
     ├── AuthenticationError    no API key, or one quotaflow does not know
     ├── PermissionDenied       a known key without the operator scope a route needs
     ├── EnqueuedTokenLimit     a batch would take its tenant over its token quota
-    ├── DeploymentNotFound     no deployment with that name
     ├── JobStateError          the job is in a state that forbids the action
     ├── ProviderError          a provider call failed
     │   ├── RetryableProviderError   429, 5xx, timeouts, connection errors
@@ -31,6 +34,14 @@ class ConfigError(QuotaflowError):
     """The settings or the deployments file cannot be used as given."""
 
 
+class InvalidRequest(QuotaflowError):
+    """The request itself cannot be used as given: sending it again unchanged cannot help."""
+
+
+class NotFound(QuotaflowError):
+    """No object has the given id or name, or it belongs to another tenant."""
+
+
 @dataclass
 class LineProblem:
     """One rejected input line: where it is and why it was refused."""
@@ -40,7 +51,7 @@ class LineProblem:
 
 
 @dataclass
-class InputFileError(QuotaflowError):
+class InputFileError(InvalidRequest):
     """The input file as a whole is refused; nothing of it was stored."""
 
     message: str
@@ -57,7 +68,7 @@ class InputFileError(QuotaflowError):
         return "\n".join([self.message, *shown])
 
 
-class InvalidParameter(QuotaflowError):
+class InvalidParameter(InvalidRequest):
     """One parameter of a request cannot be used; `param` names it, so an API client (the
     OpenAI SDK's `error.param`) can tell which without parsing the message."""
 
@@ -66,16 +77,20 @@ class InvalidParameter(QuotaflowError):
         self.param = param
 
 
-class JobNotFound(QuotaflowError):
+class JobNotFound(NotFound):
     """No job has the given id."""
 
 
-class FileNotFound(QuotaflowError):
+class FileNotFound(NotFound):
     """No file has the given id, or it belongs to another tenant."""
 
 
-class FileTooLarge(QuotaflowError):
+class FileTooLarge(InvalidRequest):
     """An upload is larger than QUOTAFLOW_MAX_UPLOAD_BYTES; nothing of it is kept."""
+
+
+class RequestTooLarge(InvalidRequest):
+    """The request costs more tokens than the deployment's bucket can ever hold."""
 
 
 class AuthenticationError(QuotaflowError):
@@ -90,7 +105,7 @@ class EnqueuedTokenLimit(QuotaflowError):
     """A new batch would take its tenant's unfinished batches over their token quota."""
 
 
-class DeploymentNotFound(QuotaflowError):
+class DeploymentNotFound(NotFound):
     """No deployment in the deployments file has the given name."""
 
 

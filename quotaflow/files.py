@@ -22,8 +22,8 @@ from quotaflow.errors import (
     FileNotFound,
     FileTooLarge,
     InvalidParameter,
+    InvalidRequest,
     JobNotFound,
-    QuotaflowError,
 )
 from quotaflow.models import File, FileChunk, Job, utcnow
 
@@ -93,7 +93,7 @@ def list_files(session: Session, tenant: str | None, *, limit: int, after: str |
 
 def delete_file(sessions: sessionmaker[Session], file_id: str, tenant: str | None) -> None:
     if _virtual(file_id) is not None:
-        raise QuotaflowError(f"{file_id} is a batch's output; it is derived from the batch's "
+        raise InvalidRequest(f"{file_id} is a batch's output; it is derived from the batch's "
                              "results and cannot be deleted on its own")
     with sessions.begin() as session:
         get_file(session, file_id, tenant)

@@ -21,7 +21,7 @@ from functools import cached_property
 from typing import Protocol
 
 from quotaflow.config import Deployment
-from quotaflow.errors import QuotaflowError
+from quotaflow.errors import RequestTooLarge
 
 
 class Refunds(enum.IntEnum):
@@ -36,10 +36,6 @@ class Refunds(enum.IntEnum):
         if reconcile_usage == "auto":
             return cls.LEARNED
         return cls.ALWAYS if reconcile_usage else cls.NEVER
-
-
-class RequestTooLarge(QuotaflowError):
-    """The request costs more tokens than the deployment's bucket can ever hold."""
 
 
 @dataclass(frozen=True)

@@ -70,6 +70,9 @@ def test_bad_parameters_are_400s_naming_them(cluster: V1Cluster, file_id: str) -
     queue = httpx.post(post_batch, json=batch_body(file_id),
                        headers=headers | {"X-Quotaflow-Queue": "later"})
     assert openai_error(queue, 400)["param"] == "X-Quotaflow-Queue"
+    job = httpx.post(f"{cluster.api_url}/jobs", headers=headers, data={"queue": "later"},
+                     files={"file": ("a.jsonl", jsonl([chat_line("q")]))}, timeout=30)
+    assert openai_error(job, 400)["param"] == "queue"  # the same unknown queue, the same 400
     listed = httpx.get(f"{cluster.base_url}/files", params={"purpose": "\x00"}, headers=headers)
     assert openai_error(listed, 400)["param"] == "purpose"
     upload = httpx.post(f"{cluster.base_url}/files", headers=headers, data={"purpose": "x"},

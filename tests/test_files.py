@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from quotaflow import batches, files, jobs
 from quotaflow.config import Settings, builtin_deployments
 from quotaflow.dispatch import BatchRef
-from quotaflow.errors import FileTooLarge
+from quotaflow.errors import FileTooLarge, InvalidRequest
 from quotaflow.models import File, FileChunk, Item
 from tests.factories import chat_line, jsonl
 
@@ -53,6 +53,12 @@ def test_an_upload_over_the_limit_leaves_nothing(pg_sessions: sessionmaker[Sessi
                          purpose="batch", max_bytes=len(data) - 1)
     with pg_sessions() as session:
         assert session.scalar(select(func.count()).select_from(File)) == before
+
+
+def test_a_batch_output_file_cannot_be_deleted(pg_sessions: sessionmaker[Session]) -> None:
+    for file_id in ("file-out-batch_x", "file-err-batch_x"):
+        with pytest.raises(InvalidRequest, match="cannot be deleted on its own"):
+            files.delete_file(pg_sessions, file_id, tenant="t")
 
 
 def test_a_batch_from_a_multi_chunk_file_holds_every_line(pg_sessions: sessionmaker[Session],

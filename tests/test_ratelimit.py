@@ -13,9 +13,9 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from quotaflow.errors import ServiceUnavailable
+from quotaflow.errors import RequestTooLarge, ServiceUnavailable
 from quotaflow.limiters import LocalLimiter, RedisLimiter, bucket_key
-from quotaflow.ratelimit import Budget, Refunds, RequestTooLarge, Settlement, sleep_time
+from quotaflow.ratelimit import Budget, Refunds, Settlement, sleep_time
 from tests.conftest import REDIS_URL
 
 

@@ -1,12 +1,12 @@
 """An item made ready for one deployment: its body as sent there and what it costs."""
 
 from quotaflow.config import Deployment, Deployments
-from quotaflow.errors import ConfigError
+from quotaflow.errors import ConfigError, RequestTooLarge
 from quotaflow.execution.admitted import Admitted
 from quotaflow.execution.loops import ProviderPool
 from quotaflow.leases import ClaimedItem
 from quotaflow.outcomes import Failure, FailureCode
-from quotaflow.ratelimit import Budget, RequestTooLarge
+from quotaflow.ratelimit import Budget
 from quotaflow.tokens import admission_tokens
 
 
