@@ -1,45 +1,19 @@
-"""quotaflow's REST API: create jobs from JSONL uploads, follow them, download results.
+"""quotaflow's REST API: the app and its routers.
 
-Routes only translate HTTP to quotaflow.jobs calls; the OpenAPI docs are at /docs,
-and list every status a route answers. Every route but /healthz acts for the tenant
-of the request's API key (api.deps.tenant); /limits, which shows every tenant's use
-of the deployments, needs an operator key (api.deps.operator). The OpenAI-compatible
-routes under /v1 live in api.v1. Every answer carries an x-request-id.
+`api.jobs` holds quotaflow's own job routes, `api.limits` the deployments' budgets
+(operator keys), `api.v1` OpenAI's Files and Batch APIs. The OpenAPI docs are at
+/docs and list every status a route answers (api.openapi); errors become answers in
+one place (api.errors); every answer carries an x-request-id (api.request_id).
 """
 
-import json
-from collections.abc import Iterator
-from typing import Annotated, Any
-
-from fastapi import Depends, FastAPI, File, Form, Query, Response, UploadFile
-from fastapi.responses import StreamingResponse
+from fastapi import FastAPI
 from sqlalchemy import text
-from sqlalchemy.orm import Session, sessionmaker
 
-from api import errors, openapi, v1
-from api.deps import (
-    AfterQuery,
-    DeploymentsDep,
-    DispatcherDep,
-    IdempotencyKey,
-    IdPath,
-    LimiterDep,
-    SessionDep,
-    SessionsDep,
-    SettingsDep,
-    TenantDep,
-    operator,
-)
+from api import errors, jobs, limits, openapi, v1
+from api.deps import SessionDep
 from api.errors import responses
 from api.request_id import RequestIdMiddleware
-from quotaflow import __version__, ingest, job_view, jobs, output
-from quotaflow.config import get_settings
-from quotaflow.constants import DEFAULT_QUEUE
-from quotaflow.errors import DeploymentNotFound, InvalidParameter
-from quotaflow.ratelimit import describe
-
-JSONL = "application/jsonl"
-REPLAYED_HEADER = "Idempotent-Replayed"
+from quotaflow import __version__
 
 
 def create_app() -> FastAPI:
@@ -48,156 +22,16 @@ def create_app() -> FastAPI:
     errors.install(app)
     openapi.install(app)
     app.add_middleware(RequestIdMiddleware)
-    app.include_router(v1.router)
 
     @app.get("/healthz", responses=responses())
     def healthz(session: SessionDep) -> dict[str, str]:
         session.execute(text("SELECT 1"))
         return {"status": "ok"}
 
-    @app.post("/jobs", status_code=201,
-              max_body_size=get_settings().max_file_bytes + v1.FORM_OVERHEAD_BYTES,
-              responses={200: {"description": "The job made earlier with this Idempotency-Key "
-                                              "(header `Idempotent-Replayed: true`)"},
-                         **responses(400, 401, 413)})
-    def create_job(
-        file: Annotated[UploadFile, File(description="JSONL input, OpenAI batch format")],
-        sessions: SessionsDep, settings: SettingsDep, deployments: DeploymentsDep,
-        dispatcher: DispatcherDep, tenant: TenantDep, response: Response,
-        queue: Annotated[str, Form()] = DEFAULT_QUEUE,
-        metadata: Annotated[str | None, Form(description="JSON object of strings")] = None,
-        max_attempts: Annotated[int | None, Form(
-            ge=1, le=jobs.MAX_ATTEMPTS_LIMIT,
-            description="Tries per request at the provider (default: "
-                        "QUOTAFLOW_PROVIDER_MAX_ATTEMPTS)")] = None,
-        idempotency_key: IdempotencyKey = None,
-    ) -> dict[str, Any]:
-        """Make a job of the uploaded file (201), or return the tenant's job made earlier
-        with the same Idempotency-Key (200, `Idempotent-Replayed: true`)."""
-        # Starlette has spooled the upload to a temporary file; ingest reads it once.
-        spec = ingest.JobSpec(queue=queue, tenant=tenant, filename=_filename(file.filename),
-                              metadata=_metadata(metadata), max_attempts=max_attempts,
-                              idempotency_key=idempotency_key)
-        made = ingest.create_job(sessions, file.file, settings=settings,
-                                 deployments=deployments, dispatcher=dispatcher, spec=spec)
-        if made.replayed:
-            response.status_code = 200
-            response.headers[REPLAYED_HEADER] = "true"
-        with sessions() as session:
-            return job_view.job_object(session, jobs.get_job(session, made.job.id), made.counts)
-
-    @app.get("/jobs", responses=responses(401, 404))
-    def list_jobs(session: SessionDep, tenant: TenantDep,
-                  limit: Annotated[int, Query(ge=1, le=100)] = 20,
-                  after: AfterQuery = None) -> dict[str, Any]:
-        page = jobs.list_jobs(session, limit=limit + 1, after=after, tenant=tenant)
-        data = [job_view.job_object(session, job) for job in page[:limit]]
-        return {"object": "list", "data": data,
-                "first_id": data[0]["id"] if data else None,
-                "last_id": data[-1]["id"] if data else None,
-                "has_more": len(page) > limit}
-
-    @app.get("/jobs/{job_id}", responses=responses(401, 404))
-    def get_job(job_id: IdPath, session: SessionDep, tenant: TenantDep) -> dict[str, Any]:
-        return job_view.job_object(session, jobs.get_job(session, job_id, tenant))
-
-    @app.post("/jobs/{job_id}/cancel", responses=responses(401, 404, 409))
-    def cancel_job(job_id: IdPath, sessions: SessionsDep, tenant: TenantDep) -> dict[str, Any]:
-        _own(sessions, job_id, tenant)
-        jobs.cancel_job(sessions, job_id)
-        with sessions() as session:
-            return job_view.job_object(session, jobs.get_job(session, job_id))
-
-    @app.post("/jobs/{job_id}/retry", responses=responses(401, 404, 409))
-    def retry_job(job_id: IdPath, sessions: SessionsDep, settings: SettingsDep,
-                  dispatcher: DispatcherDep, tenant: TenantDep) -> dict[str, Any]:
-        """Queue a job's failed requests again (not its invalid lines)."""
-        _own(sessions, job_id, tenant)
-        retried = jobs.retry_failed(sessions, job_id, dispatcher, settings)
-        with sessions() as session:
-            return {**job_view.job_object(session, jobs.get_job(session, job_id)),
-                    "retried": retried}
-
-    @app.get("/jobs/{job_id}/results", response_class=StreamingResponse,
-             responses=responses(401, 404))
-    def results(job_id: IdPath, sessions: SessionsDep, tenant: TenantDep) -> StreamingResponse:
-        _own(sessions, job_id, tenant)
-        return _stream(sessions, job_id, errors=False)
-
-    @app.get("/jobs/{job_id}/errors", response_class=StreamingResponse,
-             responses=responses(401, 404))
-    def error_lines(job_id: IdPath, sessions: SessionsDep, tenant: TenantDep) -> StreamingResponse:
-        _own(sessions, job_id, tenant)
-        return _stream(sessions, job_id, errors=True)
-
-    @app.get("/limits", dependencies=[Depends(operator)], responses=responses(401, 403))
-    def limits(deployments: DeploymentsDep, limiter: LimiterDep) -> dict[str, Any]:
-        """Every deployment's limits, current bucket levels and utilisation (operator keys:
-        the usage is every tenant's)."""
-        data = [describe(d, limiter) for d in deployments.deployments.values()]
-        return {"object": "list", "data": data}
-
-    @app.get("/limits/{name}", dependencies=[Depends(operator)],
-             responses=responses(401, 403, 404))
-    def deployment_limits(name: str, deployments: DeploymentsDep,
-                          limiter: LimiterDep) -> dict[str, Any]:
-        if name not in deployments.deployments:
-            raise DeploymentNotFound(f"no deployment named {name!r}; known: "
-                                     f"{', '.join(sorted(deployments.deployments))}")
-        return describe(deployments.deployments[name], limiter)
-
+    app.include_router(jobs.router)
+    app.include_router(limits.router)
+    app.include_router(v1.router)
     return app
-
-
-def _own(sessions: sessionmaker[Session], job_id: str, tenant: str) -> None:
-    """404 for a job of another tenant, before anything is done to it."""
-    with sessions() as session:
-        jobs.get_job(session, job_id, tenant)
-
-
-def _filename(name: str | None) -> str | None:
-    return None if name is None else name.replace("\x00", "")[:255]
-
-
-def _metadata(raw: str | None) -> dict[str, str] | None:
-    """The `metadata` form field: a flat JSON object of strings PostgreSQL can store."""
-    if raw is None or not raw.strip():
-        return None
-    try:
-        value = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise InvalidParameter("metadata", f"metadata must be a JSON object: {exc.msg}") from exc
-    except (ValueError, RecursionError) as exc:  # 4,300+ digits; nested past recursion
-        raise InvalidParameter("metadata", "metadata must be a JSON object of string "
-                                           "values") from exc
-    if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
-        raise InvalidParameter("metadata", "metadata must be a JSON object of string values")
-    if not all(_storable(key) and _storable(text) for key, text in value.items()):
-        raise InvalidParameter("metadata", "metadata must not contain NUL characters or lone "
-                                           "surrogates (\\ud800-\\udfff)")
-    return value
-
-
-def _storable(text: str) -> bool:
-    """Whether PostgreSQL can hold the string: no NUL, and valid UTF-8 (no lone surrogate)."""
-    if "\x00" in text:
-        return False
-    try:
-        text.encode()
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
-def _stream(sessions: sessionmaker[Session], job_id: str, errors: bool) -> StreamingResponse:
-    with sessions() as session:
-        jobs.get_job(session, job_id)  # 404 before the stream starts
-
-    def chunks() -> Iterator[bytes]:
-        with sessions() as session:
-            yield from output.output_chunks(output.iter_output(session, job_id, errors=errors))
-
-    return StreamingResponse(chunks(), media_type=JSONL)
 
 
 app = create_app()
