@@ -3,9 +3,9 @@
 Besides the three model endpoints it serves what a test needs to read and steer
 the judge from outside its process: GET /stats and POST /stats/reset, PUT
 /faults (a deployment that starts failing mid-run) and GET /healthz. FastAPI
-costs CPU per request that the unlimited server saves, and buys request
-validation for these controls; the strict server is never the bottleneck of
-what it judges.
+costs two to three times the unlimited server's CPU per request (README, "The
+provider's share") and buys validation of these controls; where a judge's
+limits are the point, its speed is not.
 """
 
 from collections.abc import Awaitable, Callable
