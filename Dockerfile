@@ -5,6 +5,7 @@ COPY quotaflow quotaflow
 COPY api api
 COPY workers workers
 COPY cli cli
+COPY mock_provider mock_provider
 COPY migrations migrations
 # EXTRAS="[local]" adds torch and transformers for `provider = "local"` (compose: worker-gpu0).
 ARG EXTRAS=""

@@ -1,1 +1,1 @@
-"""quotaflow's HTTP side: the REST API and the mock provider."""
+"""quotaflow's REST API (FastAPI): jobs, files and the OpenAI-compatible Batch API."""

@@ -1,12 +1,16 @@
 """Commands that start quotaflow's long-running parts: API, workers, Flower, mock provider.
 
-They start them by module path (uvicorn / celery), never by import, so the CLI
-stays independent of api/ and workers/.
+The API and the workers are started by module path (uvicorn / celery), never by
+import, so the CLI stays independent of api/ and workers/. The mock provider is
+a package of its own with a typed settings object: the command builds that
+object from its options and hands uvicorn the app, imported only when the
+command runs.
 """
 
 import os
 import socket
 import sys
+from typing import Any
 
 import click
 
@@ -145,45 +149,46 @@ def register(cli: click.Group) -> None:
                       unlimited: bool) -> None:
         """Serve a simulated OpenAI-compatible API that enforces RPM/TPM strictly (429s), or,
         with --unlimited, one that admits everything at the least CPU per request."""
+        given: dict[str, Any] = {"unlimited": unlimited, "latency_ms": latency_ms}
         if api_key_env:
-            os.environ["QUOTAFLOW_MOCK_API_KEY_ENV"] = api_key_env
+            given["api_key_env"] = api_key_env
         if unlimited:
-            _serve_unlimited_mock(host, port, latency_ms, faults)
-            return
-        _serve_strict_mock(host, port, rpm, tpm, latency_ms, burst_seconds, default_max_tokens,
-                           reconcile, faults)
+            if faults:
+                raise ConfigError("--fault needs the strict provider; leave out --unlimited")
+        else:
+            given |= {"rpm": rpm, "tpm": tpm, "burst_seconds": burst_seconds,
+                      "default_max_tokens": default_max_tokens, "reconcile": reconcile,
+                      **_fault_fractions(faults)}
+        _serve_mock(host, port, given)
 
 
-def _serve_unlimited_mock(host: str, port: int, latency_ms: float,
-                          faults: tuple[str, ...]) -> None:
-    import uvicorn
-
-    if faults:
-        raise ConfigError("--fault needs the strict provider; leave out --unlimited")
-    os.environ.update({"QUOTAFLOW_MOCK_UNLIMITED": "1",
-                       "QUOTAFLOW_MOCK_LATENCY_MS": str(latency_ms)})
-    # No access log: formatting a line per request would cost more than the answer.
-    uvicorn.run("api.mock_provider:app_from_env", factory=True, host=host, port=port,
-                log_level="warning", access_log=False)
-
-
-def _serve_strict_mock(host: str, port: int, rpm: int, tpm: int, latency_ms: float,
-                       burst_seconds: float, default_max_tokens: int, reconcile: bool,
-                       faults: tuple[str, ...]) -> None:
-    import uvicorn
-
-    os.environ.update({
-        "QUOTAFLOW_MOCK_RPM": str(rpm), "QUOTAFLOW_MOCK_TPM": str(tpm),
-        "QUOTAFLOW_MOCK_LATENCY_MS": str(latency_ms),
-        "QUOTAFLOW_MOCK_BURST_SECONDS": str(burst_seconds),
-        "QUOTAFLOW_MOCK_DEFAULT_MAX_TOKENS": str(default_max_tokens),
-        "QUOTAFLOW_MOCK_RECONCILE": "1" if reconcile else "0",
-    })
+def _fault_fractions(faults: tuple[str, ...]) -> dict[str, float]:
+    """`--fault KIND=FRACTION` options as MockProviderSettings fields (fault_KIND)."""
+    fractions: dict[str, float] = {}
     for fault in faults:
         kind, _, fraction = fault.partition("=")
-        if kind not in ("429", "500", "reset", "hang", "malformed") or not fraction:
+        try:
+            value = float(fraction)
+        except ValueError:
+            value = None
+        if kind not in ("429", "500", "reset", "hang", "malformed") or value is None:
             raise ConfigError(f"--fault {fault!r}: use KIND=FRACTION with KIND one of "
-                              "429, 500, reset, hang, malformed")
-        os.environ[f"QUOTAFLOW_MOCK_FAULT_{kind.upper()}"] = fraction
-    uvicorn.run("api.mock_provider:app_from_env", factory=True, host=host, port=port,
-                log_level="warning")
+                              "429, 500, reset, hang, malformed and FRACTION a number")
+        fractions[f"fault_{kind}"] = value
+    return fractions
+
+
+def _serve_mock(host: str, port: int, given: dict[str, Any]) -> None:
+    """Serve the mock provider from `given`; what the options leave out (the faults and
+    the key's variable, when not given) comes from QUOTAFLOW_MOCK_* as before."""
+    import uvicorn
+
+    from mock_provider import MockProviderSettings, build_app
+
+    settings = MockProviderSettings.load(**given)
+    app = build_app(settings)
+    if settings.unlimited:
+        # No access log: formatting a line per request would cost more than the answer.
+        uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
+    else:
+        uvicorn.run(app, host=host, port=port, log_level="warning")

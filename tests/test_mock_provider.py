@@ -1,8 +1,9 @@
 """The mock provider is the judge of the limiter tests, so it is tested served for real.
 
-Server tests start `uvicorn api.mock_provider:app_from_env --factory` in a
-subprocess, exactly as the CLI does, and talk HTTP to it. Bucket and header
-arithmetic is tested in-process with an injectable clock.
+Server tests start `uvicorn mock_provider:app_from_env --factory` in a
+subprocess, configured by QUOTAFLOW_MOCK_* variables, and talk HTTP to it; the
+CLI builds the same app from the same settings object (tested below). Bucket and
+header arithmetic is tested in-process with an injectable clock.
 """
 
 import os
@@ -18,13 +19,9 @@ from typing import Any
 import httpx
 import pytest
 
-from api.mock_provider import (
-    RateLimits,
-    TokenBucket,
-    app_from_env,
-    create_app,
-    format_reset,
-)
+from mock_provider import LeanProvider, MockProviderSettings, app_from_env, create_app
+from mock_provider.buckets import RateLimits, TokenBucket
+from mock_provider.wire import format_reset
 from quotaflow.errors import ConfigError
 from quotaflow.tokens import admission_tokens
 
@@ -81,7 +78,7 @@ def serve(tmp_path: Path) -> Iterator[Serve]:
             sys.executable,
             "-m",
             "uvicorn",
-            "api.mock_provider:app_from_env",
+            "mock_provider:app_from_env",
             "--factory",
             "--host",
             "127.0.0.1",
@@ -495,3 +492,100 @@ def test_app_from_env_explains_missing_settings(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.delenv(KEY_VAR, raising=False)
     with pytest.raises(ConfigError, match=KEY_VAR):
         app_from_env()
+
+
+def _without_mock_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in os.environ:
+        if name.startswith("QUOTAFLOW_MOCK_"):
+            monkeypatch.delenv(name)
+
+
+def test_settings_read_the_quotaflow_mock_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Given no QUOTAFLOW_MOCK_* at all: the defaults of the environment-configured server
+    _without_mock_env(monkeypatch)
+    defaults = MockProviderSettings()
+    assert (defaults.unlimited, defaults.rpm, defaults.tpm) == (False, None, None)
+    assert (defaults.latency_ms, defaults.burst_seconds, defaults.default_max_tokens) == (
+        0.0, 60.0, 256)
+    assert (defaults.api_key_env, defaults.reconcile) == (None, True)
+    assert set(defaults.fault_fractions().values()) == {0.0}
+
+    # When every variable is set (an empty one counts as unset)
+    monkeypatch.setenv("QUOTAFLOW_MOCK_UNLIMITED", "1")
+    monkeypatch.setenv("QUOTAFLOW_MOCK_RPM", " 120 ")
+    monkeypatch.setenv("QUOTAFLOW_MOCK_TPM", "9000")
+    monkeypatch.setenv("QUOTAFLOW_MOCK_LATENCY_MS", "2.5")
+    monkeypatch.setenv("QUOTAFLOW_MOCK_BURST_SECONDS", "")
+    monkeypatch.setenv("QUOTAFLOW_MOCK_DEFAULT_MAX_TOKENS", "64")
+    monkeypatch.setenv("QUOTAFLOW_MOCK_API_KEY_ENV", KEY_VAR)
+    monkeypatch.setenv("QUOTAFLOW_MOCK_RECONCILE", "0")
+    monkeypatch.setenv("QUOTAFLOW_MOCK_FAULT_RESET", "0.25")
+    settings = MockProviderSettings.load()
+
+    # Then each is read into its field
+    assert (settings.unlimited, settings.rpm, settings.tpm) == (True, 120, 9000)
+    assert (settings.latency_ms, settings.burst_seconds, settings.default_max_tokens) == (
+        2.5, 60.0, 64)
+    assert (settings.api_key_env, settings.reconcile) == (KEY_VAR, False)
+    assert settings.fault_fractions()["reset"] == 0.25
+
+
+Served = tuple[Any, dict[str, Any]]
+
+
+def _cli_serves(monkeypatch: pytest.MonkeyPatch, *options: str) -> Served:
+    """What `quotaflow mock-provider OPTIONS` hands uvicorn, with uvicorn not started."""
+    import uvicorn
+    from click.testing import CliRunner
+
+    from cli.main import cli
+
+    served: list[Served] = []
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kwargs: served.append((app, kwargs)))
+    before = dict(os.environ)
+    result = CliRunner().invoke(cli, ["mock-provider", *options], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert dict(os.environ) == before  # options reach the app as settings, not variables
+    assert len(served) == 1
+    return served[0]
+
+
+def test_cli_builds_the_app_from_its_options(monkeypatch: pytest.MonkeyPatch) -> None:
+    _without_mock_env(monkeypatch)
+    monkeypatch.setenv(KEY_VAR, "sk-cli")
+    # A fault the options leave out still comes from its variable, as it always did
+    monkeypatch.setenv("QUOTAFLOW_MOCK_FAULT_HANG", "0.125")
+
+    app, kwargs = _cli_serves(
+        monkeypatch, "--port", "9123", "--rpm", "120", "--tpm", "5000", "--latency-ms", "7",
+        "--burst-seconds", "1", "--default-max-tokens", "32", "--no-reconcile",
+        "--fault", "500=0.25", "--api-key-env", KEY_VAR)
+
+    assert kwargs == {"host": "127.0.0.1", "port": 9123, "log_level": "warning"}
+    judge = app.state.judge
+    assert (judge.rpm, judge.tpm, judge.latency_s, judge.default_max_tokens) == (
+        120, 5000, 0.007, 32)
+    assert judge.limits.requests.capacity == 2 and not judge.reconcile
+    assert (judge.faults.error_500, judge.faults.hang) == (0.25, 0.125)
+    assert judge._api_key == "sk-cli"
+
+
+def test_cli_unlimited_serves_the_lean_app_without_access_log(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _without_mock_env(monkeypatch)
+    app, kwargs = _cli_serves(monkeypatch, "--unlimited", "--latency-ms", "0")
+    assert isinstance(app, LeanProvider) and app.latency_s == 0
+    assert kwargs == {"host": "127.0.0.1", "port": 9000, "log_level": "warning",
+                      "access_log": False}
+
+
+@pytest.mark.parametrize("fault", ["500", "500=", "500=lots", "slow=0.1"])
+def test_cli_refuses_a_malformed_fault(fault: str) -> None:
+    from click.testing import CliRunner
+
+    from cli.main import cli
+
+    result = CliRunner().invoke(cli, ["mock-provider", "--fault", fault])
+    assert isinstance(result.exception, ConfigError)
+    assert "use KIND=FRACTION" in str(result.exception)

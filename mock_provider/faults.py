@@ -1,15 +1,15 @@
-"""The mock provider's fault modes: the ways real providers fail, on demand.
+"""The ways real providers fail, on demand, so quotaflow's handling of them is tested.
 
-Each request draws at most one fault, by the configured fractions: a 429
-storm (refused although the budget has room), a 500, a connection reset
-(the response is cut off mid-body), a hang (never answers; the client's
-timeout must fire) or a malformed 200 (not JSON). Storms, 500s and resets
-happen before admission; hangs and malformed answers after, since the
-provider did take the request.
+Retries, the circuit breaker and client timeouts are only as good as the failures
+they have met; a provider that always answers well proves none of them. Each
+request draws at most one fault, by the configured fractions: a 429 storm
+(refused although the budget has room), a 500, a connection reset (the response
+is cut off mid-body), a hang (never answers; the client's timeout must fire) or a
+malformed 200 (not JSON). Storms, 500s and resets happen before admission; hangs
+and malformed answers after, since the provider did take the request.
 """
 
 import asyncio
-import os
 import random
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -20,6 +20,9 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 BEFORE_ADMISSION = ("429", "500", "reset")
 AFTER_ADMISSION = ("hang", "malformed")
 HANG_S = 3600.0
+# A fault's name (`--fault KIND=...`, /stats, PUT /faults) and its field of Faults.
+FIELDS = {"429": "storm_429", "500": "error_500", "reset": "reset", "hang": "hang",
+          "malformed": "malformed"}
 
 
 @dataclass
@@ -58,24 +61,13 @@ class Faults:
     def from_fractions(cls, fractions: dict[str, float], seen: Counter[str] | None = None
                        ) -> "Faults":
         """From {"500": 0.1, "hang": 0.01, ...}, the names `--fault` and /stats use."""
-        names = {"429": "storm_429", "500": "error_500", "reset": "reset", "hang": "hang",
-                 "malformed": "malformed"}
-        unknown = set(fractions) - set(names)
+        unknown = set(fractions) - set(FIELDS)
         if unknown:
-            raise ValueError(f"unknown fault {sorted(unknown)}; choose from {sorted(names)}")
-        faults = cls(**{names[name]: float(value) for name, value in fractions.items()})
+            raise ValueError(f"unknown fault {sorted(unknown)}; choose from {sorted(FIELDS)}")
+        faults = cls(**{FIELDS[name]: float(value) for name, value in fractions.items()})
         if seen is not None:
             faults.seen = seen
         return faults
-
-    @classmethod
-    def from_env(cls) -> "Faults":
-        def fraction(name: str) -> float:
-            return float(os.environ.get(f"QUOTAFLOW_MOCK_FAULT_{name}", "0") or 0)
-
-        return cls(storm_429=fraction("429"), error_500=fraction("500"),
-                   reset=fraction("RESET"), hang=fraction("HANG"),
-                   malformed=fraction("MALFORMED"))
 
 
 def storm_429() -> JSONResponse:
@@ -109,3 +101,8 @@ async def hang() -> None:
 def malformed() -> Response:
     return Response(b'{"choices": [ this is not json', status_code=200,
                     media_type="application/json")
+
+
+def refusal(fault: str) -> Response:
+    """The answer of a fault met before admission (one of BEFORE_ADMISSION)."""
+    return {"429": storm_429, "500": error_500, "reset": reset}[fault]()

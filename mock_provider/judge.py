@@ -1,0 +1,128 @@
+"""The strict provider's handling of one model request, from key check to answer.
+
+quotaflow promises zero 429s with the budget nearly fully used, and that promise
+needs a judge that counts the way OpenAI does: admission on arrival at the
+request's estimated cost (prompt + max_tokens, from quotaflow.tokens, because
+that is how the provider counts, not how quotaflow limits), then, with
+`reconcile`, billing the real usage and refunding the rest. Every answer is
+simulated (quotaflow.providers.mock); no model is involved.
+
+All state is touched from the event loop only, never from a threadpool, so the
+counters need no lock; the buckets keep their own.
+"""
+
+import asyncio
+import hmac
+import json
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+
+from mock_provider import faults as fault_modes
+from mock_provider.buckets import TOKENS, Decision, RateLimits
+from mock_provider.faults import Faults
+from mock_provider.stats import Stats
+from mock_provider.wire import (
+    UNAUTHORIZED,
+    UNPARSABLE,
+    error_body,
+    json_response,
+    rate_limit_message,
+    ratelimit_headers,
+    retry_headers,
+)
+from quotaflow.providers.mock import simulated_body
+from quotaflow.tokens import admission_tokens
+
+
+class Judge:
+    """The server's state and the handling of one model request, top to bottom."""
+
+    def __init__(
+        self,
+        rpm: int,
+        tpm: int,
+        limits: RateLimits,
+        latency_ms: float,
+        default_max_tokens: int,
+        api_key: str | None,
+        reconcile: bool = True,
+        faults: Faults | None = None,
+    ) -> None:
+        self.rpm, self.tpm = rpm, tpm
+        self.reconcile = reconcile
+        self.faults = faults or Faults()
+        self.limits = limits
+        self.latency_s = latency_ms / 1000
+        self.default_max_tokens = default_max_tokens
+        self._api_key = api_key
+        self.stats = Stats()
+
+    def authorized(self, request: Request) -> bool:
+        if self._api_key is None:
+            return True
+        given = request.headers.get("authorization", "")
+        return hmac.compare_digest(given.encode(), f"Bearer {self._api_key}".encode())
+
+    async def handle(self, url: str, request: Request) -> Response:
+        self.stats.requests_total += 1
+        if not self.authorized(request):
+            return json_response(
+                401, error_body(UNAUTHORIZED, "invalid_request_error", "invalid_api_key"))
+        body = await _read_object(request)
+        cost = None if body is None else _cost(url, body, self.default_max_tokens)
+        if body is None or cost is None:
+            return json_response(400, error_body(UNPARSABLE, "invalid_request_error", None))
+        fault = self.faults.draw()
+        if fault is not None and fault in fault_modes.BEFORE_ADMISSION:
+            return fault_modes.refusal(fault)
+        decision = self.limits.try_admit(cost)
+        headers = ratelimit_headers(self.rpm, self.tpm, decision)
+        if not decision.admitted:
+            self.stats.rejected_429 += 1
+            return self._rate_limited(decision, cost, headers)
+        stats = self.stats  # a reset during the latency sleep must not split this request
+        stats.record_admitted(body, cost)
+        stats.in_flight += 1
+        stats.peak_in_flight = max(stats.peak_in_flight, stats.in_flight)
+        try:
+            if self.latency_s > 0:
+                await asyncio.sleep(self.latency_s)
+            if fault == "hang":
+                await fault_modes.hang()
+        finally:
+            stats.in_flight -= 1
+        if fault == "malformed":
+            return fault_modes.malformed()
+        answer = simulated_body(url, body)
+        stats.record_usage(answer["usage"])
+        if self.reconcile:
+            # Bill real usage: the admission estimate's unused part goes back to the
+            # bucket, and the headers describe the buckets as they are now.
+            refund = cost - int(answer["usage"].get("total_tokens", cost))
+            stats.tokens_refunded += refund
+            headers = ratelimit_headers(self.rpm, self.tpm, self.limits.settle(refund))
+        return json_response(200, answer, headers)
+
+    def _rate_limited(self, decision: Decision, cost: int, headers: dict[str, str]) -> JSONResponse:
+        message = rate_limit_message(decision, self.rpm, self.tpm, cost)
+        content = error_body(message, decision.limited_by or TOKENS, "rate_limit_exceeded")
+        return json_response(429, content, {**headers, **retry_headers(decision)})
+
+
+async def _read_object(request: Request) -> dict[str, Any] | None:
+    """The request's JSON object, or None when the body is not one."""
+    try:
+        body = json.loads(await request.body())
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return body if isinstance(body, dict) else None
+
+
+def _cost(url: str, body: dict[str, Any], default_max_tokens: int) -> int | None:
+    """Admission cost, or None when the body's shape cannot be counted (e.g. messages not dicts)."""
+    try:
+        return admission_tokens(url, body, default_max_tokens)
+    except (AttributeError, TypeError):
+        return None

@@ -1,0 +1,86 @@
+"""The mock provider's settings: one object, whether they come from click or the environment.
+
+`quotaflow mock-provider` builds it from its options; `uvicorn
+mock_provider:app_from_env --factory` (the tests' way in) reads it from
+QUOTAFLOW_MOCK_* variables. Either way the app is built from the same typed
+object, so the two ways cannot drift apart, and the CLI no longer has to pass
+its options through the process environment. The values are only parsed here;
+the servers check their ranges, so that a test constructing them directly meets
+the same errors.
+"""
+
+import os
+from typing import Any
+
+from pydantic import ValidationError
+from pydantic_core import ErrorDetails
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from quotaflow.errors import ConfigError
+
+ENV_PREFIX = "QUOTAFLOW_MOCK_"
+_KINDS = {"int_parsing": "a whole number", "int_from_float": "a whole number",
+          "float_parsing": "a number", "bool_parsing": "true or false (1 or 0)"}
+
+
+class MockProviderSettings(BaseSettings):
+    """Every knob of the mock provider; each reads QUOTAFLOW_MOCK_<NAME> when not given."""
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, env_ignore_empty=True,
+                                      str_strip_whitespace=True, extra="forbid")
+
+    # The lean server of the throughput benchmarks: admits everything, so the limits,
+    # burst, reconcile and faults below do not apply.
+    unlimited: bool = False
+    # Required by the strict server; None only so that the unlimited one needs neither.
+    rpm: int | None = None
+    tpm: int | None = None
+    latency_ms: float = 0.0
+    burst_seconds: float = 60.0
+    # Counted at admission when a request sets no max_tokens.
+    default_max_tokens: int = 256
+    # The variable holding the key clients must send; None: no key asked.
+    api_key_env: str | None = None
+    # Bill real usage after each answer, refunding the unused part of max_tokens.
+    reconcile: bool = True
+    # Fractions of requests that meet each fault (mock_provider.faults).
+    fault_429: float = 0.0
+    fault_500: float = 0.0
+    fault_reset: float = 0.0
+    fault_hang: float = 0.0
+    fault_malformed: float = 0.0
+
+    @classmethod
+    def load(cls, **given: Any) -> "MockProviderSettings":
+        """The settings from `given`, the rest from QUOTAFLOW_MOCK_* or the defaults; a bad
+        value is a ConfigError naming its variable."""
+        try:
+            return cls(**given)
+        except ValidationError as exc:
+            raise ConfigError("\n".join(_explain(error) for error in exc.errors())) from None
+
+    def fault_fractions(self) -> dict[str, float]:
+        """By the names `--fault`, /stats and PUT /faults use."""
+        return {"429": self.fault_429, "500": self.fault_500, "reset": self.fault_reset,
+                "hang": self.fault_hang, "malformed": self.fault_malformed}
+
+    def api_key(self) -> str | None:
+        """The key from the variable api_key_env names, read now; None: no auth."""
+        if not self.api_key_env:
+            return None
+        key = os.environ.get(self.api_key_env)
+        if not key:
+            raise ConfigError(f"the mock provider's key is read from {self.api_key_env} "
+                              f"(--api-key-env, {ENV_PREFIX}API_KEY_ENV), which is empty or "
+                              "not set")
+        return key
+
+
+def _explain(error: ErrorDetails) -> str:
+    """One pydantic error as a sentence about the variable that caused it."""
+    field = str(error["loc"][0]) if error["loc"] else ""
+    name = f"{ENV_PREFIX}{field.upper()}"
+    kind = _KINDS.get(error["type"])
+    if kind is not None:
+        return f"{name} must be {kind}, got {error['input']!r}"
+    return f"mock provider: {name}: {error['msg']}"

@@ -1,0 +1,100 @@
+"""The strict provider as a FastAPI app: the judge's routes and the test controls.
+
+Besides the three model endpoints it serves what a test needs to read and steer
+the judge from outside its process: GET /stats and POST /stats/reset, PUT
+/faults (a deployment that starts failing mid-run) and GET /healthz. FastAPI
+costs two to three times the unlimited server's CPU per request (README, "The
+provider's share") and buys validation of these controls; where a judge's
+limits are the point, its speed is not.
+"""
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+from mock_provider.buckets import RateLimits
+from mock_provider.faults import Faults
+from mock_provider.judge import Judge
+from mock_provider.stats import Stats
+from mock_provider.wire import error_body, json_response
+from quotaflow.constants import ENDPOINTS
+from quotaflow.errors import ConfigError
+
+
+def _validate(
+    rpm: int, tpm: int, latency_ms: float, burst_seconds: float, default_max_tokens: int
+) -> None:
+    for name, value in (
+        ("rpm", rpm),
+        ("tpm", tpm),
+        ("burst_seconds", burst_seconds),
+        ("default_max_tokens", default_max_tokens),
+    ):
+        if not value > 0:
+            raise ConfigError(f"mock provider: {name} must be greater than 0, got {value!r}")
+    if latency_ms < 0:
+        raise ConfigError(f"mock provider: latency_ms must be 0 or more, got {latency_ms!r}")
+    if rpm * burst_seconds / 60 < 1:
+        raise ConfigError(
+            f"mock provider: rpm x burst_seconds / 60 = {rpm * burst_seconds / 60:g} holds "
+            "less than one request, so nothing could ever be admitted; raise rpm or burst_seconds"
+        )
+
+
+def create_app(
+    rpm: int,
+    tpm: int,
+    latency_ms: float = 0,
+    burst_seconds: float = 60,
+    default_max_tokens: int = 256,
+    api_key: str | None = None,
+    reconcile: bool = True,
+    faults: Faults | None = None,
+) -> FastAPI:
+    """The mock provider app; its buckets start full. Serve it from one process.
+
+    With `reconcile`, a request is admitted at its estimate (prompt + max_tokens)
+    and then billed its real usage, the unused part refunded; without, the
+    estimate is final.
+    """
+    _validate(rpm, tpm, latency_ms, burst_seconds, default_max_tokens)
+    limits = RateLimits(rpm, tpm, burst_seconds)
+    judge = Judge(rpm, tpm, limits, latency_ms, default_max_tokens, api_key, reconcile, faults)
+    app = FastAPI(title="quotaflow mock provider (simulated)")
+    app.state.judge = judge
+    for url in ENDPOINTS:
+        app.add_api_route(url, _model_route(judge, url), methods=["POST"])
+
+    # async on purpose: all state is touched from the event loop only, never a threadpool.
+    @app.get("/stats")
+    async def stats() -> dict[str, Any]:
+        return {**judge.stats.as_json(), "faults": dict(judge.faults.seen)}
+
+    @app.post("/stats/reset")
+    async def reset_stats() -> dict[str, Any]:
+        judge.stats = Stats()
+        return judge.stats.as_json()
+
+    @app.put("/faults")
+    async def set_faults(fractions: dict[str, float]) -> JSONResponse:
+        """Change the fault fractions while running: a deployment that starts failing."""
+        try:
+            judge.faults = Faults.from_fractions(fractions, judge.faults.seen)
+        except ValueError as exc:
+            return json_response(422, error_body(str(exc), "invalid_request_error", None))
+        return json_response(200, judge.faults.fractions())
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    return app
+
+
+def _model_route(judge: Judge, url: str) -> Callable[[Request], Awaitable[Response]]:
+    async def model_route(request: Request) -> Response:
+        return await judge.handle(url, request)
+
+    return model_route
