@@ -36,7 +36,8 @@ from quotaflow.models import Item, ItemStatus, utcnow
 ROWS_PER_SEND = 1000  # about 400 KiB of COPY data for typical lines
 QUEUED_SENDS = 16  # pieces waiting for the COPY thread: a few MiB at most
 CUSTOM_ID_INDEX = "uq_items_job_custom_id"
-_ITEM_COLUMNS = "job_id, line_no, custom_id, body, status, attempts, lease_expires_at, body_hash"
+_ITEM_COLUMNS = ("job_id, line_no, custom_id, body, status, attempts, lease_expires_at, body_hash, "
+                 "route")
 _RESULT_COLUMNS = ("job_id, line_no, custom_id, request_id, error, prompt_tokens, "
                    "completion_tokens, created_at")
 _COPY_SPECIAL = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
@@ -59,7 +60,8 @@ class DuplicateCustomId(QuotaflowError):
 class RowWriter(Protocol):
     """Where ingest puts each line's rows; `close` raises DuplicateCustomId."""
 
-    def pending(self, line_no: int, custom_id: str, body: bytes, digest: bytes) -> None: ...
+    def pending(self, line_no: int, custom_id: str, body: bytes, digest: bytes,
+                route: str) -> None: ...
 
     def invalid(self, line_no: int, custom_id: str | None, request_id: str,
                 error: bytes) -> None: ...
@@ -107,17 +109,19 @@ class _CopyWriter:
         self._copy_block = self._cursor.copy(f"COPY items ({_ITEM_COLUMNS}) FROM STDIN")
         self._sender = _Sender(self._copy_block.__enter__())
 
-    def pending(self, line_no: int, custom_id: str, body: bytes, digest: bytes) -> None:
-        self._rows.append(b"%b\t%d\t%b\t%b\tpending\t0\t%b\t%b\n" % (
+    def pending(self, line_no: int, custom_id: str, body: bytes, digest: bytes,
+                route: str) -> None:
+        self._rows.append(b"%b\t%d\t%b\t%b\tpending\t0\t%b\t%b\t%b\n" % (
             self._job, line_no, _copy_text(custom_id), body.replace(b"\\", b"\\\\"),
-            self._lease, binascii.hexlify(digest)))
+            self._lease, binascii.hexlify(digest), _copy_text(route)))
         if len(self._rows) >= ROWS_PER_SEND:
             self._send()
 
     def invalid(self, line_no: int, custom_id: str | None, request_id: str,
                 error: bytes) -> None:
         cid = b"\\N" if custom_id is None else _copy_text(custom_id)
-        self._rows.append(b"%b\t%d\t%b\t\\N\tfailed\t0\t\\N\t\\N\n" % (self._job, line_no, cid))
+        self._rows.append(b"%b\t%d\t%b\t\\N\tfailed\t0\t\\N\t\\N\t\\N\n" % (self._job, line_no,
+                                                                        cid))
         self._spool.write(b"%b\t%d\t%b\t%b\t%b\t0\t0\t%b\n" % (
             self._job, line_no, cid, request_id.encode(), error.replace(b"\\", b"\\\\"),
             self._now))
@@ -213,7 +217,7 @@ class _InsertWriter:
     """Batched INSERTs (SQLite): a duplicate custom_id is looked up in the failed batch."""
 
     _items = text(f"INSERT INTO items ({_ITEM_COLUMNS}) VALUES (:job_id, :line_no, "
-                  ":custom_id, :body, :status, 0, :lease, :body_hash)"
+                  ":custom_id, :body, :status, 0, :lease, :body_hash, :route)"
                   ).bindparams(bindparam("lease", type_=DateTime(timezone=True)))
     _results = text(f"INSERT INTO results ({_RESULT_COLUMNS}) VALUES (:job_id, :line_no, "
                     ":custom_id, :request_id, :error, 0, 0, :now)"
@@ -227,10 +231,11 @@ class _InsertWriter:
         self._rows: list[dict[str, Any]] = []
         self._errors: list[dict[str, Any]] = []
 
-    def pending(self, line_no: int, custom_id: str, body: bytes, digest: bytes) -> None:
+    def pending(self, line_no: int, custom_id: str, body: bytes, digest: bytes,
+                route: str) -> None:
         self._rows.append({"job_id": self._job_id, "line_no": line_no, "custom_id": custom_id,
                            "body": body.decode(), "status": ItemStatus.PENDING,
-                           "lease": self._lease, "body_hash": digest.hex()})
+                           "lease": self._lease, "body_hash": digest.hex(), "route": route})
         if len(self._rows) >= ROWS_PER_SEND:
             self._send()
 
@@ -238,7 +243,7 @@ class _InsertWriter:
                 error: bytes) -> None:
         self._rows.append({"job_id": self._job_id, "line_no": line_no, "custom_id": custom_id,
                            "body": None, "status": ItemStatus.FAILED, "lease": None,
-                           "body_hash": None})
+                           "body_hash": None, "route": None})
         self._errors.append({"job_id": self._job_id, "line_no": line_no,
                              "custom_id": custom_id, "request_id": request_id,
                              "error": error.decode(), "now": self._now})

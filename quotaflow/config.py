@@ -173,9 +173,9 @@ class Deployments(BaseModel):
                     "`quotaflow worker --deployment NAME` per GPU)")
         return self
 
-    def local_deployment_for(self, model: str | None) -> Deployment | None:
-        """The local deployment a model's requests may run on, if its route names one."""
-        route = self.route_for(model)
+    def local_deployment_for(self, route_name: str | None) -> Deployment | None:
+        """The local deployment a route's requests may run on, if it names one."""
+        route = self.route_named(route_name)
         for name in route.names if route else ():
             if self.deployments[name].provider == "local":
                 return self.deployments[name]
@@ -187,13 +187,25 @@ class Deployments(BaseModel):
 
     def route_for(self, model: str | None) -> Route | None:
         """A model's route: an explicit one, every deployment of that model, or '*'."""
-        if model is not None:
-            if model in self.routes:
-                return self.routes[model]
-            same = [d.name for d in self.deployments.values() if d.model == model]
-            if same:
-                return Route(deployments=same)
-        return self.routes.get("*")
+        return self.route_named(self.route_name_for(model))
+
+    def route_name_for(self, model: str | None) -> str | None:
+        """The name of a model's route, decided once per request, at ingest, and stored
+        with it: the model itself where a route or a deployment names it, else "*"
+        where the file has that route, else None (nothing serves the model)."""
+        if model is not None and (model in self.routes or any(
+                d.model == model for d in self.deployments.values())):
+            return model
+        return "*" if "*" in self.routes else None
+
+    def route_named(self, name: str | None) -> Route | None:
+        """The route of that name: an explicit one, or every deployment of that model."""
+        if name is None:
+            return None
+        if name in self.routes:
+            return self.routes[name]
+        same = [d.name for d in self.deployments.values() if d.model == name]
+        return Route(deployments=same) if same else None
 
 
 def builtin_deployments() -> Deployments:

@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
-from sqlalchemy import select
+from sqlalchemy import case, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from quotaflow.config import Deployments
@@ -63,8 +63,9 @@ class CollectingDispatcher:
         self.batches.extend(batches)
 
 
-def queue_for(deployments: Deployments, model: str | None, priority: str) -> str:
-    local = deployments.local_deployment_for(model)
+def queue_for(deployments: Deployments, route: str | None, priority: str) -> str:
+    """The queue of a request with that route name: its local deployment's, if any."""
+    local = deployments.local_deployment_for(route)
     return local_queue(local.name, priority) if local else priority
 
 
@@ -109,10 +110,16 @@ class PlacingDispatcher:
 
     def _placements(self, job_id: str, first: int, last: int,
                     priority: str) -> dict[int, str]:
-        """The queue of every request line in the range, read from the items' models."""
+        """The queue of every request line in the range, from the route ingest stored with
+        it (an item stored before routes were, migration 0008, by its model's)."""
         with self._sessions() as session:
             rows = session.execute(
-                select(Item.line_no, Item.body["model"].as_string())
+                select(Item.line_no, Item.route,
+                       case((Item.route.is_(None), Item.body["model"].as_string())))
                 .where(Item.job_id == job_id, Item.line_no.between(first, last),
                        Item.body.is_not(None))).all()
-        return {line: queue_for(self._deployments, model, priority) for line, model in rows}
+        names = {route: queue_for(self._deployments, route, priority)
+                 for route in {route for _, route, _ in rows if route is not None}}
+        return {line: names[route] if route is not None else queue_for(
+                    self._deployments, self._deployments.route_name_for(model), priority)
+                for line, route, model in rows}

@@ -210,7 +210,7 @@ class _Scan:
         self.batches: list[BatchRef] = []
         self.seen = SeenFilter(self.max_lines) if settings.dedup else None
         self.suspects: set[bytes] | None = set()
-        self._routed: dict[str | None, bool] = {}
+        self._routed: dict[str | None, str | None] = {}
 
     def run(self, stream: IO[bytes], writer: RowWriter) -> None:  # noqa: C901 (the hot loop)
         max_lines, seen, job_id = self.max_lines, self.seen, self.job_id
@@ -239,7 +239,8 @@ class _Scan:
             except LineRejected as exc:
                 self._bad(writer, line_no, line_custom_id(obj), str(exc))
                 continue
-            if (reason := self._refusal(line_no, request.url, request.body)) is not None:
+            route, reason = self._route(line_no, request.url, request.body)
+            if route is None:
                 self._bad(writer, line_no, request.custom_id, reason)
                 continue
             body = canonical_body(request.body)
@@ -248,7 +249,7 @@ class _Scan:
             if budget is not None and self.tokens > budget:
                 assert self.room is not None
                 self.room.refuse_if_over(self.tokens)
-            writer.pending(line_no, request.custom_id, body, digest)
+            writer.pending(line_no, request.custom_id, body, digest, route)
             self.valid += 1
             if seen is not None and seen.add(digest) and self.suspects is not None:
                 self.suspects.add(digest)
@@ -268,26 +269,28 @@ class _Scan:
     def _lines_setting(self) -> str:
         return "QUOTAFLOW_MAX_BATCH_LINES" if self.spec.endpoint else "QUOTAFLOW_MAX_LINES"
 
-    def _refusal(self, line_no: int, url: str, body: dict) -> str | None:
-        """Why a well-formed request cannot run in this job, if it cannot."""
+    def _route(self, line_no: int, url: str, body: dict) -> tuple[str | None, str]:
+        """A well-formed request's route name, decided here once and stored with it; or
+        None and why it cannot run in this job."""
         if self.endpoint is None:
             self.endpoint = url
         elif url != self.endpoint:
             if self.spec.endpoint is not None:  # a batch's endpoint: the file is refused
                 self.wrong_endpoint.append(LineProblem(
                     line_no, f"url {url} differs from the batch's endpoint {self.endpoint}"))
-            return (f"url {url} differs from the job's endpoint {self.endpoint}; "
-                    "all lines of one file must use the same endpoint")
+            return None, (f"url {url} differs from the job's endpoint {self.endpoint}; "
+                          "all lines of one file must use the same endpoint")
         model = body.get("model")
-        routed = self._routed.get(model)
-        if routed is None:
-            routed = self.deployments.route_for(model) is not None
+        if model in self._routed:
+            route = self._routed[model]
+        else:
+            route = self.deployments.route_name_for(model)
             if len(self._routed) < _MAX_MODELS:
-                self._routed[model] = routed
-        if not routed:
-            return (f"no deployment serves model {model!r}; "
-                    "add a route for it to the deployments file")
-        return None
+                self._routed[model] = route
+        if route is None:
+            return None, (f"no deployment serves model {model!r}; "
+                          "add a route for it to the deployments file")
+        return route, ""
 
     def _bad(self, writer: RowWriter, line_no: int, custom_id: str | None, reason: str) -> None:
         """A refused line: a failed item and its error row, never a lost line."""

@@ -35,6 +35,7 @@ class ClaimedItem:
     body: dict[str, Any]
     attempts: int
     body_hash: str | None = None
+    route: str | None = None  # its route's name, decided at ingest
 
 
 def claim(sessions: sessionmaker[Session], ref: BatchRef, owner: str,
@@ -52,7 +53,7 @@ def claim(sessions: sessionmaker[Session], ref: BatchRef, owner: str,
         .values(status=ItemStatus.RUNNING, attempts=ITEMS.c.attempts + 1,
                 lease_owner=owner, lease_expires_at=now + lease)
         .returning(ITEMS.c.line_no, ITEMS.c.custom_id, ITEMS.c.body, ITEMS.c.attempts,
-                   ITEMS.c.body_hash)
+                   ITEMS.c.body_hash, ITEMS.c.route)
     )
     with sessions.begin() as session:
         rows = session.execute(statement).all()

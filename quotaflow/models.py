@@ -140,6 +140,9 @@ class Item(Base):
     lease_expires_at: Mapped[datetime | None]
     # A digest of the request body: identical requests are sent once.
     body_hash: Mapped[str | None] = mapped_column(String(64))
+    # The name of the request's route (Deployments.route_name_for), decided at ingest:
+    # placement and execution read it rather than routing the model again.
+    route: Mapped[str | None] = mapped_column(String(255))
     # The line whose call this item shares (status `waiting` until it has a result).
     duplicate_of: Mapped[int | None] = mapped_column(Integer)
 

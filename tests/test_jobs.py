@@ -229,6 +229,39 @@ def small_deployment(settings, tmp_path, tpm: int) -> None:
     settings.deployments_file = tmp_path / "d.toml"
 
 
+def test_the_route_is_decided_at_ingest_and_execution_follows_it(pg_sessions, settings,
+                                                                 tmp_path) -> None:
+    (tmp_path / "d.toml").write_text(
+        '[deployments.one]\nprovider = "mock"\nmodel = "small"\nrpm = 6000\ntpm = 600000\n'
+        '[deployments.two]\nprovider = "mock"\nmodel = "other"\nrpm = 6000\ntpm = 600000\n'
+        '[routes]\n"*" = "one"\n')
+    settings.deployments_file = tmp_path / "d.toml"
+    dispatcher = Collect()
+    job = create(pg_sessions, settings, jsonl([chat_line("a", model="small"),
+                                               chat_line("b", model="big"),
+                                               chat_line("c", model="gone")]), dispatcher)
+    with pg_sessions.begin() as session:
+        stored = dict(session.execute(select(Item.custom_id, Item.route)
+                                      .where(Item.job_id == job.id)).all())
+        assert stored == {"a": "small", "b": "*", "c": "*"}
+        # A route stored at ingest is followed, not decided again from the model; one
+        # the deployments file no longer has fails its items with the reason
+        session.execute(update(Item).where(Item.job_id == job.id, Item.custom_id == "b")
+                        .values(route="other"))
+        session.execute(update(Item).where(Item.job_id == job.id, Item.custom_id == "c")
+                        .values(route="removed"))
+    report = executor(pg_sessions, settings).run(dispatcher.batches[0])
+    assert (report.succeeded, report.failed) == (2, 1)
+    with pg_sessions() as session:
+        output = {line["custom_id"]: line for line in map(
+            json.loads, downloads.iter_output(session, job.id, errors=False))}
+        [error] = [json.loads(line) for line in downloads.iter_output(session, job.id, errors=True)]
+    assert output["b"]["response"]["body"]["model"] == "other"  # sent where its route says
+    assert output["a"]["response"]["body"]["model"] == "small"
+    assert error["custom_id"] == "c" and error["error"]["code"] == "no_deployment"
+    assert "route 'removed' is no longer in the deployments file" in error["error"]["message"]
+
+
 def test_request_larger_than_the_bucket_fails_at_once(pg_sessions, settings, tmp_path) -> None:
     small_deployment(settings, tmp_path, tpm=600)  # 600 tokens of capacity
     dispatcher = Collect()

@@ -108,3 +108,19 @@ def test_the_reaper_queues_local_work_again_on_the_local_queue(
     assert requeued == 16
     assert again.ranges() == [("local.gpu0.bulk", 9, 10), ("bulk", 11, 15),
                               ("local.gpu0.bulk", 17, 19), ("local.gpu0.bulk", 20, 25)]
+
+
+def test_placement_reads_the_route_stored_at_ingest(
+        pg_sessions: sessionmaker[Session], settings: Settings, tmp_path: Path) -> None:
+    placed = deployments(tmp_path)
+    job_id = create(pg_sessions, settings, placed, Recording())
+    with pg_sessions.begin() as session:
+        # Lines 11-15 (model "m") stored as routed to the local model, lines 1-5 as items
+        # stored before routes were (routed by their model, as before)
+        session.execute(update(Item).where(Item.job_id == job_id, Item.line_no.between(11, 15))
+                        .values(route="qwen"))
+        session.execute(update(Item).where(Item.job_id == job_id, Item.line_no <= 5)
+                        .values(route=None))
+    again = Recording()
+    PlacingDispatcher(again, pg_sessions, placed).dispatch("bulk", [BatchRef(job_id, 1, 25)])
+    assert again.ranges() == [("local.gpu0.bulk", 1, 25)]

@@ -115,17 +115,17 @@ class BatchExecutor:
                        JobWatch(self.sessions, ref.job_id))
         reused = (earlier_answers(self.sessions, ref.job_id, job.tenant, items)
                   if self.settings.dedup_across_jobs else {})
-        by_model: dict[str | None, list[ClaimedItem]] = {}
+        by_route: dict[str | None, list[ClaimedItem]] = {}
         for item in items:
             if item.line_no in reused:
                 run.finish(item, reused[item.line_no])
             else:
-                by_model.setdefault(item.body.get("model"), []).append(item)
+                by_route.setdefault(self._route_name(item), []).append(item)
         keeper = asyncio.create_task(keep_leases(self.sessions, ref.job_id, owner, self.lease))
         flusher = asyncio.create_task(self._flush_when_due(run))
         try:
-            await asyncio.gather(*(self._run_model(run, model, group)
-                                   for model, group in by_model.items()))
+            await asyncio.gather(*(self._run_route(run, name, group)
+                                   for name, group in by_route.items()))
         finally:
             keeper.cancel()
             flusher.cancel()  # a write under way goes on (shielded); the next one waits
@@ -161,13 +161,22 @@ class BatchExecutor:
         retry_in = elsewhere if report.retry_in is None else min(report.retry_in, elsewhere)
         return BatchReport(report.claimed, report.succeeded, report.failed, retry_in)
 
-    async def _run_model(self, run: BatchRun, model: str | None,
+    def _route_name(self, item: ClaimedItem) -> str | None:
+        """The route ingest stored with the item; one stored before routes were (migration
+        0008) is routed by its model."""
+        if item.route is not None:
+            return item.route
+        return self.deployments.route_name_for(item.body.get("model"))
+
+    async def _run_route(self, run: BatchRun, name: str | None,
                          items: list[ClaimedItem]) -> None:
-        route = self.deployments.route_for(model)
-        if route is None:
+        route = self.deployments.route_named(name)
+        if route is None:  # the deployments file changed since the job was made
             for item in items:
-                run.finish(item, Failure(FailureCode.NO_DEPLOYMENT,
-                                         f"no deployment serves model {model!r}"))
+                run.finish(item, Failure(
+                    FailureCode.NO_DEPLOYMENT,
+                    f"no deployment serves model {item.body.get('model')!r} (route {name!r} "
+                    "is no longer in the deployments file)"))
             return
         await self.admitter.run_route(run, route, items)
 
