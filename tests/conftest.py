@@ -149,13 +149,13 @@ def service_env(**extra: str) -> dict[str, str]:
     return env
 
 
-# Tests that start processes or servers of their own are marked `cluster`, so that
-# `pytest -m "not cluster"` runs the rest (unit tests on the shared PostgreSQL and
-# Redis) in seconds: a test is one when its module uses these helpers or modules...
+# Tests that need servers are marked `cluster`, so that `pytest -m "not cluster"` runs
+# the unit tests alone, in seconds, with no PostgreSQL or Redis: a test is one when its
+# module uses these helpers or modules (it starts processes of its own)...
 PROCESS_STARTERS = frozenset({"tests.procs", "tests.harness", "tests.limiter_cluster",
                               "tests.openai_cluster", "tests.chaos_cluster", "subprocess"})
-# ...or it asks for a server of its own.
-SERVER_FIXTURES = frozenset({"throwaway_redis", "throwaway_postgres"})
+# ...or it asks for a server: the shared PostgreSQL or Redis, or one of its own.
+SERVER_FIXTURES = frozenset({"pg_url", "redis_url", "throwaway_redis", "throwaway_postgres"})
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

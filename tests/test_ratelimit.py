@@ -19,12 +19,12 @@ from quotaflow.ratelimit import Budget, Refunds, Settlement, sleep_time
 from tests.conftest import REDIS_URL
 
 
-@pytest.fixture(params=["redis", "local"])
-def limiter(request: pytest.FixtureRequest, redis_url: str) -> Iterator[object]:
-    if request.param == "local":
+@pytest.fixture(params=[pytest.param("redis", marks=pytest.mark.cluster), "local"])
+def limiter(request: pytest.FixtureRequest) -> Iterator[object]:
+    if request.param == "local":  # needs no server: runs with the unit tests
         yield LocalLimiter()
         return
-    shared = RedisLimiter(redis_url)
+    shared = RedisLimiter(request.getfixturevalue("redis_url"))
     yield shared
     shared.close()
 
