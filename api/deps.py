@@ -8,8 +8,9 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session, sessionmaker
 
 from quotaflow.auth import operator_for_key, tenant_for_key
-from quotaflow.config import Deployments, Settings, get_settings
+from quotaflow.config import Settings, get_settings
 from quotaflow.constants import DEFAULT_TENANT
+from quotaflow.deployments import Deployments
 from quotaflow.dispatch import Dispatcher
 from quotaflow.ratelimit import Limiter
 from quotaflow.runtime import Runtime

@@ -28,8 +28,8 @@ os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 import torch
 
-from quotaflow.config import Deployment
 from quotaflow.constants import ENDPOINT_CHAT
+from quotaflow.deployments import Deployment
 from quotaflow.providers.local import LocalProvider, runner_for
 from quotaflow.providers.local.requests import GenerationRequest
 from tests.tiny_model import SENTENCES, save_tiny_model

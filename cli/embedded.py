@@ -12,9 +12,10 @@ from typing import IO
 
 from cli.progress import request_progress, stderr
 from quotaflow import job_view, jobs
-from quotaflow.config import Deployments, Settings
+from quotaflow.config import Settings
 from quotaflow.constants import MOCK_PROVIDER
 from quotaflow.db import upgrade
+from quotaflow.deployments import Deployments
 from quotaflow.dispatch import BatchRef, CollectingDispatcher
 from quotaflow.execution import BatchExecutor
 from quotaflow.output import iter_output

@@ -17,6 +17,7 @@ import click
 from quotaflow.config import get_settings
 from quotaflow.constants import QUEUES, local_queue
 from quotaflow.errors import ConfigError
+from quotaflow.runtime import Runtime
 
 
 def _exec_celery(*args: str, env: dict[str, str] | None = None) -> None:
@@ -26,7 +27,7 @@ def _exec_celery(*args: str, env: dict[str, str] | None = None) -> None:
 
 def _check_local(name: str) -> None:
     """`--deployment` must name a local deployment of the deployments file."""
-    known = get_settings().load_deployments().deployments
+    known = Runtime(get_settings()).deployments.deployments
     if name not in known:
         raise ConfigError(f"--deployment {name!r}: no such deployment in the deployments file "
                           f"(QUOTAFLOW_DEPLOYMENTS_FILE); it has {', '.join(known)}")

@@ -17,8 +17,9 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from quotaflow import files, ingest, job_view, jobs
-from quotaflow.config import Deployments, Settings
+from quotaflow.config import Settings
 from quotaflow.constants import DEFAULT_QUEUE, ENDPOINTS, QUEUES
+from quotaflow.deployments import Deployments
 from quotaflow.errors import InputFileError, InvalidParameter
 from quotaflow.models import Item, Job, JobStatus, Result, utcnow
 from quotaflow.outcomes import FailureCode

@@ -21,8 +21,8 @@ from typing import Protocol
 
 import redis
 
-from quotaflow.config import Deployment
 from quotaflow.constants import REDIS_PREFIX
+from quotaflow.deployments import Deployment
 from quotaflow.errors import ServiceUnavailable
 
 SCRIPT = Path(__file__).with_name("lua") / "circuit.lua"

@@ -25,8 +25,8 @@ from typing import Protocol
 from sqlalchemy import case, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from quotaflow.config import Deployments
 from quotaflow.constants import local_queue
+from quotaflow.deployments import Deployments
 from quotaflow.models import Item
 
 

@@ -28,36 +28,27 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from quotaflow import quotas
-from quotaflow.bulkwrite import DuplicateCustomId, RowWriter, row_writer
-from quotaflow.config import Deployments, Settings
+from quotaflow.bulkwrite import DuplicateCustomId, row_writer
+from quotaflow.config import Settings
 from quotaflow.constants import DEFAULT_TENANT, QUEUES
 from quotaflow.db import insert_ignore, refresh_statistics
-from quotaflow.dedup import SeenFilter, pending_batches, share_identical
-from quotaflow.dispatch import BatchRef, Dispatcher
+from quotaflow.dedup import pending_batches, share_identical
+from quotaflow.deployments import Deployments
+from quotaflow.dispatch import Dispatcher
 from quotaflow.errors import InputFileError, InvalidParameter, LineProblem, ServiceUnavailable
 from quotaflow.formats import (
-    LineRejected,
-    body_digest,
-    canonical_body,
-    line_custom_id,
-    load_object,
     parse_line,
-    read_lines,
 )
-from quotaflow.formats import to_request as _to_request
-from quotaflow.jobs import MAX_ATTEMPTS_LIMIT, new_request_id
+from quotaflow.jobs import MAX_ATTEMPTS_LIMIT
+from quotaflow.jsonlines import read_lines
+from quotaflow.linescan import MAX_PROBLEMS, LineScan
 from quotaflow.models import Item, ItemStatus, Job, JobStatus, utcnow
-from quotaflow.outcomes import FailureCode
-from quotaflow.tokens import estimate_tokens, prompt_text
 
 log = logging.getLogger(__name__)
 
-MAX_PROBLEMS = 1000  # line problems kept for the refusal message (as many as the API shows)
-MAX_SUSPECTS = 100_000  # past this many possibly-repeated bodies, dedup scans the whole job
 # From this many lines, the items table is analysed once the job is stored: a job the
 # planner has no statistics for can cost a scan of all its items per chunk (db.py).
 ANALYZE_AT_LINES = 5000
-_MAX_MODELS = 1000  # models whose routing is remembered during one file
 
 
 @dataclass(frozen=True)
@@ -161,11 +152,11 @@ def insert_job(session: Session, job_id: str, spec: JobSpec, settings: Settings,
 
 
 def _fill(session: Session, job_id: str, stream: IO[bytes], spec: JobSpec, settings: Settings,
-          deployments: Deployments, reopen: Callable[[], IO[bytes]] | None) -> "_Scan":
+          deployments: Deployments, reopen: Callable[[], IO[bytes]] | None) -> LineScan:
     """Items and error rows for every line, then the checks that need the whole file."""
     room = quotas.headroom(session, settings, spec.tenant) if spec.enforce_quota else None
     lease_until = utcnow() + timedelta(seconds=settings.queue_patience_s)
-    scan = _Scan(job_id, spec, settings, deployments, room)
+    scan = LineScan(job_id, settings, deployments, room, spec.max_lines, spec.endpoint)
     try:
         with row_writer(session, job_id, lease_until) as writer:
             scan.run(stream, writer)
@@ -190,115 +181,6 @@ def _fill(session: Session, job_id: str, stream: IO[bytes], spec: JobSpec, setti
         total=scan.total, endpoint=scan.endpoint or "", status=JobStatus.IN_PROGRESS,
         in_progress_at=utcnow(), enqueued_tokens=scan.tokens))
     return scan
-
-
-class _Scan:
-    """The pass over the file: what it found, and the rows it wrote on the way."""
-
-    def __init__(self, job_id: str, spec: JobSpec, settings: Settings, deployments: Deployments,
-                 room: quotas.Headroom | None) -> None:
-        self.job_id = job_id
-        self.spec = spec
-        self.settings = settings
-        self.deployments = deployments
-        self.room = room
-        self.max_lines = spec.max_lines or settings.max_lines
-        self.endpoint = spec.endpoint
-        self.total = self.valid = self.tokens = 0
-        self.problems: list[LineProblem] = []
-        self.wrong_endpoint: list[LineProblem] = []
-        self.batches: list[BatchRef] = []
-        self.seen = SeenFilter(self.max_lines) if settings.dedup else None
-        self.suspects: set[bytes] | None = set()
-        self._routed: dict[str | None, str | None] = {}
-
-    def run(self, stream: IO[bytes], writer: RowWriter) -> None:  # noqa: C901 (the hot loop)
-        max_lines, seen, job_id = self.max_lines, self.seen, self.job_id
-        size = self.settings.batch_size
-        budget = (self.room.limit - self.room.held
-                  if self.room is not None and self.room.limit is not None else None)
-        first = last = count = 0
-        for line_no, raw in read_lines(stream, self.settings.max_line_bytes,
-                                       self.settings.max_file_bytes):
-            if raw is not None and (not raw or raw.isspace()):
-                continue
-            self.total += 1
-            if self.total > max_lines:
-                raise InputFileError(f"the file has more than {max_lines} requests "
-                                     f"({self._lines_setting}); split it into several jobs")
-            if raw is None:
-                self._bad(writer, line_no, None, "line is longer than the limit of "
-                                                 f"{self.settings.max_line_bytes} bytes")
-                continue
-            obj = load_object(raw)
-            if isinstance(obj, str):
-                self._bad(writer, line_no, None, obj)
-                continue
-            try:
-                request = _to_request(line_no, obj)
-            except LineRejected as exc:
-                self._bad(writer, line_no, line_custom_id(obj), str(exc))
-                continue
-            route, reason = self._route(line_no, request.url, request.body)
-            if route is None:
-                self._bad(writer, line_no, request.custom_id, reason)
-                continue
-            body = canonical_body(request.body)
-            digest = body_digest(request.url, body)
-            self.tokens += estimate_tokens(prompt_text(request.url, request.body))
-            if budget is not None and self.tokens > budget:
-                assert self.room is not None
-                self.room.refuse_if_over(self.tokens)
-            writer.pending(line_no, request.custom_id, body, digest, route)
-            self.valid += 1
-            if seen is not None and seen.add(digest) and self.suspects is not None:
-                self.suspects.add(digest)
-                if len(self.suspects) > MAX_SUSPECTS:
-                    self.suspects = None
-            if count == 0:
-                first = line_no
-            last = line_no
-            count += 1
-            if count == size:
-                self.batches.append(BatchRef(job_id, first, last))
-                count = 0
-        if count:
-            self.batches.append(BatchRef(job_id, first, last))
-
-    @property
-    def _lines_setting(self) -> str:
-        return "QUOTAFLOW_MAX_BATCH_LINES" if self.spec.endpoint else "QUOTAFLOW_MAX_LINES"
-
-    def _route(self, line_no: int, url: str, body: dict) -> tuple[str | None, str]:
-        """A well-formed request's route name, decided here once and stored with it; or
-        None and why it cannot run in this job."""
-        if self.endpoint is None:
-            self.endpoint = url
-        elif url != self.endpoint:
-            if self.spec.endpoint is not None:  # a batch's endpoint: the file is refused
-                self.wrong_endpoint.append(LineProblem(
-                    line_no, f"url {url} differs from the batch's endpoint {self.endpoint}"))
-            return None, (f"url {url} differs from the job's endpoint {self.endpoint}; "
-                          "all lines of one file must use the same endpoint")
-        model = body.get("model")
-        if model in self._routed:
-            route = self._routed[model]
-        else:
-            route = self.deployments.route_name_for(model)
-            if len(self._routed) < _MAX_MODELS:
-                self._routed[model] = route
-        if route is None:
-            return None, (f"no deployment serves model {model!r}; "
-                          "add a route for it to the deployments file")
-        return route, ""
-
-    def _bad(self, writer: RowWriter, line_no: int, custom_id: str | None, reason: str) -> None:
-        """A refused line: a failed item and its error row, never a lost line."""
-        if len(self.problems) < MAX_PROBLEMS:
-            self.problems.append(LineProblem(line_no, reason))
-        error = orjson.dumps({"code": str(FailureCode.INVALID_REQUEST), "line": line_no,
-                              "message": f"line {line_no}: {reason}"})
-        writer.invalid(line_no, custom_id, new_request_id(), error)
 
 
 def _duplicate_error(duplicate: DuplicateCustomId, reopen: Callable[[], IO[bytes]] | None,

@@ -12,8 +12,9 @@ from sqlalchemy import case, delete, select, update
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.sql.selectable import ScalarSelect
 
-from quotaflow.config import Deployments, Settings
+from quotaflow.config import Settings
 from quotaflow.constants import DEFAULT_TENANT
+from quotaflow.deployments import Deployments
 from quotaflow.dispatch import Dispatcher, batch_refs
 from quotaflow.errors import JobNotFound, JobStateError
 from quotaflow.models import Item, ItemStatus, Job, JobStatus, Result, utcnow

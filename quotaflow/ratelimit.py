@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Protocol
 
-from quotaflow.config import Deployment
+from quotaflow.deployments import Deployment
 from quotaflow.errors import RequestTooLarge
 
 

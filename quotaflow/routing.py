@@ -18,7 +18,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 
 from quotaflow.circuit import Circuit, CircuitBreaker, CircuitState
-from quotaflow.config import Deployment, Deployments, Route
+from quotaflow.deployments import Deployment, Deployments, Route
 from quotaflow.errors import ServiceUnavailable
 from quotaflow.ratelimit import Budget, Limiter
 

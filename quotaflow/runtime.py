@@ -19,8 +19,9 @@ from functools import cached_property
 from sqlalchemy.orm import Session, sessionmaker
 
 from quotaflow.circuit import CircuitBreaker, LocalCircuitBreaker, make_breaker
-from quotaflow.config import Deployments, Settings
+from quotaflow.config import Settings
 from quotaflow.db import session_factory
+from quotaflow.deployments import Deployments
 from quotaflow.dispatch import CollectingDispatcher, Dispatcher, PlacingDispatcher
 from quotaflow.errors import ConfigError
 from quotaflow.execution import BatchExecutor

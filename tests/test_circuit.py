@@ -12,7 +12,7 @@ from quotaflow.circuit import (
     LocalCircuitBreaker,
     RedisCircuitBreaker,
 )
-from quotaflow.config import Deployment
+from quotaflow.deployments import Deployment
 from quotaflow.errors import ServiceUnavailable
 
 COOLDOWN_S = 0.4

@@ -4,7 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from quotaflow.config import Settings, load_deployments
+from quotaflow.config import Settings
+from quotaflow.deployments import load_deployments
 from quotaflow.errors import ConfigError
 
 VALID = '''

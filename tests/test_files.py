@@ -9,7 +9,8 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from quotaflow import batches, files, jobs
-from quotaflow.config import Settings, builtin_deployments
+from quotaflow.config import Settings
+from quotaflow.deployments import builtin_deployments
 from quotaflow.dispatch import BatchRef
 from quotaflow.errors import FileTooLarge, InvalidRequest
 from quotaflow.models import File, FileChunk, Item

@@ -5,8 +5,9 @@ import json
 
 import pytest
 
-from quotaflow import formats
-from quotaflow.formats import MAX_DEPTH, MAX_INTEGER_DIGITS, BadLine, Request, parse_stream
+from quotaflow import jsonlines
+from quotaflow.formats import BadLine, Request, parse_stream
+from quotaflow.jsonlines import MAX_DEPTH, MAX_INTEGER_DIGITS
 from quotaflow.output import output_line
 from tests.factories import HOSTILE_LINES
 
@@ -131,10 +132,10 @@ def test_depth_and_digits_are_refused_just_past_their_limits() -> None:
 @pytest.mark.parametrize("block", [1, 2, 3, 4, 1 << 20])
 def test_a_byte_order_mark_is_not_part_of_the_first_line(
         block: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(formats, "_BLOCK", block)
+    monkeypatch.setattr(jsonlines, "_BLOCK", block)
     line = json.dumps(openai_line("excel")).encode()
-    entries = parse(formats.BOM + line + b"\n" + line.replace(b"excel", b"second"))
+    entries = parse(jsonlines.BOM + line + b"\n" + line.replace(b"excel", b"second"))
     assert [(type(e), e.custom_id) for e in entries] == [(Request, "excel"), (Request, "second")]
     # only at the start of the file: a mark in the middle is the line's own bytes
-    [_, later] = parse(line + b"\n" + formats.BOM + line.replace(b"excel", b"second"))
+    [_, later] = parse(line + b"\n" + jsonlines.BOM + line.replace(b"excel", b"second"))
     assert isinstance(later, BadLine) and "not valid JSON" in later.reason

@@ -14,7 +14,7 @@ import redis
 from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session, sessionmaker
 
-from quotaflow import dedup, formats, ingest, quotas
+from quotaflow import dedup, formats, ingest, jsonlines, linescan, quotas
 from quotaflow.config import Settings
 from quotaflow.db import session_factory, upgrade
 from quotaflow.dispatch import BatchRef
@@ -102,7 +102,7 @@ def test_a_file_over_max_lines_or_over_the_quota_leaves_nothing(pg_sessions, set
 def test_identical_requests_wait_on_the_first_even_past_the_suspect_list(
         pg_sessions, settings, monkeypatch: pytest.MonkeyPatch) -> None:
     # Given more repeated bodies than the in-memory suspect list holds
-    monkeypatch.setattr(ingest, "MAX_SUSPECTS", 3)
+    monkeypatch.setattr(linescan, "MAX_SUSPECTS", 3)
     settings.batch_size = 4
     prompts = ["a", "b", "c", "d", "e", "a", "b", "c", "d", "e", "f", "a"]
     dispatcher = Collect()
@@ -177,14 +177,14 @@ def test_sqlite_ingest_names_a_duplicate_and_leaves_nothing(tmp_path: Path) -> N
 @pytest.mark.parametrize("block", [1, 3, 7, 64])
 def test_lines_come_out_whole_whatever_the_read_size(block: int,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(formats, "_BLOCK", block)
+    monkeypatch.setattr(jsonlines, "_BLOCK", block)
     data = b'{"a":1}\r\n\n  \n' + b"x" * 40 + b"\n" + b'{"b":2}\n' + b"y" * 12 + b"\n" + b"tail"
-    got = list(formats.read_lines(io.BytesIO(data), 12))
+    got = list(jsonlines.read_lines(io.BytesIO(data), 12))
     assert got == [(1, b'{"a":1}\r'), (2, b""), (3, b"  "), (4, None), (5, b'{"b":2}'),
                    (6, b"y" * 12), (7, b"tail")]
-    assert list(formats.read_lines(io.BytesIO(b"z" * 30), 12)) == [(1, None)]
+    assert list(jsonlines.read_lines(io.BytesIO(b"z" * 30), 12)) == [(1, None)]
     with pytest.raises(InputFileError, match="larger than the limit of 20 bytes"):
-        list(formats.read_lines(io.BytesIO(data), 12, max_file_bytes=20))
+        list(jsonlines.read_lines(io.BytesIO(data), 12, max_file_bytes=20))
 
 
 def test_numbers_keep_their_value(pg_sessions, settings) -> None:

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from quotaflow.config import Deployment
 from quotaflow.constants import ENDPOINT_CHAT, ENDPOINT_COMPLETIONS, ENDPOINT_EMBEDDINGS
+from quotaflow.deployments import Deployment
 from quotaflow.errors import ConfigError, PermanentProviderError
 from quotaflow.providers import local, make_provider
 from quotaflow.providers.local.engine import TransformersEngine, next_tokens

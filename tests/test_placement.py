@@ -9,7 +9,8 @@ from sqlalchemy import update
 from sqlalchemy.orm import Session, sessionmaker
 
 from quotaflow import jobs
-from quotaflow.config import Deployments, Settings, load_deployments
+from quotaflow.config import Settings
+from quotaflow.deployments import Deployments, load_deployments
 from quotaflow.dispatch import BatchRef, PlacingDispatcher
 from quotaflow.models import Item
 from quotaflow.reaper import reap

@@ -6,7 +6,7 @@ from collections import Counter
 import pytest
 
 from quotaflow.circuit import LocalCircuitBreaker
-from quotaflow.config import Deployment, Deployments, Route, load_deployments
+from quotaflow.deployments import Deployment, Deployments, Route, load_deployments
 from quotaflow.errors import ConfigError
 from quotaflow.limiters import LocalLimiter
 from quotaflow.ratelimit import Budget

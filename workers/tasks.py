@@ -30,7 +30,7 @@ def load_local_model(**_kwargs: object) -> None:
     name = settings.worker_deployment
     serve_only([name] if name else [])
     if name:
-        deployment = settings.load_deployments().deployments.get(name)
+        deployment = runtime().deployments.deployments.get(name)
         if deployment is None or deployment.provider != "local":
             raise ConfigError(f"QUOTAFLOW_WORKER_DEPLOYMENT={name!r} names no local deployment "
                               "of the deployments file")

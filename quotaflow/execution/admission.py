@@ -14,7 +14,8 @@ from datetime import timedelta
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from quotaflow.config import Deployment, Deployments, Route, Settings
+from quotaflow.config import Settings
+from quotaflow.deployments import Deployment, Deployments, Route
 from quotaflow.errors import ServiceUnavailable
 from quotaflow.execution.admitted import Admitted
 from quotaflow.execution.attempts import LIMITER_DOWN_BACKOFF_S, MAX_ROUTE_WAIT_S, Caller, poll_time

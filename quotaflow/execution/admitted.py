@@ -4,7 +4,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from quotaflow.config import Deployment
+from quotaflow.deployments import Deployment
 from quotaflow.leases import ClaimedItem
 from quotaflow.providers import Provider
 from quotaflow.ratelimit import Admission, Budget

@@ -8,7 +8,7 @@ the wait between attempts is the retry policy's (quotaflow/retries.py).
 import asyncio
 import logging
 
-from quotaflow.config import Route
+from quotaflow.deployments import Route
 from quotaflow.errors import PermanentProviderError, ProviderError, ServiceUnavailable
 from quotaflow.execution.admitted import Admitted
 from quotaflow.execution.batch import BatchRun

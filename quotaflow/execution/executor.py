@@ -23,7 +23,8 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from quotaflow.circuit import CircuitBreaker, LocalCircuitBreaker
-from quotaflow.config import Deployments, Settings
+from quotaflow.config import Settings
+from quotaflow.deployments import Deployments
 from quotaflow.dispatch import BatchRef
 from quotaflow.execution import loops
 from quotaflow.execution.admission import Admitter

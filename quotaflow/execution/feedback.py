@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from quotaflow.circuit import CircuitBreaker
-from quotaflow.config import Deployment
+from quotaflow.deployments import Deployment
 from quotaflow.errors import ProviderError, ServiceUnavailable
 from quotaflow.execution.admitted import Admitted
 from quotaflow.providers import ProviderResponse

@@ -1,6 +1,6 @@
 """An item made ready for one deployment: its body as sent there and what it costs."""
 
-from quotaflow.config import Deployment, Deployments
+from quotaflow.deployments import Deployment, Deployments
 from quotaflow.errors import ConfigError, RequestTooLarge
 from quotaflow.execution.admitted import Admitted
 from quotaflow.execution.loops import ProviderPool

@@ -13,8 +13,8 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from quotaflow.config import Deployment
 from quotaflow.constants import ENDPOINT_CHAT, ENDPOINT_COMPLETIONS, ENDPOINT_EMBEDDINGS
+from quotaflow.deployments import Deployment
 from quotaflow.errors import PermanentProviderError
 from quotaflow.tokens import max_output_tokens
 

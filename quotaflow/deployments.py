@@ -1,0 +1,233 @@
+"""The deployments file: where a model can be called, and which models go where.
+
+A deployment is one provider endpoint + model + key with its own limits; a route
+sends a model's requests to a group of deployments (and a fallback). The file is
+TOML (README, "Deployments file"); without one, quotaflow runs on the built-in
+simulated mock provider.
+"""
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import (
+    BaseModel,
+    Field,
+    ValidationError,
+    model_validator,
+)
+
+from quotaflow.constants import MOCK_PROVIDER
+from quotaflow.errors import ConfigError
+
+ProviderKind = Literal["openai", "mock", "local"]
+# The in-process engines a `local` deployment can run on (quotaflow/providers/local/).
+LocalEngine = Literal["transformers"]
+LocalDtype = Literal["auto", "float32", "float16", "bfloat16"]
+
+
+class Deployment(BaseModel):
+    """One place a model can be called: provider + endpoint + model + key."""
+
+    name: str
+    provider: ProviderKind
+    model: str
+    base_url: str | None = None
+    api_key_env: str | None = None
+    rpm: int = Field(gt=0)
+    tpm: int = Field(gt=0)
+    # The window the provider enforces its per-minute limits over: 60 for a
+    # minute, 1 for providers that enforce per second (OpenAI says it may).
+    burst_seconds: float = Field(default=60.0, gt=0, le=60)
+    # Counted at admission when a request sets no max_tokens; keep it at or
+    # above the provider's own default so quotaflow never under-counts.
+    default_max_tokens: int = Field(default=1024, gt=0)
+    # Whether the provider gives back the unused part of max_tokens after a call:
+    # "auto" learns it from its x-ratelimit-remaining-tokens headers (no refunds
+    # until they show them), true and false force it.
+    reconcile_usage: bool | Literal["auto"] = "auto"
+    # Budget kept in hand, in seconds of refill: at least the time a request takes
+    # to reach the provider (a full provider bucket loses that refill).
+    safety_margin_s: float = Field(default=0.25, ge=0, le=10)
+    timeout_s: float = Field(default=60.0, gt=0)
+    max_concurrency: int = Field(default=16, gt=0)
+    # Routing (quotaflow/routing.py): among deployments equally used, one of weight 2
+    # is picked twice as often as one of weight 1.
+    weight: float = Field(default=1.0, gt=0)
+    # Deployments naming one quota share one upstream limit (one key or organisation
+    # behind several endpoints): they spend one budget, and a 429 quiets them all.
+    quota: str | None = None
+    # The circuit opens after this many failures in a row (5xx, timeouts, resets,
+    # malformed answers; never 429s) and lets one probe through after the cooldown.
+    circuit_failures: int = Field(default=5, gt=0)
+    circuit_cooldown_s: float = Field(default=30.0, gt=0)
+
+    # provider = "local": a model in the worker's own process, on its accelerator
+    # (README, "Local models"). model_path is a directory saved with save_pretrained
+    # (or a hub id, where the worker may download).
+    engine: LocalEngine = "transformers"
+    model_path: str | None = None
+    # auto: bfloat16 on a GPU that supports it, else float32 (CPUs are slow in half precision).
+    dtype: LocalDtype = "auto"
+    # auto: cuda when present, else cpu; or "cpu", "cuda", "cuda:1".
+    device: str = "auto"
+    # A model batch holds at most max_batch_size requests and max_batch_tokens padded
+    # tokens (rows x (longest prompt + largest max_tokens)), which bounds its memory.
+    max_batch_size: int = Field(default=16, gt=0, le=4096)
+    max_batch_tokens: int = Field(default=65536, gt=0)
+    # How long the first request of a batch waits for more to join it.
+    max_wait_ms: float = Field(default=20.0, ge=0, le=10_000)
+    # Generation defaults for requests that do not say (0 means greedy).
+    default_temperature: float = Field(default=1.0, ge=0, le=2)
+    default_top_p: float = Field(default=1.0, gt=0, le=1)
+
+    @model_validator(mode="after")
+    def _check(self) -> "Deployment":
+        if self.provider == "openai" and not self.base_url:
+            raise ValueError("provider 'openai' needs base_url (e.g. http://127.0.0.1:8000/v1)")
+        if self.provider == "local" and not self.model_path:
+            raise ValueError("provider 'local' needs model_path (a directory written by "
+                             "save_pretrained, e.g. /models/qwen2.5-0.5b-instruct)")
+        if self.rpm * self.burst_seconds / 60 < 1:
+            raise ValueError(
+                f"rpm {self.rpm} x burst_seconds {self.burst_seconds:g} / 60 holds less than "
+                "one request, so nothing could ever be sent; raise rpm or burst_seconds")
+        return self
+
+    @property
+    def budget_name(self) -> str:
+        """The limiter bucket this deployment spends: its quota's, or its own."""
+        return f"quota:{self.quota}" if self.quota else self.name
+
+    def api_key(self) -> str | None:
+        """The key from the environment, read at call time and never stored."""
+        if not self.api_key_env:
+            return None
+        key = os.environ.get(self.api_key_env)
+        if not key:
+            raise ConfigError(
+                f"deployment {self.name!r} reads its API key from ${self.api_key_env}, "
+                "which is not set"
+            )
+        return key
+
+
+class Route(BaseModel):
+    """Where a model's requests may go: a group, and an ordered fallback used only when
+    every deployment of the group is unavailable (cooling down or circuit open)."""
+
+    deployments: list[str] = Field(min_length=1)
+    fallback: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, value: Any) -> Any:
+        """A route may be written as one deployment name or a list of them."""
+        if isinstance(value, str):
+            return {"deployments": [value]}
+        if isinstance(value, list):
+            return {"deployments": value}
+        return value
+
+    @property
+    def names(self) -> list[str]:
+        return [*self.deployments, *self.fallback]
+
+
+class Deployments(BaseModel):
+    """All deployments and the routes from a request's model to them."""
+
+    deployments: dict[str, Deployment]
+    routes: dict[str, Route]
+
+    @model_validator(mode="after")
+    def _check(self) -> "Deployments":
+        for model, route in self.routes.items():
+            for target in route.names:
+                if target not in self.deployments:
+                    raise ValueError(f"route {model!r} names unknown deployment {target!r}")
+        shared: dict[str, Deployment] = {}
+        for deployment in self.deployments.values():
+            if deployment.quota is None:
+                continue
+            first = shared.setdefault(deployment.quota, deployment)
+            limits = ("rpm", "tpm", "burst_seconds")
+            if any(getattr(first, n) != getattr(deployment, n) for n in limits):
+                raise ValueError(
+                    f"deployments {first.name!r} and {deployment.name!r} share quota "
+                    f"{deployment.quota!r} but differ in rpm/tpm/burst_seconds; a shared "
+                    "quota has one set of limits")
+        for model, route in self.routes.items():
+            local = [n for n in route.names if self.deployments[n].provider == "local"]
+            if len(local) > 1:
+                # Placement (quotaflow/dispatch.py) sends a request to the queue of the
+                # one local deployment its route names; two would need two queues.
+                raise ValueError(
+                    f"route {model!r} names local deployments {local}; a route may name at "
+                    "most one (serve one model from several GPUs by starting one "
+                    "`quotaflow worker --deployment NAME` per GPU)")
+        return self
+
+    def local_deployment_for(self, route_name: str | None) -> Deployment | None:
+        """The local deployment a route's requests may run on, if it names one."""
+        route = self.route_named(route_name)
+        for name in route.names if route else ():
+            if self.deployments[name].provider == "local":
+                return self.deployments[name]
+        return None
+
+    @property
+    def has_local(self) -> bool:
+        return any(d.provider == "local" for d in self.deployments.values())
+
+    def route_for(self, model: str | None) -> Route | None:
+        """A model's route: an explicit one, every deployment of that model, or '*'."""
+        return self.route_named(self.route_name_for(model))
+
+    def route_name_for(self, model: str | None) -> str | None:
+        """The name of a model's route, decided once per request, at ingest, and stored
+        with it: the model itself where a route or a deployment names it, else "*"
+        where the file has that route, else None (nothing serves the model)."""
+        if model is not None and (model in self.routes or any(
+                d.model == model for d in self.deployments.values())):
+            return model
+        return "*" if "*" in self.routes else None
+
+    def route_named(self, name: str | None) -> Route | None:
+        """The route of that name: an explicit one, or every deployment of that model."""
+        if name is None:
+            return None
+        if name in self.routes:
+            return self.routes[name]
+        same = [d.name for d in self.deployments.values() if d.model == name]
+        return Route(deployments=same) if same else None
+
+
+def builtin_deployments() -> Deployments:
+    """What quotaflow runs on with no deployments file: the simulated mock provider."""
+    mock = Deployment(name=MOCK_PROVIDER, provider="mock", model="mock",
+                      rpm=1_000_000, tpm=1_000_000_000)
+    return Deployments(deployments={mock.name: mock}, routes={"*": Route(deployments=[mock.name])})
+
+
+def load_deployments(path: Path | None) -> Deployments:
+    """Read the TOML deployments file, or the built-in mock set when there is none."""
+    if path is None:
+        return builtin_deployments()
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError as exc:
+        raise ConfigError(f"deployments file {path} does not exist") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"deployments file {path} is not valid TOML: {exc}") from exc
+    tables = raw.get("deployments")
+    if not isinstance(tables, dict) or not tables:
+        raise ConfigError(f"deployments file {path} has no [deployments.NAME] tables")
+    try:
+        deployments = {
+            name: Deployment(name=name, **table) for name, table in tables.items()
+        }
+        return Deployments(deployments=deployments, routes=raw.get("routes", {}))
+    except (ValidationError, TypeError) as exc:
+        raise ConfigError(f"deployments file {path} is invalid:\n{exc}") from exc

@@ -1,0 +1,142 @@
+"""Ingest's pass over a file's lines: each line checked, routed, counted and stored.
+
+The hot loop of ingest (quotaflow/ingest.py holds the job around it). A good line
+becomes one pending item row with its route (decided here, once), its body's
+digest for in-job dedup and its tokens counted for the tenant's quota; a bad line
+becomes a failed item and an error row naming the line and the reason, and never
+fails the file. Batches (BatchRef) are cut as the lines go by.
+"""
+
+from typing import IO
+
+import orjson
+
+from quotaflow import quotas
+from quotaflow.bulkwrite import RowWriter
+from quotaflow.config import Settings
+from quotaflow.dedup import SeenFilter
+from quotaflow.deployments import Deployments
+from quotaflow.dispatch import BatchRef
+from quotaflow.errors import InputFileError, LineProblem
+from quotaflow.formats import LineRejected, body_digest, canonical_body, line_custom_id
+from quotaflow.formats import to_request as _to_request
+from quotaflow.jobs import new_request_id
+from quotaflow.jsonlines import load_object, read_lines
+from quotaflow.outcomes import FailureCode
+from quotaflow.tokens import estimate_tokens, prompt_text
+
+MAX_PROBLEMS = 1000  # line problems kept for the refusal message (as many as the API shows)
+MAX_SUSPECTS = 100_000  # past this many possibly-repeated bodies, dedup scans the whole job
+_MAX_MODELS = 1000  # models whose routing is remembered during one file
+
+
+
+class LineScan:
+    """The pass over the file: what it found, and the rows it wrote on the way."""
+
+    def __init__(self, job_id: str, settings: Settings, deployments: Deployments,
+                 room: quotas.Headroom | None, max_lines: int | None = None,
+                 batch_endpoint: str | None = None) -> None:
+        self.job_id = job_id
+        self.settings = settings
+        self.deployments = deployments
+        self.room = room
+        self.max_lines = max_lines or settings.max_lines
+        # A batch names its endpoint up front: a line for another refuses the file.
+        self.batch_endpoint = batch_endpoint
+        self.endpoint = batch_endpoint
+        self.total = self.valid = self.tokens = 0
+        self.problems: list[LineProblem] = []
+        self.wrong_endpoint: list[LineProblem] = []
+        self.batches: list[BatchRef] = []
+        self.seen = SeenFilter(self.max_lines) if settings.dedup else None
+        self.suspects: set[bytes] | None = set()
+        self._routed: dict[str | None, str | None] = {}
+
+    def run(self, stream: IO[bytes], writer: RowWriter) -> None:  # noqa: C901 (the hot loop)
+        max_lines, seen, job_id = self.max_lines, self.seen, self.job_id
+        size = self.settings.batch_size
+        budget = (self.room.limit - self.room.held
+                  if self.room is not None and self.room.limit is not None else None)
+        first = last = count = 0
+        for line_no, raw in read_lines(stream, self.settings.max_line_bytes,
+                                       self.settings.max_file_bytes):
+            if raw is not None and (not raw or raw.isspace()):
+                continue
+            self.total += 1
+            if self.total > max_lines:
+                raise InputFileError(f"the file has more than {max_lines} requests "
+                                     f"({self._lines_setting}); split it into several jobs")
+            if raw is None:
+                self._bad(writer, line_no, None, "line is longer than the limit of "
+                                                 f"{self.settings.max_line_bytes} bytes")
+                continue
+            obj = load_object(raw)
+            if isinstance(obj, str):
+                self._bad(writer, line_no, None, obj)
+                continue
+            try:
+                request = _to_request(line_no, obj)
+            except LineRejected as exc:
+                self._bad(writer, line_no, line_custom_id(obj), str(exc))
+                continue
+            route, reason = self._route(line_no, request.url, request.body)
+            if route is None:
+                self._bad(writer, line_no, request.custom_id, reason)
+                continue
+            body = canonical_body(request.body)
+            digest = body_digest(request.url, body)
+            self.tokens += estimate_tokens(prompt_text(request.url, request.body))
+            if budget is not None and self.tokens > budget:
+                assert self.room is not None
+                self.room.refuse_if_over(self.tokens)
+            writer.pending(line_no, request.custom_id, body, digest, route)
+            self.valid += 1
+            if seen is not None and seen.add(digest) and self.suspects is not None:
+                self.suspects.add(digest)
+                if len(self.suspects) > MAX_SUSPECTS:
+                    self.suspects = None
+            if count == 0:
+                first = line_no
+            last = line_no
+            count += 1
+            if count == size:
+                self.batches.append(BatchRef(job_id, first, last))
+                count = 0
+        if count:
+            self.batches.append(BatchRef(job_id, first, last))
+
+    @property
+    def _lines_setting(self) -> str:
+        return "QUOTAFLOW_MAX_BATCH_LINES" if self.batch_endpoint else "QUOTAFLOW_MAX_LINES"
+
+    def _route(self, line_no: int, url: str, body: dict) -> tuple[str | None, str]:
+        """A well-formed request's route name, decided here once and stored with it; or
+        None and why it cannot run in this job."""
+        if self.endpoint is None:
+            self.endpoint = url
+        elif url != self.endpoint:
+            if self.batch_endpoint is not None:  # the file is refused
+                self.wrong_endpoint.append(LineProblem(
+                    line_no, f"url {url} differs from the batch's endpoint {self.endpoint}"))
+            return None, (f"url {url} differs from the job's endpoint {self.endpoint}; "
+                          "all lines of one file must use the same endpoint")
+        model = body.get("model")
+        if model in self._routed:
+            route = self._routed[model]
+        else:
+            route = self.deployments.route_name_for(model)
+            if len(self._routed) < _MAX_MODELS:
+                self._routed[model] = route
+        if route is None:
+            return None, (f"no deployment serves model {model!r}; "
+                          "add a route for it to the deployments file")
+        return route, ""
+
+    def _bad(self, writer: RowWriter, line_no: int, custom_id: str | None, reason: str) -> None:
+        """A refused line: a failed item and its error row, never a lost line."""
+        if len(self.problems) < MAX_PROBLEMS:
+            self.problems.append(LineProblem(line_no, reason))
+        error = orjson.dumps({"code": str(FailureCode.INVALID_REQUEST), "line": line_no,
+                              "message": f"line {line_no}: {reason}"})
+        writer.invalid(line_no, custom_id, new_request_id(), error)
