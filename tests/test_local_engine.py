@@ -250,8 +250,8 @@ def test_quotaflow_runs_without_the_local_extra(model_dir: Path) -> None:
     script = f"""
 import sys
 sys.modules["torch"] = None  # import torch now raises ImportError
-import quotaflow.execution, quotaflow.placement, api.app, cli.main
-from quotaflow.config import Deployment
+import quotaflow.execution, quotaflow.dispatch, quotaflow.runtime, api.app, cli.main
+from quotaflow.deployments import Deployment
 from quotaflow.errors import ConfigError
 from quotaflow.providers import make_provider
 deployment = Deployment(name="gpu", provider="local", model="m", model_path={str(model_dir)!r},
