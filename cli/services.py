@@ -36,6 +36,21 @@ def _check_local(name: str) -> None:
                           "only local deployments have workers of their own")
 
 
+def _autoscale(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """`--autoscale MAX,MIN` as Celery takes it: whole numbers, MAX >= 1, MAX >= MIN >= 0."""
+    if value is None:
+        return None
+    high, comma, low = value.partition(",")
+    if not (comma and high.strip().isdigit() and low.strip().isdigit()):
+        raise click.BadParameter(f"{value!r}: use MAX,MIN, two whole numbers (e.g. 8,2)",
+                                 ctx, param)
+    most, least = int(high), int(low)
+    if most < 1 or least > most:
+        raise click.BadParameter(f"{value!r}: MAX must be at least 1 and at least MIN "
+                                 "(e.g. 8,2: up to 8 processes, 2 when idle)", ctx, param)
+    return f"{most},{least}"
+
+
 def flower_env(basic_auth: str | None, no_auth: bool) -> dict[str, str]:
     """Flower's environment; refuses to serve it open unless told to. Flower without basic
     auth closes its API but not its pages, which show every task's arguments and let
@@ -78,17 +93,24 @@ def register(cli: click.Group) -> None:
                   help="Serve the local deployment NAME: load its model once, run batches "
                        "in threads that share it, consume only its queues "
                        "(local.NAME.PRIORITY). Pin to a GPU with CUDA_VISIBLE_DEVICES.")
+    @click.option("--autoscale", default=None, metavar="MAX,MIN", callback=_autoscale,
+                  help="Let Celery grow the pool up to MAX processes while batches wait and "
+                       "shrink it to MIN when idle (overrides --concurrency).")
     def worker(queues: str, concurrency: int, name: str | None, loglevel: str,
-               deployment: str | None) -> None:
+               deployment: str | None, autoscale: str | None) -> None:
         """Start a Celery worker for the given queues."""
         chosen = [q.strip() for q in queues.split(",") if q.strip()]
         unknown = [q for q in chosen if q not in QUEUES]
         if unknown or not chosen:
             raise ConfigError(f"unknown queue(s) {unknown}; choose from {', '.join(QUEUES)}")
         node = name or f"quotaflow-{os.getpid()}@{socket.gethostname()}"
-        pool: list[str] = []
+        # Celery's autoscaler grows and shrinks the process pool; the threads pool cannot.
+        pool = [f"--autoscale={autoscale}"] if autoscale else []
         env: dict[str, str] = {}
         if deployment is not None:
+            if autoscale:
+                raise click.UsageError("--autoscale needs the process pool; a --deployment "
+                                       "worker runs threads sharing one model")
             _check_local(deployment)
             chosen = [local_queue(deployment, q) for q in chosen]
             # Threads, not processes: one model per worker process (per GPU), shared by
