@@ -1,6 +1,7 @@
 """`quotaflow`: every command a user runs, from the quick start to the cluster."""
 
 import json
+import logging
 import os
 import sys
 import time
@@ -14,6 +15,7 @@ from rich.table import Table
 
 from cli.client import ApiClient
 from cli.progress import request_progress
+from quotaflow import logs
 from quotaflow.config import get_settings
 from quotaflow.constants import DEFAULT_QUEUE, QUEUES
 from quotaflow.errors import QuotaflowError
@@ -37,6 +39,9 @@ def client(submit_timeout: float | None = None) -> ApiClient:
 @click.version_option(package_name="quotaflow")
 def cli() -> None:
     """Batch LLM requests on one cluster-wide provider budget."""
+    # Warnings and errors only (quotaflow run's retries, say); `quotaflow api` and the
+    # workers log at INFO in the same format.
+    logs.configure(get_settings(), logging.WARNING)
 
 
 @cli.command()

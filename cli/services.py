@@ -7,6 +7,7 @@ object from its options and hands uvicorn the app, imported only when the
 command runs.
 """
 
+import logging
 import os
 import socket
 import sys
@@ -14,6 +15,7 @@ from typing import Any
 
 import click
 
+from quotaflow import logs
 from quotaflow.config import get_settings
 from quotaflow.constants import QUEUES, local_queue
 from quotaflow.errors import ConfigError
@@ -65,8 +67,10 @@ def register(cli: click.Group) -> None:
         import uvicorn
 
         settings = get_settings()
+        logs.configure(settings, logging.INFO)
+        # log_config=None: uvicorn's records reach the root logger, in quotaflow's format.
         uvicorn.run("api.app:app", host=host or settings.api_host,
-                    port=port or settings.api_port, log_level="info")
+                    port=port or settings.api_port, log_level="info", log_config=None)
 
     @cli.command()
     @click.option("--queues", default=",".join(QUEUES), show_default=True,
