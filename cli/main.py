@@ -151,6 +151,15 @@ def errors(job_id: str, output: IO[bytes]) -> None:
 
 @cli.command()
 @click.argument("job_id")
+@click.option("-o", "--output", type=click.File("w", encoding="utf-8"), default="-",
+              help="Where the page goes (default: stdout), e.g. report.html.")
+def report(job_id: str, output: IO[str]) -> None:
+    """Write a job's report: one HTML page with its plots inline, for any browser, offline."""
+    output.write(client().report(job_id))
+
+
+@cli.command()
+@click.argument("job_id")
 def cancel(job_id: str) -> None:
     """Cancel a job: no new requests are sent; requests in flight finish and are kept."""
     job = client().cancel_job(job_id)
