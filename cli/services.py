@@ -99,7 +99,9 @@ def register(cli: click.Group) -> None:
             # every batch it runs, so their requests meet in one dynamic batcher.
             pool = ["--pool", "threads"]
             env["QUOTAFLOW_WORKER_DEPLOYMENT"] = deployment
-        _exec_celery("worker", "-Q", ",".join(chosen), "--concurrency", str(concurrency),
+        # JSON logs: no banner, so that every line of the worker's output parses.
+        quiet = ["--quiet"] if get_settings().log_format == "json" else []
+        _exec_celery(*quiet, "worker", "-Q", ",".join(chosen), "--concurrency", str(concurrency),
                      *pool, "-n", node, "-l", loglevel, "-E", env=env)
 
     @cli.command()

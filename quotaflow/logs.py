@@ -11,6 +11,7 @@ import logging
 import sys
 from typing import Any
 
+from pythonjsonlogger.core import RESERVED_ATTRS
 from pythonjsonlogger.json import JsonFormatter
 
 # The `extra=` keys quotaflow's log calls use; the text format shows those present.
@@ -33,8 +34,9 @@ class ContextFormatter(logging.Formatter):
 
 def formatter(log_format: str) -> logging.Formatter:
     if log_format == "json":
-        return JsonFormatter(JSON_FIELDS, rename_fields={"levelname": "level",
-                                                         "name": "logger"})
+        # uvicorn's extra `color_message` is its message again, with terminal colours.
+        return JsonFormatter(JSON_FIELDS, rename_fields={"levelname": "level", "name": "logger"},
+                             reserved_attrs=[*RESERVED_ATTRS, "color_message"])
     return ContextFormatter(TEXT_FORMAT)
 
 

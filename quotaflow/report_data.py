@@ -18,7 +18,7 @@ from quotaflow.deployments import Deployments
 from quotaflow.errors import ConfigError
 from quotaflow.jobs import get_job
 
-MAX_BUCKETS = 90
+MAX_BUCKETS = 60
 WIDTHS_S = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 21600, 86400)
 EXAMPLES_PER_CODE = 3
 
@@ -86,7 +86,7 @@ SELECT code, count, examples FROM (
 WHERE n = least(count, :examples) ORDER BY count DESC, code"""
 
 SPLIT = """
-SELECT coalesce(deployment, '(none)'), count(*), count(*) FILTER (WHERE error IS NULL),
+SELECT coalesce(deployment, '(not sent)'), count(*), count(*) FILTER (WHERE error IS NULL),
        sum(prompt_tokens), sum(completion_tokens),
        avg(extract(epoch FROM answered_at - sent_at))
 FROM results WHERE job_id = :job GROUP BY 1 ORDER BY 2 DESC"""

@@ -1,9 +1,8 @@
 """Every result says where and how: deployment, calls, admitted/sent/answered, the
-provider's request id; and log lines carry the same context, as text or JSON."""
+provider's request id (tests/test_logs.py: the log lines' context)."""
 
 import io
 import json
-import logging
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,14 +10,13 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from quotaflow import jobs, logs
+from quotaflow import jobs
 from quotaflow import output as downloads
 from quotaflow.config import Settings
 from quotaflow.dispatch import BatchRef
 from quotaflow.execution import BatchExecutor
 from quotaflow.limiters import LocalLimiter
 from quotaflow.models import Job, Result
-from quotaflow.output import render_stored
 from tests.conftest import service_env
 from tests.factories import chat_line, jsonl
 from tests.procs import Proc, free_port, quotaflow
@@ -91,51 +89,3 @@ def test_results_say_which_deployment_answered_and_when(pg_sessions, settings,
         stored = by_line[line["custom_id"]]
         assert line["id"] == stored.request_id and line["id"].startswith("batch_req_")
         assert line["response"]["request_id"] == stored.provider_request_id
-
-
-def test_a_line_without_a_provider_id_keeps_ours() -> None:
-    ours = json.loads(render_stored("batch_req_1", "a", 200, "{}", None, None))
-    theirs = json.loads(render_stored("batch_req_1", "a", 200, "{}", None, None, "req_x"))
-    assert ours["response"]["request_id"] == "batch_req_1"
-    assert (theirs["id"], theirs["response"]["request_id"]) == ("batch_req_1", "req_x")
-
-
-CONTEXT = {"job_id": "batch_abc", "batch": "1-100", "line": 7, "custom_id": "r7",
-           "deployment": "mock-http", "attempt": 2, "status": 200, "latency_ms": 12.5}
-
-
-def _log_once(log_format: str) -> str:
-    stream = io.StringIO()
-    handler = logging.StreamHandler(stream)
-    handler.setFormatter(logs.formatter(log_format))
-    logger = logging.getLogger("quotaflow.test_provenance")
-    logger.addHandler(handler)
-    logger.setLevel(logging.DEBUG)
-    try:
-        logger.info("line %d answered", 7, extra=CONTEXT)
-        logger.warning("no context here")
-    finally:
-        logger.removeHandler(handler)
-    return stream.getvalue()
-
-
-def test_json_log_lines_parse_and_carry_the_context() -> None:
-    first, second = (json.loads(line) for line in _log_once("json").splitlines())
-    assert first["message"] == "line 7 answered" and first["level"] == "INFO"
-    assert {key: first[key] for key in CONTEXT} == CONTEXT
-    assert second["message"] == "no context here" and "job_id" not in second
-
-
-def test_text_log_lines_name_the_job() -> None:
-    first, second = _log_once("text").splitlines()
-    assert first.endswith("line 7 answered job_id=batch_abc batch=1-100 line=7 custom_id=r7 "
-                          "deployment=mock-http attempt=2 status=200 latency_ms=12.5")
-    assert second.endswith("no context here")
-
-
-def test_log_format_is_a_setting(monkeypatch) -> None:
-    monkeypatch.setenv("QUOTAFLOW_LOG_FORMAT", "json")
-    assert Settings(_env_file=None).log_format == "json"
-    monkeypatch.setenv("QUOTAFLOW_LOG_FORMAT", "xml")
-    with pytest.raises(ValueError):
-        Settings(_env_file=None)

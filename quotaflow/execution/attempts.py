@@ -61,7 +61,8 @@ class Caller:
             response: ProviderResponse | None = None
             # Wall clock for the record; the admission's monotonic time is dated from it.
             sent = time.time()
-            admitted_at = sent - (time.monotonic() - admitted.admitted_at)
+            admitted_at = (sent - (time.monotonic() - admitted.admitted_at)
+                           if admitted.admitted_at else sent)
             try:
                 response = await admitted.provider.send(run.url, admitted.body)
             except PermanentProviderError as exc:
