@@ -113,8 +113,10 @@ def error_lines(job_id: IdPath, sessions: SessionsDep, tenant: TenantDep) -> Str
     return _stream(sessions, job_id, errors=True)
 
 
-@router.get("/jobs/{job_id}/report", response_class=HTMLResponse,
-            responses=responses(401, 404))
+@router.get("/jobs/{job_id}/report", response_class=Response,
+            responses={200: {"description": "One self-contained HTML page",
+                             "content": {"text/html": {"schema": {"type": "string"}}}},
+                       **responses(401, 404)})
 def job_report(job_id: IdPath, session: SessionDep, deployments: DeploymentsDep,
                tenant: TenantDep) -> HTMLResponse:
     """The job's report: one self-contained HTML page (plots as inline SVG) of its
