@@ -51,5 +51,6 @@ def configure(settings: Any, level: int | str = logging.INFO) -> None:
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level.upper() if isinstance(level, str) else level)
+    logging.captureWarnings(True)  # Python's warnings become log lines in the same format
     # One line per provider request drowns the log; failures are logged by quotaflow.
     logging.getLogger("httpx").setLevel(logging.WARNING)
