@@ -63,7 +63,7 @@ def test_log_format_is_a_setting(monkeypatch) -> None:
 
 def test_configure_installs_one_handler_of_its_own(monkeypatch) -> None:
     root = logging.getLogger()
-    before = list(root.handlers)
+    before = [h for h in root.handlers if h.get_name() != logs.HANDLER_NAME]
     level = root.level
     try:
         logs.configure(Settings(log_format="json", _env_file=None))
@@ -77,3 +77,4 @@ def test_configure_installs_one_handler_of_its_own(monkeypatch) -> None:
             if handler.get_name() == logs.HANDLER_NAME:
                 root.removeHandler(handler)
         root.setLevel(level)
+        logging.captureWarnings(False)
