@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from typing import Annotated, Any
 
 from fastapi import APIRouter, File, Form, Query, Response, UploadFile
-from fastapi.responses import StreamingResponse
+from fastapi.responses import HTMLResponse, StreamingResponse
 from sqlalchemy.orm import Session, sessionmaker
 
 from api.deps import (
@@ -26,7 +26,7 @@ from api.deps import (
 )
 from api.errors import responses
 from api.v1 import FORM_OVERHEAD_BYTES
-from quotaflow import ingest, job_view, jobs, output
+from quotaflow import ingest, job_view, jobs, output, report_data
 from quotaflow.config import get_settings
 from quotaflow.constants import DEFAULT_QUEUE
 from quotaflow.errors import InvalidParameter
@@ -112,6 +112,19 @@ def error_lines(job_id: IdPath, sessions: SessionsDep, tenant: TenantDep) -> Str
     _own(sessions, job_id, tenant)
     return _stream(sessions, job_id, errors=True)
 
+
+@router.get("/jobs/{job_id}/report", response_class=Response,
+            responses={200: {"description": "One self-contained HTML page",
+                             "content": {"text/html": {"schema": {"type": "string"}}}},
+                       **responses(401, 404)})
+def job_report(job_id: IdPath, session: SessionDep, deployments: DeploymentsDep,
+               tenant: TenantDep) -> HTMLResponse:
+    """The job's report: one self-contained HTML page (plots as inline SVG) of its
+    admissions against each deployment's budget, outcomes, latency, errors and usage."""
+    from quotaflow import report  # matplotlib loads on the first report, not at start
+
+    data = report_data.report_data(session, job_id, report_data.budgets(deployments), tenant)
+    return HTMLResponse(report.render(data))
 
 
 def _own(sessions: sessionmaker[Session], job_id: str, tenant: str) -> None:

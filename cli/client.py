@@ -125,6 +125,10 @@ class ApiClient:
             return [self._request("GET", f"/limits/{name}").json()]
         return self._request("GET", "/limits").json()["data"]
 
+    def report(self, job_id: str) -> str:
+        """The job's report page (GET /jobs/{id}/report), HTML."""
+        return self._request("GET", f"/jobs/{job_id}/report").text
+
     def stream_lines(self, job_id: str, errors: bool) -> Iterator[bytes]:
         path = f"/jobs/{job_id}/{'errors' if errors else 'results'}"
         try:

@@ -1,6 +1,7 @@
 """`quotaflow`: every command a user runs, from the quick start to the cluster."""
 
 import json
+import logging
 import os
 import sys
 import time
@@ -14,6 +15,7 @@ from rich.table import Table
 
 from cli.client import ApiClient
 from cli.progress import request_progress
+from quotaflow import logs
 from quotaflow.config import get_settings
 from quotaflow.constants import DEFAULT_QUEUE, QUEUES
 from quotaflow.errors import QuotaflowError
@@ -37,6 +39,9 @@ def client(submit_timeout: float | None = None) -> ApiClient:
 @click.version_option(package_name="quotaflow")
 def cli() -> None:
     """Batch LLM requests on one cluster-wide provider budget."""
+    # Warnings and errors only (quotaflow run's retries, say); `quotaflow api` and the
+    # workers log at INFO in the same format.
+    logs.configure(get_settings(), logging.WARNING)
 
 
 @cli.command()
@@ -142,6 +147,15 @@ def errors(job_id: str, output: IO[bytes]) -> None:
     """Download a job's error lines: invalid lines, failed and cancelled requests."""
     for chunk in client().stream_lines(job_id, errors=True):
         output.write(chunk)
+
+
+@cli.command()
+@click.argument("job_id")
+@click.option("-o", "--output", type=click.File("w", encoding="utf-8"), default="-",
+              help="Where the page goes (default: stdout), e.g. report.html.")
+def report(job_id: str, output: IO[str]) -> None:
+    """Write a job's report: one HTML page with its plots inline, for any browser, offline."""
+    output.write(client().report(job_id))
 
 
 @cli.command()

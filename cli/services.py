@@ -7,6 +7,7 @@ object from its options and hands uvicorn the app, imported only when the
 command runs.
 """
 
+import logging
 import os
 import socket
 import sys
@@ -14,6 +15,7 @@ from typing import Any
 
 import click
 
+from quotaflow import logs
 from quotaflow.config import get_settings
 from quotaflow.constants import QUEUES, local_queue
 from quotaflow.errors import ConfigError
@@ -80,8 +82,10 @@ def register(cli: click.Group) -> None:
         import uvicorn
 
         settings = get_settings()
+        logs.configure(settings, logging.INFO)
+        # log_config=None: uvicorn's records reach the root logger, in quotaflow's format.
         uvicorn.run("api.app:app", host=host or settings.api_host,
-                    port=port or settings.api_port, log_level="info")
+                    port=port or settings.api_port, log_level="info", log_config=None)
 
     @cli.command()
     @click.option("--queues", default=",".join(QUEUES), show_default=True,
@@ -117,7 +121,9 @@ def register(cli: click.Group) -> None:
             # every batch it runs, so their requests meet in one dynamic batcher.
             pool = ["--pool", "threads"]
             env["QUOTAFLOW_WORKER_DEPLOYMENT"] = deployment
-        _exec_celery("worker", "-Q", ",".join(chosen), "--concurrency", str(concurrency),
+        # JSON logs: no banner, so that every line of the worker's output parses.
+        quiet = ["--quiet"] if get_settings().log_format == "json" else []
+        _exec_celery(*quiet, "worker", "-Q", ",".join(chosen), "--concurrency", str(concurrency),
                      *pool, "-n", node, "-l", loglevel, "-E", env=env)
 
     @cli.command()

@@ -8,6 +8,7 @@ environment variable that holds its key, and the key is read only at call time.
 
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
 from pydantic import (
     Field,
@@ -93,6 +94,10 @@ class Settings(BaseSettings):
     # Set by `quotaflow worker --deployment NAME`: the one local deployment whose model
     # this worker process loads. A worker without it loads no model at all.
     worker_deployment: str | None = None
+
+    # Log lines as plain text (with the job id and other context as key=value) or as
+    # one JSON object each (quotaflow/logs.py).
+    log_format: Literal["text", "json"] = "text"
 
     flower_basic_auth: str | None = None
     flower_port: int = 5555

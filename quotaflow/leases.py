@@ -8,7 +8,7 @@ still leaves one result per item.
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import and_, case, exists, func, or_, select, update
@@ -19,7 +19,7 @@ from quotaflow.dispatch import BatchRef
 from quotaflow.jobs import new_request_id
 from quotaflow.jsoncodec import RawJson
 from quotaflow.models import Item, ItemStatus, Job, JobStatus, Result, utcnow
-from quotaflow.outcomes import Failure, Outcome, Shared
+from quotaflow.outcomes import Failure, Outcome, Provenance, Shared
 
 # Core tables, not ORM entities: an ORM-enabled UPDATE costs several times the CPU of
 # the same statement on the table, and these run for every batch and chunk.
@@ -103,10 +103,12 @@ def leased_elsewhere_for(session: Session, ref: BatchRef) -> float | None:
 
 def store_many(sessions: sessionmaker[Session], job_id: str,
                entries: Sequence[tuple[ClaimedItem, Outcome]],
-               share: bool = True) -> tuple[int, int]:
+               share: bool = True,
+               provenance: Sequence[Provenance | None] | None = None) -> tuple[int, int]:
     """Write a chunk of results in one transaction, close their items, and share each
     result with the identical requests waiting for it (unless `share` is False: the
-    job has none); (succeeded, failed), the sharers included.
+    job has none); (succeeded, failed), the sharers included. `provenance`, one per
+    entry where given, says which deployment answered each, after how many calls, when.
 
     A statement per chunk, not per result: a round trip per answer was most of a
     worker's time. Results are insert-or-ignore, and an item's status follows the
@@ -116,6 +118,10 @@ def store_many(sessions: sessionmaker[Session], job_id: str,
         return 0, 0
     now = utcnow()
     rows = [_result_row(job_id, item, outcome, now) for item, outcome in entries]
+    if provenance is not None:
+        for row, record in zip(rows, provenance, strict=True):
+            if record is not None:
+                _stamp(row, record)
     lines = [item.line_no for item, _ in entries]
     with sessions.begin() as session:
         session.execute(insert_ignore(session, RESULTS), rows)
@@ -138,7 +144,8 @@ def _result_row(job_id: str, item: ClaimedItem, outcome: Outcome,
                 now: datetime) -> dict[str, Any]:
     row: dict[str, Any] = dict(job_id=job_id, line_no=item.line_no, custom_id=item.custom_id,
                                request_id=new_request_id(), created_at=now, prompt_tokens=0,
-                               completion_tokens=0, error=None, shared_from=None)
+                               completion_tokens=0, error=None, shared_from=None,
+                               **_NO_PROVENANCE)
     if isinstance(outcome, Failure):
         error: dict[str, Any] = {"code": str(outcome.code), "line": item.line_no,
                                  "message": outcome.message}
@@ -152,8 +159,21 @@ def _result_row(job_id: str, item: ClaimedItem, outcome: Outcome,
         row.update(status_code=outcome.status_code,
                    response=RawJson(outcome.raw) if outcome.raw is not None else outcome.body,
                    prompt_tokens=outcome.prompt_tokens,
-                   completion_tokens=outcome.completion_tokens)
+                   completion_tokens=outcome.completion_tokens,
+                   provider_request_id=outcome.request_id)
     return row
+
+
+# Every row names every column: one INSERT ... VALUES shape for the whole chunk.
+_NO_PROVENANCE: dict[str, Any] = dict(deployment=None, attempts=None, admitted_at=None,
+                                      sent_at=None, answered_at=None, provider_request_id=None)
+
+
+def _stamp(row: dict[str, Any], record: Provenance) -> None:
+    stamp = datetime.fromtimestamp
+    row.update(deployment=record.deployment, attempts=record.attempts,
+               admitted_at=stamp(record.admitted_at, UTC), sent_at=stamp(record.sent_at, UTC),
+               answered_at=stamp(record.answered_at, UTC))
 
 
 def _share(session: Session, job_id: str, lines: list[int], now: datetime) -> list[str]:
@@ -186,7 +206,8 @@ def _share(session: Session, job_id: str, lines: list[int], now: datetime) -> li
         rows.append(dict(job_id=job_id, line_no=line_no, custom_id=custom_id,
                          request_id=new_request_id(), status_code=original.status_code,
                          response=original.response, error=error, prompt_tokens=0,
-                         completion_tokens=0, shared_from=source, created_at=now))
+                         completion_tokens=0, shared_from=source, created_at=now,
+                         **_NO_PROVENANCE))
     session.execute(insert_ignore(session, RESULTS), rows)
     return [twin.status for twin in twins]
 

@@ -163,6 +163,15 @@ class Result(Base):
     # identical: {"id", "custom_id", "batch_id"} of the result that was sent.
     shared_from: Mapped[dict[str, Any] | None]
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    # Provenance (migration 0009), where a call was made: the deployment of the last call,
+    # the calls made, when that call was admitted, sent and answered, and the provider's
+    # x-request-id (the output line's response.request_id; ours where it gave none).
+    deployment: Mapped[str | None] = mapped_column(String(255))
+    attempts: Mapped[int | None] = mapped_column(Integer)
+    admitted_at: Mapped[datetime | None]
+    sent_at: Mapped[datetime | None]
+    answered_at: Mapped[datetime | None]
+    provider_request_id: Mapped[str | None] = mapped_column(String(255))
 
 
 class Tenant(Base):

@@ -50,3 +50,16 @@ class Shared:
 
 
 Outcome = ProviderResponse | Failure | Shared
+
+
+@dataclass(frozen=True, slots=True)
+class Provenance:
+    """Where and how an outcome was got: the deployment of its last call, the calls made,
+    and when that call was admitted, sent and answered (wall-clock seconds since the
+    epoch). Stored with the result, so a line can be traced and a job's report drawn."""
+
+    deployment: str
+    attempts: int
+    admitted_at: float
+    sent_at: float
+    answered_at: float

@@ -28,15 +28,18 @@ def output_line(
     response: dict[str, Any] | None,
     error: dict[str, Any] | None,
     shared_from: dict[str, Any] | None = None,
+    provider_request_id: str | None = None,
 ) -> dict[str, Any]:
     """One line of an OpenAI batch output or error file; `shared_from` (quotaflow's own
-    key) names the identical request whose answer this line shares."""
+    key) names the identical request whose answer this line shares. The line's `id` is
+    ours; `response.request_id` is the provider's x-request-id, as in OpenAI's output,
+    where the provider gave one."""
     line = {
         "id": request_id,
         "custom_id": custom_id,
         "response": None if status_code is None else {
             "status_code": status_code,
-            "request_id": request_id,
+            "request_id": provider_request_id or request_id,
             "body": response,
         },
         "error": error,
@@ -51,12 +54,14 @@ def dumps_line(obj: dict[str, Any]) -> str:
 
 
 def render_stored(request_id: str, custom_id: str | None, status_code: int | None,
-                  response: str | None, error: str | None, shared_from: str | None) -> str:
+                  response: str | None, error: str | None, shared_from: str | None,
+                  provider_request_id: str | None = None) -> str:
     """output_line's shape, written around JSON that is already text."""
     rid = orjson.dumps(request_id).decode()
     cid = "null" if custom_id is None else orjson.dumps(custom_id).decode()
+    pid = rid if provider_request_id is None else orjson.dumps(provider_request_id).decode()
     answer = "null" if status_code is None else (
-        f'{{"status_code":{status_code},"request_id":{rid},"body":{response or "null"}}}')
+        f'{{"status_code":{status_code},"request_id":{pid},"body":{response or "null"}}}')
     tail = "}\n" if shared_from is None else f',"shared_from":{shared_from}}}\n'
     return f'{{"id":{rid},"custom_id":{cid},"response":{answer},"error":{error or "null"}{tail}'
 
@@ -86,7 +91,7 @@ def iter_output(session: Session, job_id: str, errors: bool) -> Iterator[str]:
     get_job(session, job_id)
     stored = (Result.request_id, Result.custom_id, Result.status_code,
               cast(Result.response, Text), cast(Result.error, Text),
-              cast(Result.shared_from, Text))
+              cast(Result.shared_from, Text), Result.provider_request_id)
     if not errors:
         query = (select(Result.line_no, *stored)
                  .where(Result.job_id == job_id, Result.error.is_(None)))

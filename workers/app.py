@@ -8,10 +8,12 @@ is still running is never handed to a second worker.
 """
 
 import logging
+from typing import Any
 
-from celery import Celery
+from celery import Celery, signals
 from kombu import Queue
 
+from quotaflow import logs
 from quotaflow.config import get_settings
 from quotaflow.constants import DEFAULT_QUEUE, QUEUES
 from quotaflow.errors import ConfigError
@@ -49,7 +51,11 @@ def create_app() -> Celery:
     return celery
 
 
-# One line per provider request drowns the worker log; failures are logged by quotaflow.
-logging.getLogger("httpx").setLevel(logging.WARNING)
+@signals.setup_logging.connect
+def _configure_logging(loglevel: int | str | None = None, **_: Any) -> None:
+    """Celery leaves logging to a receiver of this signal: quotaflow's one configuration
+    (QUOTAFLOW_LOG_FORMAT), at the worker's --loglevel."""
+    logs.configure(get_settings(), loglevel or logging.INFO)
+
 
 app = create_app()

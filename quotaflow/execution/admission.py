@@ -73,7 +73,8 @@ class Admitter:
             try:
                 choice = self.router.choose(route, exclude=busy)
             except ServiceUnavailable as exc:
-                log.warning("%s; giving %d items back to the queue", exc, len(waiting))
+                log.warning("%s; giving %d items back to the queue", exc, len(waiting),
+                            extra=run.context)
                 self._defer(run, waiting, LIMITER_DOWN_BACKOFF_S)
                 break
             if choice.deployment is None:
@@ -98,7 +99,8 @@ class Admitter:
                 admission = self.limiter.acquire(asked[0].budget, [a.cost for a in asked],
                                                  run.floor)
             except ServiceUnavailable as exc:
-                log.warning("%s; giving %d items back to the queue", exc, len(waiting))
+                log.warning("%s; giving %d items back to the queue", exc, len(waiting),
+                            extra=run.context)
                 self._defer(run, waiting, LIMITER_DOWN_BACKOFF_S)
                 break
             del waiting[:admission.admitted]

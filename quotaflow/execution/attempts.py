@@ -7,6 +7,7 @@ the wait between attempts is the retry policy's (quotaflow/retries.py).
 
 import asyncio
 import logging
+import time
 
 from quotaflow.deployments import Route
 from quotaflow.errors import PermanentProviderError, ProviderError, ServiceUnavailable
@@ -15,7 +16,7 @@ from quotaflow.execution.batch import BatchRun
 from quotaflow.execution.prepare import Preparer
 from quotaflow.execution.stopping import CODES
 from quotaflow.leases import ClaimedItem
-from quotaflow.outcomes import Failure, FailureCode, Outcome
+from quotaflow.outcomes import Failure, FailureCode, Outcome, Provenance
 from quotaflow.providers import ProviderResponse
 from quotaflow.ratelimit import Limiter, sleep_time
 from quotaflow.routing import Router
@@ -41,41 +42,52 @@ class Caller:
         self.preparer = preparer
 
     async def call(self, run: BatchRun, route: Route, admitted: Admitted) -> None:
-        run.finish(admitted.item, await self._attempts(run, route, admitted))
+        outcome, provenance = await self._attempts(run, route, admitted)
+        run.finish(admitted.item, outcome, provenance)
 
-    async def _attempts(self, run: BatchRun, route: Route, admitted: Admitted) -> Outcome:
+    async def _attempts(self, run: BatchRun, route: Route,
+                        admitted: Admitted) -> tuple[Outcome, Provenance | None]:
         last: ProviderError | None = None
         avoid: frozenset[str] = frozenset()
         attempts = run.policy.max_attempts
+        provenance: Provenance | None = None
         for attempt in range(1, attempts + 1):
             if attempt > 1:
                 readmitted = await self._readmit(run, route, admitted.item, avoid)
                 if isinstance(readmitted, Failure):
-                    return readmitted
+                    return readmitted, provenance
                 admitted = readmitted
             deployment = admitted.deployment
             response: ProviderResponse | None = None
+            # Wall clock for the record; the admission's monotonic time is dated from it.
+            sent = time.time()
+            admitted_at = (sent - (time.monotonic() - admitted.admitted_at)
+                           if admitted.admitted_at else sent)
             try:
                 response = await admitted.provider.send(run.url, admitted.body)
             except PermanentProviderError as exc:
+                provenance = _provenance(run, admitted, attempt, admitted_at, sent, exc.status_code)
                 run.feedback.answered(admitted, None)
                 return Failure(FailureCode.PROVIDER_ERROR,
                                f"{exc} (attempt {attempt}, not retried)",
-                               exc.status_code, exc.body, attempt)
+                               exc.status_code, exc.body, attempt), provenance
             except ProviderError as exc:
+                provenance = _provenance(run, admitted, attempt, admitted_at, sent, exc.status_code)
                 last = exc
                 run.feedback.answered(admitted, None)
                 quota = run.feedback.failed(admitted, exc)
                 avoid = self.router.siblings(deployment) if quota else frozenset()
             else:
+                provenance = _provenance(run, admitted, attempt, admitted_at, sent,
+                                         response.status_code)
                 run.feedback.answered(admitted, response)
-                return response
+                return response, provenance
             if attempt < attempts:
                 await asyncio.sleep(run.policy.delay(attempt, last.retry_after))
         assert last is not None
         return Failure(FailureCode.PROVIDER_ERROR,
                        f"{last} (gave up after {attempts} attempts)",
-                       last.status_code, last.body, attempts)
+                       last.status_code, last.body, attempts), provenance
 
     async def _readmit(self, run: BatchRun, route: Route, item: ClaimedItem,
                        avoid: frozenset[str]) -> Admitted | Failure:
@@ -95,7 +107,8 @@ class Caller:
                 run.feedback.flush()  # refunds first: they may be what lets it in
                 admission = self.limiter.acquire(prepared.budget, [prepared.cost], run.floor)
             except ServiceUnavailable as exc:
-                log.warning("%s; retrying in %.0fs", exc, LIMITER_DOWN_BACKOFF_S)
+                log.warning("%s; retrying in %.0fs", exc, LIMITER_DOWN_BACKOFF_S,
+                            extra={**run.context, "line": item.line_no})
                 await asyncio.sleep(LIMITER_DOWN_BACKOFF_S)
                 continue
             if admission.admitted:
@@ -109,3 +122,19 @@ def poll_time(refunds_due: bool, wait_s: float) -> float:
     """How long to sleep before asking the limiter again: refunds may end a wait early."""
     pause = sleep_time(wait_s)
     return min(pause, REFUND_POLL_S) if refunds_due else pause
+
+
+def _provenance(run: BatchRun, admitted: Admitted, attempt: int, admitted_at: float, sent: float,
+                status: int | None) -> Provenance:
+    """The record of one call just answered; a debug line for it only when asked for
+    (a line per request at INFO would cost more than the request)."""
+    provenance = Provenance(admitted.deployment.name, attempt, admitted_at, sent, time.time())
+    if log.isEnabledFor(logging.DEBUG):
+        item = admitted.item
+        log.debug("line %d answered by %s (attempt %d, status %s)", item.line_no,
+                  provenance.deployment, attempt, status,
+                  extra={**run.context, "line": item.line_no, "custom_id": item.custom_id,
+                         "deployment": provenance.deployment, "attempt": attempt,
+                         "status": status,
+                         "latency_ms": round(1000 * (provenance.answered_at - sent), 1)})
+    return provenance

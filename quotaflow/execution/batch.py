@@ -1,13 +1,14 @@
 """The state one batch run carries from claim to report, shared by the loop's parts."""
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from quotaflow.dispatch import BatchRef
 from quotaflow.execution.feedback import Feedback
 from quotaflow.execution.stopping import JobWatch
 from quotaflow.execution.writer import ResultWriter
 from quotaflow.leases import ClaimedItem
-from quotaflow.outcomes import Outcome
+from quotaflow.outcomes import Outcome, Provenance
 from quotaflow.retries import RetryPolicy
 
 
@@ -36,8 +37,15 @@ class BatchRun:
     watch: JobWatch
     retry_in: float | None = field(default=None)
 
-    def finish(self, item: ClaimedItem, outcome: Outcome) -> None:
-        self.writer.add(item, outcome)
+    def finish(self, item: ClaimedItem, outcome: Outcome,
+               provenance: Provenance | None = None) -> None:
+        self.writer.add(item, outcome, provenance)
+
+    @property
+    def context(self) -> dict[str, Any]:
+        """The `extra=` of this run's log lines: its job and its line range."""
+        return {"job_id": self.ref.job_id,
+                "batch": f"{self.ref.first_line}-{self.ref.last_line}"}
 
     def later(self, seconds: float) -> None:
         self.retry_in = seconds if self.retry_in is None else min(self.retry_in, seconds)

@@ -135,6 +135,11 @@ class BatchExecutor:
             run.feedback.flush()
             await _store_all(run)  # answers are kept, whatever ended the batch
         report = BatchReport(len(items), run.writer.succeeded, run.writer.failed, run.retry_in)
+        log.info("batch %s lines %d-%d: %d claimed, %d succeeded, %d failed", ref.job_id,
+                 ref.first_line, ref.last_line, report.claimed, report.succeeded,
+                 report.failed, extra={**run.context, "claimed": report.claimed,
+                                       "succeeded": report.succeeded, "failed": report.failed,
+                                       "retry_in": report.retry_in})
         return self._report(ref, report)
 
     def _facts(self, job_id: str) -> "_JobFacts":
@@ -219,6 +224,7 @@ async def _store_all(run: BatchRun) -> None:
             if time.monotonic() > deadline:
                 raise
             log.warning("storing %d answers of %s failed (%s); trying again in %.0fs",
-                        run.writer.waiting, run.ref.job_id, exc.__class__.__name__, delay)
+                        run.writer.waiting, run.ref.job_id, exc.__class__.__name__, delay,
+                        extra=run.context)
             await asyncio.sleep(delay)
             delay = min(2 * delay, MAX_WRITE_RETRY_S)

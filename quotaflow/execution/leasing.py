@@ -26,4 +26,4 @@ async def keep_leases(sessions: sessionmaker[Session], job_id: str, owner: str,
             await asyncio.to_thread(renew, sessions, job_id, owner, lease)
         except Exception as exc:  # SQLAlchemy's errors for a database that is away
             log.warning("lease renewal for %s failed (%s); trying again at the next beat",
-                        job_id, exc.__class__.__name__)
+                        job_id, exc.__class__.__name__, extra={"job_id": job_id})

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from sqlalchemy.orm import Session, sessionmaker
 
 from quotaflow.leases import ClaimedItem, store_many
-from quotaflow.outcomes import Outcome
+from quotaflow.outcomes import Outcome, Provenance
 
 # Write once this many answers wait, or once the oldest has waited this long.
 FLUSH_SIZE = 64
@@ -33,13 +33,16 @@ class ResultWriter:
     succeeded: int = 0
     failed: int = 0
     _buffer: list[tuple[ClaimedItem, Outcome]] = field(default_factory=list)
+    _provenance: list[Provenance | None] = field(default_factory=list)  # one per entry
     _since: float = 0.0
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
-    def add(self, item: ClaimedItem, outcome: Outcome) -> None:
+    def add(self, item: ClaimedItem, outcome: Outcome,
+            provenance: Provenance | None = None) -> None:
         if not self._buffer:
             self._since = time.monotonic()
         self._buffer.append((item, outcome))
+        self._provenance.append(provenance)
 
     @property
     def waiting(self) -> int:
@@ -55,11 +58,13 @@ class ResultWriter:
             if not self._buffer:
                 return
             chunk, self._buffer = self._buffer, []
+            provenance, self._provenance = self._provenance, []
             try:
                 succeeded, failed = await asyncio.to_thread(
-                    store_many, self.sessions, self.job_id, chunk, self.share)
+                    store_many, self.sessions, self.job_id, chunk, self.share, provenance)
             except BaseException:
                 self._buffer[:0] = chunk
+                self._provenance[:0] = provenance
                 raise
         self.succeeded += succeeded
         self.failed += failed
