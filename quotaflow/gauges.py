@@ -41,8 +41,15 @@ CIRCUIT_VALUES = {CircuitState.CLOSED: 0, CircuitState.PROBE_FREE: 1,
 # counting them would make every scrape read the whole table.
 UNFINISHED_JOBS = (JobStatus.VALIDATING, JobStatus.IN_PROGRESS, JobStatus.FINALIZING,
                    JobStatus.CANCELLING)
-ITEM_STATUSES = tuple(v for k, v in vars(ItemStatus).items() if k.isupper())
-JOB_STATUSES = tuple(v for k, v in vars(JobStatus).items() if k.isupper())
+
+
+def _statuses(names: type) -> tuple[str, ...]:
+    """A status class's statuses (its upper-case strings; not its groups of them)."""
+    return tuple(v for k, v in vars(names).items() if k.isupper() and isinstance(v, str))
+
+
+ITEM_STATUSES = _statuses(ItemStatus)
+JOB_STATUSES = _statuses(JobStatus)
 
 
 def _gauge(name: str, doc: str, labels: Iterable[str] = ()) -> GaugeMetricFamily:
