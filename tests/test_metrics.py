@@ -1,20 +1,26 @@
-"""The metrics' arithmetic without servers: bulk histogram writes equal one observe() per
-value, a run's tally lands on the right series, failures get their code, and every batch
-message carries the time it was queued."""
+"""The metrics without servers: bulk histogram writes equal one observe() per value, a
+run's tally lands on the right series, failures get their code, every batch message
+carries the time it was queued, and the API's gauges read the state (in-process limiter
+and breaker, SQLite)."""
 
 import time
 import uuid
 from pathlib import Path
 
 import orjson
-from prometheus_client import REGISTRY, CollectorRegistry, Histogram
+from prometheus_client import REGISTRY, CollectorRegistry, Histogram, generate_latest
 
 from cli.services import metrics_env
 from quotaflow import metrics
+from quotaflow.config import Settings
 from quotaflow.constants import TASK_PROCESS_BATCH
+from quotaflow.db import upgrade
 from quotaflow.dispatch import BatchRef
 from quotaflow.errors import RetryableProviderError
-from quotaflow.gauges import queued_time
+from quotaflow.gauges import StateCollector, queued_time
+from quotaflow.models import Item, Job
+from quotaflow.ratelimit import Budget
+from quotaflow.runtime import Runtime
 from workers.dispatch import QUEUED_AT, CeleryDispatcher, message
 
 VALUES = (0.0, 0.004, 0.005, 0.02, 0.3, 0.3, 7.0, 61.0, 500.0)
@@ -111,3 +117,44 @@ def test_a_metrics_port_gives_the_worker_a_fresh_directory_of_its_own() -> None:
     for directory in directories:
         assert directory.is_dir() and not any(directory.iterdir())
         directory.rmdir()
+
+
+def test_the_apis_gauges_read_budgets_circuits_and_statuses_now(tmp_path: Path) -> None:
+    # Given an in-process runtime (no broker) with one deployment, half its budget taken,
+    # its circuit opened by failures, and one job of three requests
+    deployments = tmp_path / "deployments.toml"
+    deployments.write_text('[deployments.gauged]\nprovider = "mock"\nmodel = "m"\nrpm = 100\n'
+                           'tpm = 10000\ncircuit_failures = 2\n[routes]\n"*" = "gauged"\n')
+    url = f"sqlite:///{tmp_path / 'g.db'}"
+    upgrade(url)
+    runtime = Runtime(Settings(database_url=url, deployments_file=deployments,
+                               _env_file=None), in_process=True)
+    deployment = runtime.deployments.deployments["gauged"]
+    runtime.limiter.acquire(Budget.of(deployment), [5000], 0.0)
+    runtime.breaker.record_failure(deployment)
+    runtime.breaker.record_failure(deployment)
+    with runtime.sessions.begin() as session:
+        session.add(Job(id="j1", status="in_progress", queue="bulk", endpoint="/v1/x"))
+        session.flush()  # items have no relationship to order them after their job
+        session.add_all(Item(job_id="j1", line_no=n, status=status) for n, status in
+                        enumerate(("pending", "running", "succeeded")))
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(StateCollector(runtime))
+
+    def value(name: str, **labels: str) -> float | None:
+        return registry.get_sample_value(name, labels)
+
+    # When they are collected
+    page = generate_latest(registry).decode()
+    # Then each reads what is there now
+    assert 0.49 < value("quotaflow_budget_utilisation", deployment="gauged") < 0.51
+    assert value("quotaflow_budget_limit_tokens_per_minute", deployment="gauged") == 10000
+    assert value("quotaflow_budget_limit_requests_per_minute", deployment="gauged") == 100
+    assert 4999 < value("quotaflow_budget_available_tokens", deployment="gauged") < 5100
+    assert value("quotaflow_circuit_state", deployment="gauged") == 2
+    assert value("quotaflow_requests", status="pending") == 1
+    assert value("quotaflow_requests", status="succeeded") == 1
+    assert value("quotaflow_requests", status="failed") == 0
+    assert value("quotaflow_jobs", status="in_progress") == 1
+    assert value("quotaflow_metrics_source_up", source="database") == 1
+    assert "quotaflow_queue_depth" not in page  # no broker to read
