@@ -20,7 +20,6 @@ from celery.signals import worker_process_shutdown, worker_ready, worker_shutdow
 from prometheus_client import CollectorRegistry, multiprocess, start_http_server
 
 from quotaflow.config import get_settings
-from quotaflow.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -40,12 +39,18 @@ def serve_metrics(**_kwargs: object) -> None:
     if port is None:
         return
     if not _directory():
-        raise ConfigError("QUOTAFLOW_WORKER_METRICS_PORT needs PROMETHEUS_MULTIPROC_DIR, set "
-                          "before the worker starts: start workers with `quotaflow worker "
-                          "--metrics-port PORT`, which sets both")
+        # Celery logs what a signal handler raises and carries on: say it plainly instead.
+        log.error("no metrics served: QUOTAFLOW_WORKER_METRICS_PORT needs "
+                  "PROMETHEUS_MULTIPROC_DIR, set before the worker starts; start workers "
+                  "with `quotaflow worker --metrics-port PORT`, which sets both")
+        return
     registry = CollectorRegistry()
     multiprocess.MultiProcessCollector(registry)
-    start_http_server(port, registry=registry)
+    try:
+        start_http_server(port, registry=registry)
+    except OSError as exc:
+        log.error("no metrics served: port %d: %s", port, exc)
+        return
     log.info("metrics at http://0.0.0.0:%d/metrics (files in %s)", port, _directory())
 
 
