@@ -7,6 +7,7 @@ every worker equal what the mock provider itself says it saw (GET /stats).
 """
 
 import io
+import re
 import shutil
 import time
 from collections.abc import Iterator
@@ -39,6 +40,7 @@ class Metered:
     provider: str
     prometheus: str
     settings: Settings
+    worker_procs: list[Proc]
 
 
 def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -117,7 +119,7 @@ def metered(pg_sessions: sessionmaker[Session], pg_url: str, redis_url: str,
         procs.append(prometheus)
         settings = Settings(database_url=pg_url, broker_url=redis_url,
                             deployments_file=deployments, batch_size=10, _env_file=None)
-        yield Metered(api, workers, provider_url, prometheus_url, settings)
+        yield Metered(api, workers, provider_url, prometheus_url, settings, procs[1:1 + WORKERS])
     finally:
         for proc in reversed(procs):
             proc.stop()
@@ -136,6 +138,18 @@ def test_queue_depth_and_the_oldest_messages_age_are_read_from_the_broker(
     assert total(samples, "quotaflow_queue_depth", queue="standard") == 0
     assert 1.5 <= total(samples, "quotaflow_queue_oldest_age_seconds", queue="bulk") < 60
     assert total(samples, "quotaflow_queue_oldest_age_seconds", queue="standard") == 0
+
+
+def test_a_worker_removes_its_metrics_directory_when_it_stops(metered: Metered) -> None:
+    # Given each worker's own directory of metrics files, named in its log
+    directories = [Path(re.search(r"files in (\S+)\)", proc.log()).group(1))
+                   for proc in metered.worker_procs]
+    assert len(set(directories)) == WORKERS and all(d.is_dir() for d in directories)
+    # When one worker stops
+    metered.worker_procs[0].stop()
+    # Then its directory is gone, and the others' are not
+    assert not directories[0].exists()
+    assert all(d.is_dir() for d in directories[1:])
 
 
 def test_provider_counters_summed_over_the_workers_equal_the_providers_own(
