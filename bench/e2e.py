@@ -64,6 +64,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
@@ -365,12 +366,17 @@ class Bench:
         with self._db() as conn:
             conn.execute("TRUNCATE jobs, items, results CASCADE")
             conn.execute("CHECKPOINT")
+        ports = [free_port() for _ in range(workers)] if self.args.metrics else []
         procs = [self._start(f"worker{n}-w{workers}-n{size}", quotaflow(
             "worker", "--concurrency", str(self.args.concurrency), "--name",
-            f"bench{n}@e2e"), self.cluster_env()) for n in range(1, workers + 1)]
+            f"bench{n}@e2e", *(("--metrics-port", str(ports[n - 1])) if ports else ())),
+            self.cluster_env()) for n in range(1, workers + 1)]
+        scraper = Scraper([self.api_url, *(f"http://127.0.0.1:{port}" for port in ports)])
         try:
             for proc in procs:
                 proc.wait_until(lambda p=proc: " ready." in p.log())
+            if ports:
+                scraper.start()
             if self.args.warmup:
                 warm = write_requests(self.workdir / "warmup.jsonl", self.args.warmup,
                                       f"warm{workers}x{size}", self.args.max_tokens)
@@ -380,8 +386,11 @@ class Bench:
             row = self._run_job(path, size, procs,
                                 label=f"cluster, {workers} worker{'s' * (workers > 1)}")
         finally:
+            scraper.stop()
             for proc in procs:
                 self._stop(proc)
+        if ports:
+            row.notes += f"; metrics: {scraper.scrapes} scrapes, {scraper.calls:.0f} calls counted"
         return row
 
     def _run_job(self, path: Path, size: int, workers: list[Proc], label: str) -> Row:
@@ -701,6 +710,42 @@ def _scenarios(text: str) -> list[str]:
     return chosen
 
 
+class Scraper:
+    """With --metrics: scrapes the API and every worker once a second while a row runs, as a
+    Prometheus server would (more often than its default 15 s), so that the cost of
+    serving /metrics is in the api and workers columns; counts the provider calls the
+    workers' counters hold at the last scrape."""
+
+    def __init__(self, urls: list[str]) -> None:
+        self.urls = urls
+        self.scrapes = 0
+        self.calls = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        if self._thread.is_alive():
+            self._stop.set()
+            self._thread.join(10)
+            self._scrape()
+
+    def _run(self) -> None:
+        while not self._stop.wait(1.0):
+            self._scrape()
+
+    def _scrape(self) -> None:
+        calls = 0.0
+        for url in self.urls:
+            page = httpx.get(f"{url}/metrics", timeout=10).text
+            calls += sum(float(line.rsplit(" ", 1)[1]) for line in page.splitlines()
+                         if line.startswith("quotaflow_provider_responses_total{"))
+        self.scrapes += 1
+        self.calls = calls
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=20_000, help="Requests per job.")
@@ -733,6 +778,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--pg-option", action="append", default=[], metavar="NAME=VALUE",
                         help="A setting for the throwaway PostgreSQL (repeatable), "
                              "e.g. synchronous_commit=off.")
+    parser.add_argument("--metrics", action="store_true",
+                        help="Start the workers with --metrics-port and scrape them and the "
+                             "API's /metrics every second while the cluster rows run.")
     parser.add_argument("--json", type=Path, default=None, help="Also write the rows here.")
     parser.add_argument("--keep", action="store_true",
                         help="Keep the working directory (logs, input files).")

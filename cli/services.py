@@ -11,6 +11,7 @@ import logging
 import os
 import socket
 import sys
+import tempfile
 from typing import Any
 
 import click
@@ -73,6 +74,18 @@ def flower_env(basic_auth: str | None, no_auth: bool) -> dict[str, str]:
     return {"FLOWER_BASIC_AUTH": basic_auth}
 
 
+def metrics_env(port: int | None) -> dict[str, str]:
+    """The worker's environment for a metrics server on `port`: a fresh directory of its
+    own for prometheus_client's multiprocess files, set before Celery starts so that every
+    pool process it forks writes there (prometheus_client reads the variable at import).
+    Never a directory shared with another worker: each serves the sum of all files in
+    its directory. The worker removes it when it shuts down (workers/metrics.py)."""
+    if port is None:
+        return {}
+    directory = tempfile.mkdtemp(prefix="quotaflow-metrics-")
+    return {"QUOTAFLOW_WORKER_METRICS_PORT": str(port), "PROMETHEUS_MULTIPROC_DIR": directory}
+
+
 def register(cli: click.Group) -> None:
     @cli.command()
     @click.option("--host", default=None, help="Default: QUOTAFLOW_API_HOST (127.0.0.1).")
@@ -100,8 +113,12 @@ def register(cli: click.Group) -> None:
     @click.option("--autoscale", default=None, metavar="MAX,MIN", callback=_autoscale,
                   help="Let Celery grow the pool up to MAX processes while batches wait and "
                        "shrink it to MIN when idle (overrides --concurrency).")
+    @click.option("--metrics-port", default=None, type=click.IntRange(1, 65535),
+                  help="Serve this worker's Prometheus metrics (all its pool processes) at "
+                       "http://HOST:PORT/metrics. Default: QUOTAFLOW_WORKER_METRICS_PORT; "
+                       "unset: no metrics server.")
     def worker(queues: str, concurrency: int, name: str | None, loglevel: str,
-               deployment: str | None, autoscale: str | None) -> None:
+               deployment: str | None, autoscale: str | None, metrics_port: int | None) -> None:
         """Start a Celery worker for the given queues."""
         chosen = [q.strip() for q in queues.split(",") if q.strip()]
         unknown = [q for q in chosen if q not in QUEUES]
@@ -121,6 +138,7 @@ def register(cli: click.Group) -> None:
             # every batch it runs, so their requests meet in one dynamic batcher.
             pool = ["--pool", "threads"]
             env["QUOTAFLOW_WORKER_DEPLOYMENT"] = deployment
+        env |= metrics_env(metrics_port or get_settings().worker_metrics_port)
         # JSON logs: no banner, so that every line of the worker's output parses.
         quiet = ["--quiet"] if get_settings().log_format == "json" else []
         _exec_celery(*quiet, "worker", "-Q", ",".join(chosen), "--concurrency", str(concurrency),

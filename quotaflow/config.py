@@ -94,6 +94,9 @@ class Settings(BaseSettings):
     # Set by `quotaflow worker --deployment NAME`: the one local deployment whose model
     # this worker process loads. A worker without it loads no model at all.
     worker_deployment: str | None = None
+    # Set by `quotaflow worker --metrics-port PORT`: the worker's main process serves its
+    # pool's Prometheus metrics there (workers/metrics.py). None: no metrics server.
+    worker_metrics_port: int | None = Field(default=None, gt=0, lt=65536)
 
     # Log lines as plain text (with the job id and other context as key=value) or as
     # one JSON object each (quotaflow/logs.py).

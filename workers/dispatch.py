@@ -10,9 +10,14 @@ pushed through a Redis pipeline a thousand at a time: the same bytes on the
 same list, about 30 times faster. The first message of each call still goes
 through send_task, which declares the queue as usual. Other brokers get
 send_task for every message.
+
+Every message carries `quotaflow_queued_at` (unix seconds) in its headers: Celery's
+protocol 2 records no send time, and the API's /metrics reads the oldest waiting
+message's to report how long a queue has kept it (quotaflow/gauges.py).
 """
 
 import base64
+import time
 import uuid
 from typing import Any
 
@@ -25,6 +30,8 @@ from quotaflow.dispatch import BatchRef
 from quotaflow.errors import ServiceUnavailable
 
 PIPELINE_MESSAGES = 1000
+# The header that dates a message (unix seconds, when it was queued).
+QUEUED_AT = "quotaflow_queued_at"
 
 
 class CeleryDispatcher:
@@ -40,21 +47,22 @@ class CeleryDispatcher:
         if not batches:
             return
         try:
+            stamp = {QUEUED_AT: time.time()}
             with self._celery.producer_or_acquire() as producer:
                 rest = batches if self._redis is None else batches[:1]
                 for ref in rest:
                     self._celery.send_task(
                         TASK_PROCESS_BATCH, args=[ref.job_id, ref.first_line, ref.last_line],
-                        queue=queue, producer=producer)
+                        queue=queue, producer=producer, headers=stamp)
             if self._redis is not None and len(batches) > 1:
-                self._push(queue, batches[1:])
+                self._push(queue, batches[1:], stamp)
         except Exception as exc:  # kombu and redis raise many transport-specific types
             raise ServiceUnavailable(
                 "could not reach the broker to queue the job's batches "
                 f"({exc.__class__.__name__}); check QUOTAFLOW_BROKER_URL and that Redis is running"
             ) from exc
 
-    def _push(self, queue: str, batches: list[BatchRef]) -> None:
+    def _push(self, queue: str, batches: list[BatchRef], stamp: dict[str, float]) -> None:
         assert self._redis is not None
         template = self._celery.amqp.create_task_message(  # as send_task calls it
             str(uuid.uuid4()), TASK_PROCESS_BATCH, ["", 0, 0],
@@ -62,13 +70,15 @@ class CeleryDispatcher:
         with self._redis.pipeline(transaction=False) as pipe:
             for start in range(0, len(batches), PIPELINE_MESSAGES):
                 for ref in batches[start:start + PIPELINE_MESSAGES]:
-                    pipe.lpush(queue, orjson.dumps(message(template, queue, ref)))
+                    pipe.lpush(queue, orjson.dumps(message(template, queue, ref, stamp)))
                 pipe.execute()
 
 
-def message(template: Any, queue: str, ref: BatchRef) -> dict[str, Any]:
+def message(template: Any, queue: str, ref: BatchRef,
+            stamp: dict[str, float] | None = None) -> dict[str, Any]:
     """The Redis transport's envelope around Celery's protocol-2 message for one batch,
-    as kombu writes it for send_task (body JSON, base64-encoded)."""
+    as kombu writes it for send_task (body JSON, base64-encoded), with `stamp`'s headers
+    added as send_task adds its `headers`."""
     task_id = str(uuid.uuid4())
     args = [ref.job_id, ref.first_line, ref.last_line]
     body = orjson.dumps([args, *template.body[1:]])
@@ -77,7 +87,7 @@ def message(template: Any, queue: str, ref: BatchRef) -> dict[str, Any]:
         "content-encoding": "utf-8",
         "content-type": "application/json",
         "headers": {**template.headers, "id": task_id, "root_id": task_id,
-                    "argsrepr": repr(args)},
+                    "argsrepr": repr(args), **(stamp or {})},
         "properties": {**template.properties, "correlation_id": task_id, "delivery_mode": 2,
                        "delivery_info": {"exchange": "", "routing_key": queue}, "priority": 0,
                        "body_encoding": "base64", "delivery_tag": str(uuid.uuid4())},

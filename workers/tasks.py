@@ -12,6 +12,7 @@ from quotaflow.dispatch import BatchRef
 from quotaflow.errors import ConfigError, ServiceUnavailable
 from quotaflow.providers.local import runner_for, serve_only
 from quotaflow.runtime import Runtime
+from workers import metrics  # noqa: F401  (its signal handlers serve --metrics-port)
 from workers.app import app
 from workers.dispatch import CeleryDispatcher
 

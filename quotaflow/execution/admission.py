@@ -10,6 +10,7 @@ items back to the queue with a countdown (Celery), or is slept through
 
 import asyncio
 import logging
+import time
 from datetime import timedelta
 
 from sqlalchemy.orm import Session, sessionmaker
@@ -104,6 +105,11 @@ class Admitter:
                 self._defer(run, waiting, LIMITER_DOWN_BACKOFF_S)
                 break
             del waiting[:admission.admitted]
+            if admission.admitted:
+                run.feedback.tally.admitted(
+                    deployment.name, admission.admitted,
+                    sum(a.cost for a in asked[:admission.admitted]),
+                    time.monotonic() - run.started)
             flying = calls.setdefault(deployment.name, flying)
             for entry in asked[:admission.admitted]:
                 entry.paid(admission)

@@ -16,6 +16,7 @@ from quotaflow.execution.batch import BatchRun
 from quotaflow.execution.prepare import Preparer
 from quotaflow.execution.stopping import CODES
 from quotaflow.leases import ClaimedItem
+from quotaflow.metrics import error_code
 from quotaflow.outcomes import Failure, FailureCode, Outcome, Provenance
 from quotaflow.providers import ProviderResponse
 from quotaflow.ratelimit import Limiter, sleep_time
@@ -64,7 +65,7 @@ class Caller:
             admitted_at = (sent - (time.monotonic() - admitted.admitted_at)
                            if admitted.admitted_at else sent)
             try:
-                response = await admitted.provider.send(run.url, admitted.body)
+                response = await self._send(run, admitted)
             except PermanentProviderError as exc:
                 provenance = _provenance(run, admitted, attempt, admitted_at, sent, exc.status_code)
                 run.feedback.answered(admitted, None)
@@ -89,9 +90,25 @@ class Caller:
                        f"{last} (gave up after {attempts} attempts)",
                        last.status_code, last.body, attempts), provenance
 
+    @staticmethod
+    async def _send(run: BatchRun, admitted: Admitted) -> ProviderResponse:
+        """The call, timed and counted for the metrics (quotaflow/metrics.py)."""
+        name = admitted.deployment.name
+        started = time.perf_counter()
+        try:
+            response = await admitted.provider.send(run.url, admitted.body)
+        except ProviderError as exc:
+            run.feedback.tally.answered(name, error_code(exc), time.perf_counter() - started)
+            raise
+        run.feedback.tally.answered(name, str(response.status_code),
+                                    time.perf_counter() - started, response.prompt_tokens,
+                                    response.completion_tokens)
+        return response
+
     async def _readmit(self, run: BatchRun, route: Route, item: ClaimedItem,
                        avoid: frozenset[str]) -> Admitted | Failure:
         """Route a retry and pay for it, waiting as long as no deployment can take it."""
+        asked = time.monotonic()
         while True:
             if ended := run.watch.ended():
                 return Failure(CODES[ended], f"line {item.line_no}: not sent again because "
@@ -113,6 +130,8 @@ class Caller:
                 continue
             if admission.admitted:
                 prepared.paid(admission)
+                run.feedback.tally.admitted(prepared.deployment.name, 1, prepared.cost,
+                                            time.monotonic() - asked)
                 return prepared
             await asyncio.sleep(min(poll_time(admission.refunds_due, admission.wait_s),
                                     MAX_ROUTE_WAIT_S))

@@ -1,5 +1,6 @@
 """The state one batch run carries from claim to report, shared by the loop's parts."""
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +37,8 @@ class BatchRun:
     feedback: Feedback
     watch: JobWatch
     retry_in: float | None = field(default=None)
+    # When the items were claimed: their admission wait counts from here (metrics).
+    started: float = field(default_factory=time.monotonic)
 
     def finish(self, item: ClaimedItem, outcome: Outcome,
                provenance: Provenance | None = None) -> None:

@@ -38,6 +38,7 @@ from quotaflow.execution.stopping import JobWatch
 from quotaflow.execution.writer import ResultWriter
 from quotaflow.jobs import close_if_done
 from quotaflow.leases import ClaimedItem, claim, leased_elsewhere_for
+from quotaflow.metrics import Tally
 from quotaflow.models import Item, Job
 from quotaflow.outcomes import Failure, FailureCode
 from quotaflow.ratelimit import Limiter
@@ -112,7 +113,7 @@ class BatchExecutor:
                              or self.settings.provider_max_attempts)
         run = BatchRun(ref, owner, job.url, self.settings.floor_for(job.queue), policy,
                        ResultWriter(self.sessions, ref.job_id, on_item, job.has_duplicates),
-                       Feedback(self.limiter, self.breaker),
+                       Feedback(self.limiter, self.breaker, Tally(job.queue)),
                        JobWatch(self.sessions, ref.job_id))
         reused = (earlier_answers(self.sessions, ref.job_id, job.tenant, items)
                   if self.settings.dedup_across_jobs else {})

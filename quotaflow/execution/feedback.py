@@ -24,6 +24,7 @@ from quotaflow.circuit import CircuitBreaker
 from quotaflow.deployments import Deployment
 from quotaflow.errors import ProviderError, ServiceUnavailable
 from quotaflow.execution.admitted import Admitted
+from quotaflow.metrics import Tally
 from quotaflow.providers import ProviderResponse
 from quotaflow.ratelimit import Budget, Limiter, Settlement
 
@@ -59,6 +60,8 @@ class _Pending:
 class Feedback:
     limiter: Limiter
     breaker: CircuitBreaker
+    # The run's counts for Prometheus, written with each flush (quotaflow/metrics.py).
+    tally: Tally = field(default_factory=Tally)
     _pending: dict[str, _Pending] = field(default_factory=dict)
     _succeeded: dict[str, Deployment] = field(default_factory=dict)
     _count: int = 0
@@ -119,6 +122,7 @@ class Feedback:
 
     def flush(self) -> None:
         """One settle (and at most one clamp) per budget, one success per deployment."""
+        self.tally.flush()
         if not self._count and not self._succeeded:
             return
         pending, self._pending = self._pending, {}
