@@ -7,6 +7,7 @@ touch anything else on the servers.
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 import types
@@ -28,6 +29,16 @@ PG_URL = os.environ.get("QUOTAFLOW_TEST_DATABASE_URL",
                         "postgresql+psycopg://postgres@127.0.0.1:5432/quotaflow_test")
 REDIS_URL = os.environ.get("QUOTAFLOW_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
 ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True)
+def _fresh_api_runtime() -> Iterator[None]:
+    """The API builds its parts once per process (api.deps.runtime); a test that points
+    the API at other settings must not leave them to the next test."""
+    yield
+    deps = sys.modules.get("api.deps")
+    if deps is not None:
+        deps.runtime.cache_clear()
 
 
 def pytest_sessionfinish() -> None:
