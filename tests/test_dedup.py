@@ -11,20 +11,12 @@ from sqlalchemy import select
 
 from quotaflow import job_view, jobs, output
 from quotaflow.config import Settings
-from quotaflow.dispatch import BatchRef
+from quotaflow.dispatch import CollectingDispatcher
 from quotaflow.execution import BatchExecutor
 from quotaflow.limiters import LocalLimiter
 from quotaflow.models import Item
 from tests.factories import chat_line, jsonl
 from tests.harness import deployment_file, start_provider
-
-
-class Collect:
-    def __init__(self) -> None:
-        self.batches: list[BatchRef] = []
-
-    def dispatch(self, queue: str, batches: list[BatchRef]) -> None:
-        self.batches.extend(batches)
 
 
 @pytest.fixture
@@ -51,15 +43,15 @@ def failing(settings: Settings, tmp_path: Path) -> Iterator[str]:
 
 
 def submit(sessions, settings: Settings, lines: list[dict], max_attempts: int | None = None,
-           tenant: str = "default") -> tuple[str, Collect]:
-    dispatcher = Collect()
+           tenant: str = "default") -> tuple[str, CollectingDispatcher]:
+    dispatcher = CollectingDispatcher()
     job = jobs.create_job(sessions, io.BytesIO(jsonl(lines)), settings=settings,
                           deployments=settings.load_deployments(), dispatcher=dispatcher,
                           queue="realtime", max_attempts=max_attempts, tenant=tenant)
     return job.id, dispatcher
 
 
-def run_all(sessions, settings: Settings, dispatcher: Collect) -> None:
+def run_all(sessions, settings: Settings, dispatcher: CollectingDispatcher) -> None:
     executor = BatchExecutor(sessions, settings.load_deployments(), LocalLimiter(), settings,
                              defer=False)
     for ref in dispatcher.batches:
@@ -161,7 +153,7 @@ def test_retrying_a_failed_job_resends_originals_and_refills_their_copies(
     assert set(outputs(pg_sessions, job_id, errors=True)) == {"r1", "r2"}
     # When the provider recovers and the failed requests are retried
     httpx.put(f"{failing}/faults", json={"500": 0}).raise_for_status()
-    again = Collect()
+    again = CollectingDispatcher()
     assert jobs.retry_failed(pg_sessions, job_id, again, settings) == 2
     assert [(b.first_line, b.last_line) for b in again.batches] == [(1, 1)]
     run_all(pg_sessions, settings, again)

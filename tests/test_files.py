@@ -11,18 +11,10 @@ from sqlalchemy.orm import Session, sessionmaker
 from quotaflow import batches, files, jobs
 from quotaflow.config import Settings
 from quotaflow.deployments import builtin_deployments
-from quotaflow.dispatch import BatchRef
+from quotaflow.dispatch import CollectingDispatcher
 from quotaflow.errors import FileTooLarge, InvalidRequest
 from quotaflow.models import File, FileChunk, Item
 from tests.factories import chat_line, jsonl
-
-
-class Collecting:
-    def __init__(self) -> None:
-        self.batches: list[BatchRef] = []
-
-    def dispatch(self, queue: str, refs: list[BatchRef]) -> None:
-        self.batches.extend(refs)
 
 
 def big_file(count: int) -> bytes:
@@ -67,7 +59,7 @@ def test_a_batch_from_a_multi_chunk_file_holds_every_line(pg_sessions: sessionma
     data = big_file(3000)
     row = files.store_file(pg_sessions, io.BytesIO(data), tenant="t", filename="big.jsonl",
                            purpose="batch", max_bytes=len(data))
-    dispatcher = Collecting()
+    dispatcher = CollectingDispatcher()
     request = batches.BatchRequest(input_file_id=row.id, endpoint="/v1/chat/completions",
                                    completion_window="2h", metadata=None, tenant="t")
     job = batches.create_batch(pg_sessions, request, settings=settings,

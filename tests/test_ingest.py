@@ -17,25 +17,18 @@ from sqlalchemy.orm import Session, sessionmaker
 from quotaflow import dedup, formats, ingest, jsonlines, linescan, quotas
 from quotaflow.config import Settings
 from quotaflow.db import session_factory, upgrade
-from quotaflow.dispatch import BatchRef
+from quotaflow.dispatch import BatchRef, CollectingDispatcher
 from quotaflow.errors import EnqueuedTokenLimit, InputFileError
 from quotaflow.models import Item, Job, Result
 from tests.factories import HOSTILE_LINES, chat_line, jsonl
 from workers.dispatch import CeleryDispatcher
 
 
-class Collect:
-    def __init__(self) -> None:
-        self.batches: list[BatchRef] = []
-
-    def dispatch(self, queue: str, batches: list[BatchRef]) -> None:
-        self.batches.extend(batches)
-
-
 def make(sessions: sessionmaker[Session], settings: Settings, data: bytes,
          **spec: object) -> ingest.Created:
     return ingest.create_job(sessions, io.BytesIO(data), settings=settings,
-                             deployments=settings.load_deployments(), dispatcher=Collect(),
+                             deployments=settings.load_deployments(),
+                             dispatcher=CollectingDispatcher(),
                              spec=ingest.JobSpec(**{"queue": "bulk", **spec}))
 
 
@@ -76,8 +69,8 @@ def test_a_duplicate_within_a_file_is_found_without_a_rewindable_stream(pg_sessi
     stream = io.BufferedReader(OneWay(jsonl([chat_line("a"), chat_line("b"), chat_line("a")])))
     with pytest.raises(InputFileError, match="duplicate custom_id 'a'; each custom_id"):
         ingest.create_job(pg_sessions, stream, settings=settings,
-                          deployments=settings.load_deployments(), dispatcher=Collect(),
-                          spec=ingest.JobSpec(queue="bulk"))
+                          deployments=settings.load_deployments(),
+                          dispatcher=CollectingDispatcher(), spec=ingest.JobSpec(queue="bulk"))
     assert row_counts(pg_sessions) == (0, 0, 0)
 
 
@@ -105,7 +98,7 @@ def test_identical_requests_wait_on_the_first_even_past_the_suspect_list(
     monkeypatch.setattr(linescan, "MAX_SUSPECTS", 3)
     settings.batch_size = 4
     prompts = ["a", "b", "c", "d", "e", "a", "b", "c", "d", "e", "f", "a"]
-    dispatcher = Collect()
+    dispatcher = CollectingDispatcher()
     job = ingest.create_job(pg_sessions, io.BytesIO(jsonl(
         [chat_line(f"x{i}", p) for i, p in enumerate(prompts, 1)])), settings=settings,
         deployments=settings.load_deployments(), dispatcher=dispatcher,

@@ -13,21 +13,13 @@ from sqlalchemy.orm import Session, sessionmaker
 from quotaflow import jobs
 from quotaflow import output as downloads
 from quotaflow.config import Settings
-from quotaflow.dispatch import BatchRef
+from quotaflow.dispatch import CollectingDispatcher
 from quotaflow.execution import BatchExecutor
 from quotaflow.limiters import LocalLimiter
 from quotaflow.models import Job, Result
 from tests.conftest import service_env
 from tests.factories import chat_line, jsonl
 from tests.procs import Proc, free_port, quotaflow
-
-
-class Collect:
-    def __init__(self) -> None:
-        self.batches: list[BatchRef] = []
-
-    def dispatch(self, queue: str, batches: list[BatchRef]) -> None:
-        self.batches.extend(batches)
 
 
 @pytest.fixture
@@ -54,7 +46,7 @@ def mock_deployments(tmp_path: Path) -> Iterator[Path]:
 
 def run_job(sessions: sessionmaker[Session], settings: Settings, count: int) -> Job:
     """A job of `count` chat lines, every batch run to its end in this process."""
-    dispatcher = Collect()
+    dispatcher = CollectingDispatcher()
     job = jobs.create_job(sessions, io.BytesIO(jsonl([chat_line(f"r{i}") for i in range(count)])),
                           settings=settings, deployments=settings.load_deployments(),
                           dispatcher=dispatcher, queue="bulk", filename="in.jsonl")
