@@ -41,6 +41,7 @@ from quotaflow.errors import (
     PermissionDenied,
     QuotaflowError,
     ServiceUnavailable,
+    SpendLimitExceeded,
 )
 
 log = logging.getLogger("quotaflow.api")
@@ -54,6 +55,7 @@ STATUS_BY_ERROR: dict[type[QuotaflowError], int] = {
     AuthenticationError: 401,
     PermissionDenied: 403,
     EnqueuedTokenLimit: 400,
+    SpendLimitExceeded: 400,
     JobStateError: 409,
     ServiceUnavailable: 503,
     ConfigError: 500,
@@ -64,6 +66,7 @@ STATUS_BY_ERROR: dict[type[QuotaflowError], int] = {
 CODE_BY_ERROR: dict[type[QuotaflowError], str] = {
     AuthenticationError: "invalid_api_key",
     EnqueuedTokenLimit: "token_limit_exceeded",
+    SpendLimitExceeded: "spend_limit_exceeded",
     FileTooLarge: "file_too_large",
 }
 

@@ -120,6 +120,10 @@ class Settings(BaseSettings):
     # limit; a tenant's own limit (`quotaflow keys create --max-enqueued-tokens`) overrides
     # it. None: no limit.
     max_enqueued_tokens: int | None = Field(default=None, gt=0)
+    # What one tenant may spend per calendar month (UTC), in the deployments' currency,
+    # at their prices (quotaflow/spend.py); a tenant's own limit (`quotaflow keys create
+    # --max-spend`) overrides it. None: no limit.
+    max_monthly_spend: float | None = Field(default=None, ge=0)
 
     @field_validator("task_time_limit")
     @classmethod

@@ -6,11 +6,11 @@ the workers depend on: UPDATE ... RETURNING and INSERT ... ON CONFLICT.
 """
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from sqlalchemy import Engine, Insert, Table, create_engine, event, text
+from sqlalchemy import Engine, Insert, Table, create_engine, event, func, text
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
@@ -95,6 +95,25 @@ def insert_ignore(session: Session, table: Table) -> Insert:
     if dialect == "sqlite":
         return sqlite.insert(table).on_conflict_do_nothing()
     raise ConfigError(f"database dialect {dialect} is not supported")
+
+
+def insert_adding(session: Session, table: Table, keys: Sequence[str],
+                  adding: Sequence[str], keep_null: Sequence[str] = ()) -> Insert:
+    """INSERT ... ON CONFLICT (keys) DO UPDATE adding the new row's `adding` columns to the
+    stored ones: a counter row written by many transactions at once. A `keep_null`
+    column stays NULL only while every row added to it was NULL."""
+    dialect = session.get_bind().dialect.name
+    if dialect == "postgresql":
+        statement = postgresql.insert(table)
+    elif dialect == "sqlite":
+        statement = sqlite.insert(table)
+    else:
+        raise ConfigError(f"database dialect {dialect} is not supported")
+    new = statement.excluded
+    values = {name: table.c[name] + new[name] for name in adding}
+    for name in keep_null:
+        values[name] = func.coalesce(table.c[name] + new[name], table.c[name], new[name])
+    return statement.on_conflict_do_update(index_elements=list(keys), set_=values)
 
 
 def refresh_statistics(sessions: sessionmaker[Session], table: Table) -> None:

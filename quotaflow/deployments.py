@@ -8,6 +8,7 @@ simulated mock provider.
 
 import os
 import tomllib
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
 
@@ -20,6 +21,7 @@ from pydantic import (
 
 from quotaflow.constants import MOCK_PROVIDER
 from quotaflow.errors import ConfigError
+from quotaflow.pricing import CostRange, Prices, cost_range
 
 ProviderKind = Literal["openai", "mock", "local"]
 # The in-process engines a `local` deployment can run on (quotaflow/providers/local/).
@@ -62,6 +64,12 @@ class Deployment(BaseModel):
     # malformed answers; never 429s) and lets one probe through after the cooldown.
     circuit_failures: int = Field(default=5, gt=0)
     circuit_cooldown_s: float = Field(default=30.0, gt=0)
+    # Prices per million tokens (quotaflow/pricing.py): both or neither; without them a
+    # deployment's usage is counted but its cost is unknown.
+    input_per_mtok: float | None = Field(default=None, ge=0)
+    output_per_mtok: float | None = Field(default=None, ge=0)
+    cached_input_per_mtok: float | None = Field(default=None, ge=0)
+    currency: str = Field(default="USD", min_length=3, max_length=3)
 
     # provider = "local": a model in the worker's own process, on its accelerator
     # (README, "Local models"). model_path is a directory saved with save_pretrained
@@ -89,11 +97,23 @@ class Deployment(BaseModel):
         if self.provider == "local" and not self.model_path:
             raise ValueError("provider 'local' needs model_path (a directory written by "
                              "save_pretrained, e.g. /models/qwen2.5-0.5b-instruct)")
+        if (self.input_per_mtok is None) != (self.output_per_mtok is None):
+            raise ValueError("set both input_per_mtok and output_per_mtok, or neither")
+        if self.cached_input_per_mtok is not None and self.input_per_mtok is None:
+            raise ValueError("cached_input_per_mtok needs input_per_mtok and output_per_mtok")
         if self.rpm * self.burst_seconds / 60 < 1:
             raise ValueError(
                 f"rpm {self.rpm} x burst_seconds {self.burst_seconds:g} / 60 holds less than "
                 "one request, so nothing could ever be sent; raise rpm or burst_seconds")
         return self
+
+    @cached_property
+    def prices(self) -> Prices | None:
+        """What its tokens cost, or None where the file gives no prices."""
+        if self.input_per_mtok is None or self.output_per_mtok is None:
+            return None
+        return Prices(self.input_per_mtok, self.output_per_mtok, self.cached_input_per_mtok,
+                      self.currency.upper())
 
     @property
     def budget_name(self) -> str:
@@ -158,6 +178,11 @@ class Deployments(BaseModel):
                     f"deployments {first.name!r} and {deployment.name!r} share quota "
                     f"{deployment.quota!r} but differ in rpm/tpm/burst_seconds; a shared "
                     "quota has one set of limits")
+        currencies = {d.prices.currency for d in self.deployments.values() if d.prices}
+        if len(currencies) > 1:
+            # A tenant's spend limit is one number: its deployments must agree on the unit.
+            raise ValueError(f"priced deployments use several currencies ({sorted(currencies)});"
+                             " give every deployment's prices in one currency")
         for model, route in self.routes.items():
             local = [n for n in route.names if self.deployments[n].provider == "local"]
             if len(local) > 1:
@@ -176,6 +201,26 @@ class Deployments(BaseModel):
             if self.deployments[name].provider == "local":
                 return self.deployments[name]
         return None
+
+    @property
+    def currency(self) -> str:
+        """The one currency of the deployments' prices (USD where none has prices)."""
+        return next((d.prices.currency for d in self.deployments.values() if d.prices), "USD")
+
+    def route_cost(self, route_name: str | None, prompt_tokens: int,
+                   max_completion_tokens: int) -> CostRange | None:
+        """What requests of that route may cost wherever it sends them; None: unknown."""
+        route = self.route_named(route_name)
+        if route is None:
+            return None
+        return cost_range((self.deployments[n].prices for n in route.names), prompt_tokens,
+                          max_completion_tokens)
+
+    def route_max_tokens(self, route_name: str | None) -> int:
+        """The completion ceiling of a request that sets none: the route's largest default."""
+        route = self.route_named(route_name)
+        return max((self.deployments[n].default_max_tokens for n in route.names), default=1024) \
+            if route else 1024
 
     @property
     def has_local(self) -> bool:

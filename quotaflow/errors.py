@@ -14,6 +14,7 @@
     ├── AuthenticationError    no API key, or one quotaflow does not know
     ├── PermissionDenied       a known key without the operator scope a route needs
     ├── EnqueuedTokenLimit     a batch would take its tenant over its token quota
+    ├── SpendLimitExceeded     a batch may cost more than its tenant has left this month
     ├── JobStateError          the job is in a state that forbids the action
     ├── ProviderError          a provider call failed
     │   ├── RetryableProviderError   429, 5xx, timeouts, connection errors
@@ -103,6 +104,10 @@ class PermissionDenied(QuotaflowError):
 
 class EnqueuedTokenLimit(QuotaflowError):
     """A new batch would take its tenant's unfinished batches over their token quota."""
+
+
+class SpendLimitExceeded(QuotaflowError):
+    """A new batch may cost more than what is left of its tenant's monthly spend limit."""
 
 
 class DeploymentNotFound(NotFound):

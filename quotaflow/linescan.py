@@ -7,6 +7,7 @@ becomes a failed item and an error row naming the line and the reason, and never
 fails the file. Batches (BatchRef) are cut as the lines go by.
 """
 
+from dataclasses import dataclass
 from typing import IO
 
 import orjson
@@ -14,6 +15,7 @@ import orjson
 from quotaflow import quotas
 from quotaflow.bulkwrite import RowWriter
 from quotaflow.config import Settings
+from quotaflow.constants import ENDPOINT_EMBEDDINGS
 from quotaflow.dedup import SeenFilter
 from quotaflow.deployments import Deployments
 from quotaflow.dispatch import BatchRef
@@ -23,12 +25,23 @@ from quotaflow.formats import to_request as _to_request
 from quotaflow.jobs import new_request_id
 from quotaflow.jsonlines import load_object, read_lines
 from quotaflow.outcomes import FailureCode
-from quotaflow.tokens import estimate_tokens, prompt_text
+from quotaflow.tokens import estimate_tokens, max_output_tokens, prompt_text
 
 MAX_PROBLEMS = 1000  # line problems kept for the refusal message (as many as the API shows)
 MAX_SUSPECTS = 100_000  # past this many possibly-repeated bodies, dedup scans the whole job
 _MAX_MODELS = 1000  # models whose routing is remembered during one file
 
+
+@dataclass(slots=True)
+class RouteTally:
+    """The valid lines of one route: how many, their prompt tokens (about characters / 4,
+    as providers count at admission) and the most completion tokens they may use."""
+
+    route: str
+    default_max_tokens: int  # the ceiling of a request that sets none
+    requests: int = 0
+    prompt_tokens: int = 0
+    max_completion_tokens: int = 0
 
 
 class LineScan:
@@ -52,6 +65,8 @@ class LineScan:
         self.seen = SeenFilter(self.max_lines) if settings.dedup else None
         self.suspects: set[bytes] | None = set()
         self._routed: dict[str | None, str | None] = {}
+        # Per route: what a cost or time estimate needs (spend limits, `quotaflow estimate`).
+        self.routes: dict[str, RouteTally] = {}
 
     def run(self, stream: IO[bytes], writer: RowWriter) -> None:  # noqa: C901 (the hot loop)
         max_lines, seen, job_id = self.max_lines, self.seen, self.job_id
@@ -86,7 +101,17 @@ class LineScan:
                 continue
             body = canonical_body(request.body)
             digest = body_digest(request.url, body)
-            self.tokens += estimate_tokens(prompt_text(request.url, request.body))
+            prompt = estimate_tokens(prompt_text(request.url, request.body))
+            self.tokens += prompt
+            tally = self.routes.get(route)
+            if tally is None:
+                tally = self.routes[route] = RouteTally(
+                    route, self.deployments.route_max_tokens(route))
+            tally.requests += 1
+            tally.prompt_tokens += prompt
+            if request.url != ENDPOINT_EMBEDDINGS:
+                tally.max_completion_tokens += max_output_tokens(request.body,
+                                                                 tally.default_max_tokens)
             if budget is not None and self.tokens > budget:
                 assert self.room is not None
                 self.room.refuse_if_over(self.tokens)

@@ -19,6 +19,7 @@ from sqlalchemy import (
     Index,
     Integer,
     LargeBinary,
+    Numeric,
     String,
     UniqueConstraint,
     false,
@@ -64,6 +65,8 @@ class ItemStatus:
     EXPIRED = "expired"
     # An identical request earlier in the job is sent instead; its result is shared.
     WAITING = "waiting"
+    # Never sent: the tenant's monthly spend limit was reached (quotaflow/spend.py).
+    SPEND_LIMITED = "spend_limited"
     OPEN = (PENDING, RUNNING, WAITING)
 
 
@@ -100,6 +103,9 @@ class Job(Base):
     # The Idempotency-Key the job was created with: the same tenant sending the same key
     # again gets this job back instead of a second one (a retried upload).
     idempotency_key: Mapped[str | None] = mapped_column(String(255))
+    # Why a running job stopped sending before its lines were done: "spend_limit_exceeded"
+    # (quotaflow/spend.py). Its unsent lines end with that code; None: it did not stop.
+    stop_reason: Mapped[str | None] = mapped_column(String(32))
 
 
 Index("ix_jobs_tenant_created", Job.tenant, Job.created_at)
@@ -182,7 +188,29 @@ class Tenant(Base):
     name: Mapped[str] = mapped_column(String(64), primary_key=True)
     # Prompt tokens its unfinished batches may hold; None: QUOTAFLOW_MAX_ENQUEUED_TOKENS.
     max_enqueued_tokens: Mapped[int | None] = mapped_column(BigInteger)
+    # What it may spend per calendar month; None: QUOTAFLOW_MAX_MONTHLY_SPEND.
+    max_monthly_spend: Mapped[float | None] = mapped_column(Numeric(18, 6, asdecimal=False))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Spend(Base):
+    """What a job's calls cost on one deployment in one month: the ledger spend limits and
+    job costs read. Written with the results it bills, in their transaction, from the rows
+    actually inserted, so a batch stored twice is billed once (quotaflow/spend.py)."""
+
+    __tablename__ = "spend"
+    __table_args__ = (Index("ix_spend_tenant_month", "tenant", "month"),)
+
+    job_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    deployment: Mapped[str] = mapped_column(String(255), primary_key=True)
+    month: Mapped[str] = mapped_column(String(7), primary_key=True)  # "2026-11", UTC
+    tenant: Mapped[str] = mapped_column(String(64))
+    requests: Mapped[int] = mapped_column(BigInteger, default=0)
+    prompt_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    cached_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    completion_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    # In the deployments' currency; NULL where the deployment had no prices.
+    cost: Mapped[float | None] = mapped_column(Numeric(24, 9, asdecimal=False))
 
 
 class ApiKey(Base):
