@@ -19,6 +19,7 @@ from quotaflow import logs
 from quotaflow.config import get_settings
 from quotaflow.constants import DEFAULT_QUEUE, QUEUES
 from quotaflow.errors import QuotaflowError
+from quotaflow.pricing import money
 
 QUEUE_OPTION = click.option("--queue", type=click.Choice(QUEUES), default=DEFAULT_QUEUE,
                             show_default=True, help="Priority class of the job.")
@@ -115,7 +116,10 @@ def status(job_id: str, watch: bool, as_json: bool) -> None:
     counts = job["request_counts"]
     click.echo(f"{job['id']}  {job['status']}  queue={job['queue']}  "
                f"total={counts['total']} completed={counts['completed']} "
-               f"failed={counts['failed']} pending={counts['pending']}")
+               f"failed={counts['failed']} pending={counts['pending']}  "
+               f"cost={cost_text(job.get('cost'))}")
+    if job.get("stop_reason"):
+        click.echo(f"stopped sending: {job['stop_reason']}")
 
 
 def _watch(api: ApiClient, job: dict) -> dict:
@@ -180,8 +184,18 @@ def list_jobs(limit: int) -> None:
     """List the newest jobs."""
     for job in client().list_jobs(limit):
         counts = job["request_counts"]
-        click.echo(f"{job['id']}  {job['status']:<11} {job['queue']:<8} "
-                   f"{counts['completed'] + counts['failed']}/{counts['total']}")
+        done = f"{counts['completed'] + counts['failed']}/{counts['total']}"
+        click.echo(f"{job['id']}  {job['status']:<11} {job['queue']:<8} {done:>15}  "
+                   f"{cost_text(job.get('cost'))}")
+
+
+def cost_text(cost: dict | None) -> str:
+    """A job's cost for people: '-' before any call, '+?' where some were unpriced."""
+    if not cost or not cost.get("by_deployment"):
+        return "-"
+    if cost.get("currency") is None:
+        return "unknown (no prices)"
+    return money(cost["total"], cost["currency"]) + ("" if cost.get("complete") else " +?")
 
 
 @cli.command()

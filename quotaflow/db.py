@@ -98,10 +98,12 @@ def insert_ignore(session: Session, table: Table) -> Insert:
 
 
 def insert_adding(session: Session, table: Table, keys: Sequence[str],
-                  adding: Sequence[str], keep_null: Sequence[str] = ()) -> Insert:
+                  adding: Sequence[str], keep_null: Sequence[str] = (),
+                  keep: Sequence[str] = ()) -> Insert:
     """INSERT ... ON CONFLICT (keys) DO UPDATE adding the new row's `adding` columns to the
     stored ones: a counter row written by many transactions at once. A `keep_null`
-    column stays NULL only while every row added to it was NULL."""
+    column stays NULL only while every row added to it was NULL; a `keep` column keeps
+    its stored value unless that is NULL."""
     dialect = session.get_bind().dialect.name
     if dialect == "postgresql":
         statement = postgresql.insert(table)
@@ -113,6 +115,8 @@ def insert_adding(session: Session, table: Table, keys: Sequence[str],
     values = {name: table.c[name] + new[name] for name in adding}
     for name in keep_null:
         values[name] = func.coalesce(table.c[name] + new[name], table.c[name], new[name])
+    for name in keep:
+        values[name] = func.coalesce(table.c[name], new[name])
     return statement.on_conflict_do_update(index_elements=list(keys), set_=values)
 
 

@@ -1,6 +1,7 @@
 """State that lives in Redis and PostgreSQL, read when Prometheus scrapes the API.
 
-Bucket levels, circuits, queue depths and items by status are the cluster's,
+Bucket levels, circuits, queue depths, items by status and what calls cost (the
+spend ledger) are the cluster's,
 not any one process's: counted in every worker they would be counted once per
 worker. So the API reads them at scrape time, once per scrape, and serves them
 with the gauges below (api/metrics.py). Each source is read on its own: one
@@ -21,7 +22,7 @@ from typing import Any
 
 import orjson
 import redis
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 from sqlalchemy import func, select
 
@@ -30,6 +31,7 @@ from quotaflow.constants import QUEUES, local_queue
 from quotaflow.models import Item, ItemStatus, Job, JobStatus
 from quotaflow.ratelimit import Budget
 from quotaflow.runtime import Runtime
+from quotaflow.spend import costs_by_tenant
 
 log = logging.getLogger(__name__)
 
@@ -153,10 +155,19 @@ class StateCollector(Collector):
             by_item = dict(session.execute(
                 select(Item.status, func.count()).where(Item.job_id.in_(ids))
                 .group_by(Item.status)).all()) if ids else {}
+            costs = costs_by_tenant(session)
         _fill(requests, ITEM_STATUSES, by_item.get)
         _fill(jobs, JOB_STATUSES, by_job.get)
         yield requests
         yield jobs
+        # A counter kept in PostgreSQL (the spend ledger), so it survives every restart
+        # and is the same whichever API replica is scraped.
+        cost = CounterMetricFamily(
+            "quotaflow_cost", f"What calls cost at the deployments' prices, in "
+            f"{self.runtime.deployments.currency}", labels=["deployment", "tenant"])
+        for tenant, deployment, amount in costs:
+            cost.add_metric([deployment, tenant], amount)
+        yield cost
 
 
 def _fill(family: GaugeMetricFamily, statuses: Iterable[str],

@@ -27,7 +27,7 @@ import orjson
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from quotaflow import quotas
+from quotaflow import quotas, spend
 from quotaflow.bulkwrite import DuplicateCustomId, row_writer
 from quotaflow.config import Settings
 from quotaflow.constants import DEFAULT_TENANT, QUEUES
@@ -177,6 +177,9 @@ def _fill(session: Session, job_id: str, stream: IO[bytes], spec: JobSpec, setti
         scan.batches = pending_batches(session, job_id, settings.batch_size)
     if spec.enforce_quota:
         quotas.admit(session, settings, spec.tenant, scan.tokens)
+        cost, _ = spend.estimate(deployments, ((t.route, t.prompt_tokens, t.max_completion_tokens)
+                                               for t in scan.routes.values()))
+        spend.admit(session, settings, spec.tenant, cost)
     session.execute(update(Job).where(Job.id == job_id).values(
         total=scan.total, endpoint=scan.endpoint or "", status=JobStatus.IN_PROGRESS,
         in_progress_at=utcnow(), enqueued_tokens=scan.tokens))

@@ -11,6 +11,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from quotaflow.models import Item, ItemStatus, Job, Result
+from quotaflow.spend import job_cost
 
 
 def item_counts(session: Session, job_id: str) -> dict[str, int]:
@@ -40,8 +41,10 @@ def job_object(session: Session, job: Job,
     if counts is None:
         counts = item_counts(session, job.id)
         prompt, completion = usage_totals(session, job.id)
+        cost = job_cost(session, job.id)
     else:
         prompt = completion = 0
+        cost = job_cost(None, job.id)
     return {
         "id": job.id,
         "object": "batch",
@@ -52,13 +55,16 @@ def job_object(session: Session, job: Job,
         "request_counts": {
             "total": job.total,
             "completed": counts.get(ItemStatus.SUCCEEDED, 0),
-            "failed": counts.get(ItemStatus.FAILED, 0),
+            "failed": counts.get(ItemStatus.FAILED, 0) + counts.get(ItemStatus.SPEND_LIMITED, 0),
             "pending": sum(counts.get(status, 0) for status in ItemStatus.OPEN),
             "cancelled": counts.get(ItemStatus.CANCELLED, 0),
             "expired": counts.get(ItemStatus.EXPIRED, 0),
         },
         "usage": {"input_tokens": prompt, "output_tokens": completion,
                   "total_tokens": prompt + completion},
+        # quotaflow's: what its calls cost so far at the deployments' prices (spend.py).
+        "cost": cost,
+        "stop_reason": job.stop_reason,
         "metadata": job.metadata_,
         "max_attempts": job.max_attempts,
         **{name: _unix(getattr(job, name)) for name in (

@@ -20,6 +20,8 @@ from quotaflow.jobs import new_request_id
 from quotaflow.jsoncodec import RawJson
 from quotaflow.models import Item, ItemStatus, Job, JobStatus, Result, utcnow
 from quotaflow.outcomes import Failure, Outcome, Provenance, Shared
+from quotaflow.providers.base import ProviderResponse
+from quotaflow.spend import Billing, Charge
 
 # Core tables, not ORM entities: an ORM-enabled UPDATE costs several times the CPU of
 # the same statement on the table, and these run for every batch and chunk.
@@ -104,11 +106,14 @@ def leased_elsewhere_for(session: Session, ref: BatchRef) -> float | None:
 def store_many(sessions: sessionmaker[Session], job_id: str,
                entries: Sequence[tuple[ClaimedItem, Outcome]],
                share: bool = True,
-               provenance: Sequence[Provenance | None] | None = None) -> tuple[int, int]:
+               provenance: Sequence[Provenance | None] | None = None,
+               billing: Billing | None = None) -> tuple[int, int]:
     """Write a chunk of results in one transaction, close their items, and share each
     result with the identical requests waiting for it (unless `share` is False: the
     job has none); (succeeded, failed), the sharers included. `provenance`, one per
     entry where given, says which deployment answered each, after how many calls, when.
+    `billing` adds the answered calls whose rows this transaction inserted to the spend
+    ledger (quotaflow/spend.py).
 
     A statement per chunk, not per result: a round trip per answer was most of a
     worker's time. Results are insert-or-ignore, and an item's status follows the
@@ -124,7 +129,12 @@ def store_many(sessions: sessionmaker[Session], job_id: str,
                 _stamp(row, record)
     lines = [item.line_no for item, _ in entries]
     with sessions.begin() as session:
-        session.execute(insert_ignore(session, RESULTS), rows)
+        if billing is None or provenance is None:
+            session.execute(insert_ignore(session, RESULTS), rows)
+        else:
+            inserted = set(session.execute(
+                insert_ignore(session, RESULTS).returning(RESULTS.c.line_no), rows).scalars())
+            billing.record(session, job_id, _charges(entries, provenance, inserted), now)
         stored = select(RESULTS.c.error).where(RESULTS.c.job_id == ITEMS.c.job_id,
                                             RESULTS.c.line_no == ITEMS.c.line_no).scalar_subquery()
         closed = session.execute(
@@ -138,6 +148,16 @@ def store_many(sessions: sessionmaker[Session], job_id: str,
         shared = _share(session, job_id, lines, now) if share else []
     succeeded = sum(status == ItemStatus.SUCCEEDED for status in [*closed, *shared])
     return succeeded, len(closed) + len(shared) - succeeded
+
+
+def _charges(entries: Sequence[tuple[ClaimedItem, Outcome]],
+             provenance: Sequence[Provenance | None], inserted: set[int]) -> list[Charge]:
+    """The answered calls among the rows just inserted: what the provider will bill."""
+    return [Charge(record.deployment, outcome.prompt_tokens, outcome.completion_tokens,
+                   outcome.cached_tokens)
+            for (item, outcome), record in zip(entries, provenance, strict=True)
+            if record is not None and isinstance(outcome, ProviderResponse)
+            and item.line_no in inserted]
 
 
 def _result_row(job_id: str, item: ClaimedItem, outcome: Outcome,

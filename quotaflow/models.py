@@ -209,8 +209,9 @@ class Spend(Base):
     prompt_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
     cached_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
     completion_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
-    # In the deployments' currency; NULL where the deployment had no prices.
+    # In `currency`, the deployments' one; both NULL where the deployment had no prices.
     cost: Mapped[float | None] = mapped_column(Numeric(24, 9, asdecimal=False))
+    currency: Mapped[str | None] = mapped_column(String(3))
 
 
 class ApiKey(Base):

@@ -27,6 +27,16 @@ class FailureCode(StrEnum):
     # Never sent: the job was cancelled, or its completion window ended.
     BATCH_CANCELLED = "batch_cancelled"
     BATCH_EXPIRED = "batch_expired"
+    # Never sent: the tenant reached its monthly spend limit (quotaflow/spend.py).
+    SPEND_LIMIT_EXCEEDED = "spend_limit_exceeded"
+
+
+# A line that was never sent, by its item's status (models.ItemStatus): its error
+# line's code, and why.
+UNSENT_CODES = {"cancelled": FailureCode.BATCH_CANCELLED, "expired": FailureCode.BATCH_EXPIRED,
+                "spend_limited": FailureCode.SPEND_LIMIT_EXCEEDED}
+NOT_SENT_BECAUSE = {"cancelled": "the job was cancelled", "expired": "the job expired",
+                    "spend_limited": "its tenant reached its monthly spend limit"}
 
 
 @dataclass(frozen=True)

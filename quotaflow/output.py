@@ -14,8 +14,8 @@ from sqlalchemy import Text, and_, cast, or_, select
 from sqlalchemy.orm import Session
 
 from quotaflow.jobs import get_job, stable_request_id
-from quotaflow.models import Item, ItemStatus, Result
-from quotaflow.outcomes import FailureCode
+from quotaflow.models import Item, Result
+from quotaflow.outcomes import NOT_SENT_BECAUSE, UNSENT_CODES
 
 # Rows fetched per round trip when results are downloaded.
 OUTPUT_ROWS = 2000
@@ -99,7 +99,7 @@ def iter_output(session: Session, job_id: str, errors: bool) -> Iterator[str]:
                                            .execution_options(yield_per=OUTPUT_ROWS)):
             yield render_stored(*row)
         return
-    unsent = (ItemStatus.CANCELLED, ItemStatus.EXPIRED)
+    unsent = tuple(UNSENT_CODES)
     query = (select(Item.line_no, Item.custom_id, Item.status, Result.line_no, *stored)
              .outerjoin(Result, (Result.job_id == Item.job_id) & (Result.line_no == Item.line_no))
              .where(Item.job_id == job_id,
@@ -110,9 +110,6 @@ def iter_output(session: Session, job_id: str, errors: bool) -> Iterator[str]:
         if result_line is not None:
             yield render_stored(*row)
             continue
-        cancelled = status == ItemStatus.CANCELLED
-        how = "cancelled" if cancelled else "expired"
-        code = FailureCode.BATCH_CANCELLED if cancelled else FailureCode.BATCH_EXPIRED
         yield dumps_line(output_line(stable_request_id(job_id, line_no), custom_id, None, None, {
-            "code": str(code), "line": line_no,
-            "message": f"line {line_no}: not sent because the job was {how}"}))
+            "code": str(UNSENT_CODES[status]), "line": line_no,
+            "message": f"line {line_no}: not sent because {NOT_SENT_BECAUSE[status]}"}))

@@ -76,7 +76,8 @@ class Billing:
                     "job_id": job_id, "deployment": charge.deployment, "month": month_of(now),
                     "tenant": self.tenant, "requests": 0, "prompt_tokens": 0,
                     "cached_tokens": 0, "completion_tokens": 0,
-                    "cost": None if prices is None else 0.0, "_prices": prices}
+                    "cost": None if prices is None else 0.0,
+                    "currency": None if prices is None else prices.currency, "_prices": prices}
             row["requests"] += 1
             row["prompt_tokens"] += charge.prompt_tokens
             row["cached_tokens"] += charge.cached_tokens
@@ -89,7 +90,8 @@ class Billing:
             for row in rows.values():
                 del row["_prices"]
             session.execute(insert_adding(session, SPEND, ("job_id", "deployment", "month"),
-                                          _ADDED, keep_null=("cost",)), list(rows.values()))
+                                          _ADDED, keep_null=("cost",), keep=("currency",)),
+                            list(rows.values()))
 
 
 def month_spent(session: Session, tenant: str, month: str | None = None) -> float:
@@ -182,16 +184,20 @@ def stop_tenant(sessions: sessionmaker[Session], tenant: str) -> list[str]:
     return stopped
 
 
-def job_cost(session: Session, job_id: str, currency: str) -> dict[str, Any]:
-    """The job's cost so far, per deployment and in total (None: some deployment it used
-    has no prices, so the total is a lower bound of what it really cost)."""
+def job_cost(session: Session | None, job_id: str) -> dict[str, Any]:
+    """The job's cost so far, per deployment and in total, from the ledger. A deployment
+    without prices costs None and makes `complete` false: the total leaves it out.
+    No session: a job just made, which has cost nothing yet."""
+    if session is None:
+        return {"currency": None, "total": 0.0, "complete": True, "by_deployment": {}}
     rows = session.execute(
         select(SPEND.c.deployment, func.sum(SPEND.c.cost), func.count(SPEND.c.cost),
-               func.count())
+               func.count(), func.max(SPEND.c.currency))
         .where(SPEND.c.job_id == job_id).group_by(SPEND.c.deployment)).all()
     by_deployment = {name: (None if priced < months else round(float(cost), 9))
-                     for name, cost, priced, months in rows}
+                     for name, cost, priced, months, _ in rows}
     known = [cost for cost in by_deployment.values() if cost is not None]
+    currency = next((unit for *_, unit in rows if unit), None)
     return {"currency": currency, "total": round(sum(known), 9),
             "complete": len(known) == len(by_deployment), "by_deployment": by_deployment}
 

@@ -68,7 +68,7 @@ def pg_url() -> str:
 def pg_sessions(pg_url: str) -> Iterator[sessionmaker[Session]]:
     """Sessions on the test database, emptied before each test."""
     with get_engine(pg_url).begin() as conn:
-        conn.execute(text("TRUNCATE jobs, items, results, broker_runs CASCADE"))
+        conn.execute(text("TRUNCATE jobs, items, results, broker_runs, spend CASCADE"))
     yield session_factory(pg_url)
 
 
@@ -152,6 +152,22 @@ def throwaway_postgres() -> Iterator[tuple[str, Callable[[], None], Callable[[],
         shutil.rmtree(data, ignore_errors=True)
 
 
+@pytest.fixture
+def slow_provider(tmp_path: Path) -> Iterator[str]:
+    """A mock provider answering in 100 ms, with no limit worth the name."""
+    from tests.procs import quotaflow
+
+    port = free_port()
+    proc = Proc("provider", quotaflow("mock-provider", "--port", str(port), "--rpm", "600000",
+                                      "--tpm", "100000000", "--latency-ms", "100"),
+                service_env(), tmp_path)
+    try:
+        proc.wait_http(f"http://127.0.0.1:{port}/healthz")
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.stop()
+
+
 def service_env(**extra: str) -> dict[str, str]:
     """The environment for a child process: ours, minus any QUOTAFLOW_* of the developer's."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("QUOTAFLOW_")}
@@ -166,7 +182,8 @@ def service_env(**extra: str) -> dict[str, str]:
 PROCESS_STARTERS = frozenset({"tests.procs", "tests.harness", "tests.limiter_cluster",
                               "tests.openai_cluster", "tests.chaos_cluster", "subprocess"})
 # ...or it asks for a server: the shared PostgreSQL or Redis, or one of its own.
-SERVER_FIXTURES = frozenset({"pg_url", "redis_url", "throwaway_redis", "throwaway_postgres"})
+SERVER_FIXTURES = frozenset({"pg_url", "redis_url", "throwaway_redis", "throwaway_postgres",
+                             "slow_provider"})
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

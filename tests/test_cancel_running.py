@@ -6,7 +6,6 @@ import io
 import json
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -18,25 +17,9 @@ from quotaflow.dispatch import BatchRef
 from quotaflow.execution import BatchExecutor
 from quotaflow.limiters import LocalLimiter
 from quotaflow.models import Job, JobStatus
-from tests.conftest import service_env
 from tests.factories import chat_line, jsonl
-from tests.procs import Proc, free_port, quotaflow
 
 LINES = 200
-
-
-@pytest.fixture
-def slow_provider(tmp_path: Path) -> Iterator[str]:
-    """A provider answering in 100 ms, with no limit worth the name."""
-    port = free_port()
-    proc = Proc("provider", quotaflow("mock-provider", "--port", str(port), "--rpm", "600000",
-                                      "--tpm", "100000000", "--latency-ms", "100"),
-                service_env(), tmp_path)
-    try:
-        proc.wait_http(f"http://127.0.0.1:{port}/healthz")
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        proc.stop()
 
 
 def _run_in_background(pg_sessions, settings, tmp_path: Path, provider: str):

@@ -29,6 +29,7 @@ def upgrade() -> None:
         sa.Column("cached_tokens", sa.BigInteger(), nullable=False),
         sa.Column("completion_tokens", sa.BigInteger(), nullable=False),
         sa.Column("cost", sa.Numeric(24, 9), nullable=True),
+        sa.Column("currency", sa.String(3), nullable=True),
     )
     op.create_index("ix_spend_tenant_month", "spend", ["tenant", "month"])
     op.add_column("tenants", sa.Column("max_monthly_spend", sa.Numeric(18, 6), nullable=True))

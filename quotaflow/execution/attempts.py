@@ -17,7 +17,7 @@ from quotaflow.execution.prepare import Preparer
 from quotaflow.execution.stopping import CODES
 from quotaflow.leases import ClaimedItem
 from quotaflow.metrics import error_code
-from quotaflow.outcomes import Failure, FailureCode, Outcome, Provenance
+from quotaflow.outcomes import NOT_SENT_BECAUSE, Failure, FailureCode, Outcome, Provenance
 from quotaflow.providers import ProviderResponse
 from quotaflow.ratelimit import Limiter, sleep_time
 from quotaflow.routing import Router
@@ -112,7 +112,7 @@ class Caller:
         while True:
             if ended := run.watch.ended():
                 return Failure(CODES[ended], f"line {item.line_no}: not sent again because "
-                                             f"the job was {ended}")
+                                             f"{NOT_SENT_BECAUSE[ended]}")
             try:
                 choice = self.router.choose(route, exclude=avoid)
                 if choice.deployment is None:

@@ -45,6 +45,7 @@ from quotaflow.ratelimit import Limiter
 from quotaflow.retries import RetryPolicy
 from quotaflow.reuse import earlier_answers
 from quotaflow.routing import Router
+from quotaflow.spend import Billing
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +89,7 @@ class BatchExecutor:
         self.lease = timedelta(seconds=settings.lease_seconds)
         self.providers = providers
         self._jobs: dict[str, _JobFacts] = {}
+        self._prices = {name: d.prices for name, d in deployments.deployments.items()}
         router = Router(deployments, limiter, self.breaker)
         preparer = Preparer(deployments, self.providers)
         self.admitter = Admitter(
@@ -112,9 +114,11 @@ class BatchExecutor:
         policy = RetryPolicy(max_attempts=job.max_attempts
                              or self.settings.provider_max_attempts)
         run = BatchRun(ref, owner, job.url, self.settings.floor_for(job.queue), policy,
-                       ResultWriter(self.sessions, ref.job_id, on_item, job.has_duplicates),
+                       ResultWriter(self.sessions, ref.job_id, on_item, job.has_duplicates,
+                                    billing=Billing(job.tenant, self._prices)),
                        Feedback(self.limiter, self.breaker, Tally(job.queue)),
-                       JobWatch(self.sessions, ref.job_id))
+                       JobWatch(self.sessions, ref.job_id, job.tenant,
+                                self.settings.max_monthly_spend))
         reused = (earlier_answers(self.sessions, ref.job_id, job.tenant, items)
                   if self.settings.dedup_across_jobs else {})
         by_route: dict[str | None, list[ClaimedItem]] = {}

@@ -1,23 +1,27 @@
-"""A running batch notices within a second that its job was cancelled or expired.
+"""A running batch notices within a second that its job was cancelled, expired, or
+stopped because its tenant reached its monthly spend limit.
 
 Claimed items used to keep going until their batch ended: a batch of 100
 waiting for budget went on sending long after the operator pressed cancel.
 The batch now reads its job's status (and completion window) every
 STOP_CHECK_S while it admits, and ends the items it has not sent as cancelled
-or expired; calls already sent finish and keep their results.
+or expired; calls already sent finish and keep their results. Where the tenant
+has a spend limit, the same read adds up its month (quotaflow/spend.py): the first
+batch to see the limit reached stops every running job of the tenant.
 """
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from sqlalchemy import select
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
+from quotaflow import spend
 from quotaflow.jobs import expire_overdue
-from quotaflow.models import ItemStatus, Job, JobStatus, utcnow
-from quotaflow.outcomes import FailureCode
+from quotaflow.models import ItemStatus, Job, JobStatus, Tenant, utcnow
+from quotaflow.outcomes import UNSENT_CODES
 
 # How often a running batch reads its job's status: one small query per batch per
 # interval, and the most a cancel or an expiry waits to take effect.
@@ -25,8 +29,7 @@ STOP_CHECK_S = 0.5
 
 _ENDED = {JobStatus.CANCELLING: ItemStatus.CANCELLED, JobStatus.CANCELLED: ItemStatus.CANCELLED,
           JobStatus.EXPIRED: ItemStatus.EXPIRED}
-CODES = {ItemStatus.CANCELLED: FailureCode.BATCH_CANCELLED,
-         ItemStatus.EXPIRED: FailureCode.BATCH_EXPIRED}
+CODES = UNSENT_CODES
 
 
 @dataclass
@@ -35,29 +38,43 @@ class JobWatch:
 
     sessions: sessionmaker[Session]
     job_id: str
-    _checked: float = field(default_factory=time.monotonic)  # claimed just now: running
+    tenant: str = "default"
+    default_spend_limit: float | None = None  # QUOTAFLOW_MAX_MONTHLY_SPEND
+    # The first read is at once: a batch claimed after its tenant's limit was reached
+    # must not send a chunk first.
+    _checked: float = float("-inf")
     _ended: str | None = None
 
     def ended(self) -> str | None:
-        """ItemStatus.CANCELLED or EXPIRED once the job is, else None."""
+        """ItemStatus.CANCELLED, EXPIRED or SPEND_LIMITED once the job is, else None."""
         now = time.monotonic()
         if self._ended is None and now - self._checked >= STOP_CHECK_S:
             self._checked = now
-            jobs = Job.__table__.c
             try:
-                with self.sessions() as session:
-                    status, expires_at = session.execute(
-                        select(jobs.status, jobs.expires_at)
-                        .where(jobs.id == self.job_id)).one()
-                if (status == JobStatus.IN_PROGRESS and expires_at is not None
-                        and _aware(expires_at) < utcnow()):
-                    # The window ended: expire the job now, not at the reaper's next round.
-                    expire_overdue(self.sessions)
-                    status = JobStatus.EXPIRED
+                self._ended = self._read()
             except OperationalError:  # the database is away: go on, look again later
                 return None
-            self._ended = _ENDED.get(status)
         return self._ended
+
+    def _read(self) -> str | None:
+        jobs = Job.__table__.c
+        own_limit = (select(Tenant.max_monthly_spend).where(Tenant.name == self.tenant)
+                     .scalar_subquery())
+        with self.sessions() as session:
+            status, expires_at, stop_reason, limit = session.execute(
+                select(jobs.status, jobs.expires_at, jobs.stop_reason, own_limit)
+                .where(jobs.id == self.job_id)).one()
+        if status == JobStatus.IN_PROGRESS and expires_at is not None \
+                and _aware(expires_at) < utcnow():
+            # The window ended: expire the job now, not at the reaper's next round.
+            expire_overdue(self.sessions)
+            return ItemStatus.EXPIRED
+        if status == JobStatus.IN_PROGRESS:
+            limit = float(limit) if limit is not None else self.default_spend_limit
+            if stop_reason == spend.STOP_REASON or (
+                    limit is not None and spend.over_limit(self.sessions, self.tenant, limit)):
+                return ItemStatus.SPEND_LIMITED
+        return _ENDED.get(status)
 
 
 def _aware(moment: datetime) -> datetime:

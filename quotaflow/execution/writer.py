@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from quotaflow.leases import ClaimedItem, store_many
 from quotaflow.outcomes import Outcome, Provenance
+from quotaflow.spend import Billing
 
 # Write once this many answers wait, or once the oldest has waited this long.
 FLUSH_SIZE = 64
@@ -30,6 +31,8 @@ class ResultWriter:
     on_item: Callable[[bool], None] | None = None
     # Whether identical requests of the job wait for these answers (shared on store).
     share: bool = True
+    # Whose calls these are and their prices: answered calls are billed as they are stored.
+    billing: Billing | None = None
     succeeded: int = 0
     failed: int = 0
     _buffer: list[tuple[ClaimedItem, Outcome]] = field(default_factory=list)
@@ -61,7 +64,8 @@ class ResultWriter:
             provenance, self._provenance = self._provenance, []
             try:
                 succeeded, failed = await asyncio.to_thread(
-                    store_many, self.sessions, self.job_id, chunk, self.share, provenance)
+                    store_many, self.sessions, self.job_id, chunk, self.share, provenance,
+                    self.billing)
             except BaseException:
                 self._buffer[:0] = chunk
                 self._provenance[:0] = provenance

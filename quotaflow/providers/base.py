@@ -16,6 +16,8 @@ class ProviderResponse:
     # What the provider says is left of its limits (x-ratelimit-remaining-*), if it says.
     remaining_requests: float | None = None
     remaining_tokens: float | None = None
+    # Prompt tokens served from the provider's cache (billed at the cached price).
+    cached_tokens: int = 0
     # The body exactly as the provider sent it, where there is one: stored as is.
     raw: bytes | None = None
 
@@ -28,9 +30,12 @@ class Provider(Protocol):
     async def aclose(self) -> None: ...
 
 
-def usage_of(body: dict[str, Any]) -> tuple[int, int]:
-    """(prompt_tokens, completion_tokens) from an OpenAI-shaped response body."""
+def usage_of(body: dict[str, Any]) -> tuple[int, int, int]:
+    """(prompt_tokens, completion_tokens, cached_tokens) from an OpenAI-shaped response
+    body (cached: usage.prompt_tokens_details.cached_tokens, or input_tokens_details')."""
     usage = body.get("usage") or {}
     prompt = usage.get("prompt_tokens") or usage.get("input_tokens") or 0
     completion = usage.get("completion_tokens") or usage.get("output_tokens") or 0
-    return int(prompt), int(completion)
+    details = usage.get("prompt_tokens_details") or usage.get("input_tokens_details")
+    cached = (details.get("cached_tokens") or 0) if isinstance(details, dict) else 0
+    return int(prompt), int(completion), int(cached)

@@ -108,13 +108,14 @@ class OpenAICompatProvider:
         if not isinstance(payload, dict):
             raise RetryableProviderError(
                 f"{self._name}: malformed response (HTTP {status}, not a JSON object)")
-        prompt_tokens, completion_tokens = usage_of(payload)
+        prompt_tokens, completion_tokens, cached_tokens = usage_of(payload)
         return ProviderResponse(
             status_code=status,
             body=payload,
             request_id=headers.get("x-request-id"),
             prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,
+            cached_tokens=cached_tokens,
             remaining_requests=_header_number(headers, "x-ratelimit-remaining-requests"),
             remaining_tokens=_header_number(headers, "x-ratelimit-remaining-tokens"),
             raw=raw,
