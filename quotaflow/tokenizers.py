@@ -8,9 +8,11 @@ model's name; any other model is counted at characters / 4, and the estimate say
 which counter each route used, so nobody reads a guess as a measurement.
 """
 
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
+from types import ModuleType
 
 from quotaflow.tokens import estimate_tokens
 
@@ -41,8 +43,7 @@ class TokenCounter:
 def encoding_name(model: str) -> str | None:
     """The tiktoken encoding of an OpenAI model, or None for any other model. The
     provider prefix of names such as "openai/gpt-4o" is ignored."""
-    import bpe_openai  # loads its Rust core; only estimates need it
-
+    bpe_openai = _bpe_openai()
     name = model.rsplit("/", 1)[-1].strip().lower()
     if not name:
         return None
@@ -64,9 +65,19 @@ def counter_for(model: str) -> TokenCounter:
 
 @cache
 def _encoding_counter(name: str) -> TokenCounter:
-    import bpe_openai
-
-    encoding = bpe_openai.get_encoding(name)
+    with warnings.catch_warnings():  # its data loads through importlib.resources' old API
+        warnings.simplefilter("ignore", DeprecationWarning)
+        encoding = _bpe_openai().get_encoding(name)
     # Special-token text in a prompt ("<|endoftext|>") is counted as ordinary text, as
     # the API does, rather than refused.
     return TokenCounter(name, lambda text: len(encoding.encode(text, disallowed_special=())))
+
+
+@cache
+def _bpe_openai() -> ModuleType:
+    """bpe-openai, imported when an estimate first needs it (it reads the cl100k table as
+    it loads: most of a second), with its use of a deprecated importlib API quiet."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        import bpe_openai
+    return bpe_openai
