@@ -104,7 +104,9 @@ def _tenant(tenant: dict[str, Any]) -> list[str]:
         out.append("  monthly spend: no limit")
     else:
         share = "" if money["share_of_left"] is None else f" ({money['share_of_left']:.1%})"
-        out.append(f"  monthly spend: up to {_money(money['this_file_high'])} of the "
-                   f"{_money(money['left'])} left of {_money(money['limit'])}{share}"
+        unit = money["currency"]
+        out.append(f"  monthly spend: up to {_money(money['this_file_high'])} {unit} of the "
+                   f"{_money(money['left'])} {unit} left of {_money(money['limit'])} {unit}"
+                   f"{share}"
                    f"{'' if money['fits'] else ' OVER'}")
     return out

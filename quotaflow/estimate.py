@@ -135,7 +135,7 @@ def estimate_object(found: FileEstimate, session: Session, settings: Settings,
               "admission_prompt_tokens": scan.tokens, "max_completion_tokens": completion,
               "cost": _cost_json(cost, complete),
               "seconds": round(whole.seconds, 3) if whole else 0.0}
-    limits = tenant_limits(session, settings, tenant, scan.tokens, cost)
+    limits = tenant_limits(session, settings, tenant, scan.tokens, cost, deployments.currency)
     refusals = [p.reason for p in counts.duplicates[:1]]
     if not scan.valid:
         refusals.append("no line of the file is a valid request")
@@ -183,7 +183,7 @@ def _cost_json(cost: CostRange | None, complete: bool | None
 
 
 def tenant_limits(session: Session, settings: Settings, tenant: str, tokens: int,
-                  cost: CostRange | None) -> dict[str, Any]:
+                  cost: CostRange | None, currency: str) -> dict[str, Any]:
     """How much of the tenant's enqueued-token and monthly spend limits the file would
     use, as submit would count them (None where the tenant has no such limit)."""
     room = quotas.headroom(session, settings, tenant)
@@ -194,8 +194,8 @@ def tenant_limits(session: Session, settings: Settings, tenant: str, tokens: int
     month = spend.spend_room(session, settings, tenant)
     high = cost.high if cost else 0.0
     monthly = None if month.limit is None else {
-        "limit": month.limit, "spent": round(month.spent, 6), "left": round(month.left or 0, 6),
-        "this_file_high": round(high, 6),
+        "currency": currency, "limit": month.limit, "spent": round(month.spent, 6),
+        "left": round(month.left or 0, 6), "this_file_high": round(high, 6),
         "share_of_left": round(high / month.left, 6) if month.left else None,
         "fits": cost is None or (month.spent < month.limit and high <= (month.left or 0))}
     return {"name": tenant, "enqueued_tokens": enqueued, "monthly_spend": monthly}
