@@ -26,7 +26,7 @@ from api.deps import (
 )
 from api.errors import responses
 from api.v1 import FORM_OVERHEAD_BYTES
-from quotaflow import ingest, job_view, jobs, output, report_data
+from quotaflow import estimate, ingest, job_view, jobs, output, report_data
 from quotaflow.config import get_settings
 from quotaflow.constants import DEFAULT_QUEUE
 from quotaflow.errors import InvalidParameter
@@ -40,7 +40,8 @@ router = APIRouter(tags=["jobs"])
 @router.post("/jobs", status_code=201,
           max_body_size=get_settings().max_file_bytes + FORM_OVERHEAD_BYTES,
           responses={200: {"description": "The job made earlier with this Idempotency-Key "
-                                          "(header `Idempotent-Replayed: true`)"},
+                                          "(header `Idempotent-Replayed: true`), or with "
+                                          "`dry_run=true` the file's estimate (nothing stored)"},
                      **responses(400, 401, 413)})
 def create_job(
     file: Annotated[UploadFile, File(description="JSONL input, OpenAI batch format")],
@@ -53,9 +54,19 @@ def create_job(
         description="Tries per request at the provider (default: "
                     "QUOTAFLOW_PROVIDER_MAX_ATTEMPTS)")] = None,
     idempotency_key: IdempotencyKey = None,
+    dry_run: Annotated[bool, Query(
+        description="Store nothing: answer 200 with the file's estimate (tokens, cost, "
+                    "time at the deployments' budgets, the tenant's limits)")] = False,
 ) -> dict[str, Any]:
     """Make a job of the uploaded file (201), or return the tenant's job made earlier
-    with the same Idempotency-Key (200, `Idempotent-Replayed: true`)."""
+    with the same Idempotency-Key (200, `Idempotent-Replayed: true`). With
+    `dry_run=true`, estimate the file instead and store nothing (200)."""
+    if dry_run:
+        _metadata(metadata)  # refused as submit would refuse it
+        response.status_code = 200
+        found = estimate.scan_file(file.file, settings, deployments, queue)
+        with sessions() as session:
+            return estimate.estimate_object(found, session, settings, tenant)
     # Starlette has spooled the upload to a temporary file; ingest reads it once.
     spec = ingest.JobSpec(queue=queue, tenant=tenant, filename=_filename(file.filename),
                           metadata=_metadata(metadata), max_attempts=max_attempts,

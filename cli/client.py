@@ -108,6 +108,16 @@ class ApiClient:
             f"`quotaflow submit {path} --idempotency-key {key}` returns it once it exists, "
             "without making a second one")
 
+    def estimate(self, path: Path, queue: str) -> dict[str, Any]:
+        """The file's estimate (POST /jobs?dry_run=true): the same upload as a job, stored
+        nowhere, so sending it again after a timeout needs no key."""
+        timeout = httpx.Timeout(self._timeout, read=self._submit_timeout,
+                                write=self._submit_timeout)
+        with path.open("rb") as handle:
+            return self._request("POST", "/jobs", params={"dry_run": "true"},
+                                 files={"file": (path.name, handle)}, data={"queue": queue},
+                                 timeout=timeout).json()
+
     def get_job(self, job_id: str) -> dict[str, Any]:
         return self._request("GET", f"/jobs/{job_id}").json()
 

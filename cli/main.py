@@ -246,10 +246,11 @@ def limits_table(rows: list[tuple[str, ...]]) -> Table:
     return table
 
 
-from cli import keys, services  # noqa: E402  (registers these commands on `cli`)
+from cli import estimate, keys, services  # noqa: E402  (registers these commands on `cli`)
 
 services.register(cli)
 keys.register(cli)
+estimate.register(cli)
 
 
 def main() -> None:

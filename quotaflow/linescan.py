@@ -7,6 +7,7 @@ becomes a failed item and an error row naming the line and the reason, and never
 fails the file. Batches (BatchRef) are cut as the lines go by.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import IO
 
@@ -67,6 +68,9 @@ class LineScan:
         self._routed: dict[str | None, str | None] = {}
         # Per route: what a cost or time estimate needs (spend limits, `quotaflow estimate`).
         self.routes: dict[str, RouteTally] = {}
+        # Called with (line number, route, custom_id, prompt text) of each valid line:
+        # what `quotaflow estimate` (quotaflow/estimate.py) counts beside the tallies.
+        self.on_valid: Callable[[int, str, str, str], None] | None = None
 
     def run(self, stream: IO[bytes], writer: RowWriter) -> None:  # noqa: C901 (the hot loop)
         max_lines, seen, job_id = self.max_lines, self.seen, self.job_id
@@ -101,7 +105,8 @@ class LineScan:
                 continue
             body = canonical_body(request.body)
             digest = body_digest(request.url, body)
-            prompt = estimate_tokens(prompt_text(request.url, request.body))
+            text = prompt_text(request.url, request.body)
+            prompt = estimate_tokens(text)
             self.tokens += prompt
             tally = self.routes.get(route)
             if tally is None:
@@ -112,6 +117,8 @@ class LineScan:
             if request.url != ENDPOINT_EMBEDDINGS:
                 tally.max_completion_tokens += max_output_tokens(request.body,
                                                                  tally.default_max_tokens)
+            if self.on_valid is not None:
+                self.on_valid(line_no, route, request.custom_id, text)
             if budget is not None and self.tokens > budget:
                 assert self.room is not None
                 self.room.refuse_if_over(self.tokens)
