@@ -102,6 +102,14 @@ class FileEstimate:
             (route, self.counts.prompt_tokens[route], tally.max_completion_tokens)
             for route, tally in self.scan.routes.items()))
 
+    @property
+    def submit_cost(self) -> CostRange | None:
+        """The cost as submit counts it against the spend limit: prompts at characters / 4
+        (ingest runs no tokenizer), so the estimate's verdict is submit's."""
+        return spend.estimate(self.counts.deployments, (
+            (route, tally.prompt_tokens, tally.max_completion_tokens)
+            for route, tally in self.scan.routes.items()))[0]
+
 
 def scan_file(stream: IO[bytes], settings: Settings, deployments: Deployments,
               queue: str) -> FileEstimate:
@@ -135,7 +143,8 @@ def estimate_object(found: FileEstimate, session: Session, settings: Settings,
               "admission_prompt_tokens": scan.tokens, "max_completion_tokens": completion,
               "cost": _cost_json(cost, complete),
               "seconds": round(whole.seconds, 3) if whole else 0.0}
-    limits = tenant_limits(session, settings, tenant, scan.tokens, cost, deployments.currency)
+    limits = tenant_limits(session, settings, tenant, scan.tokens, found.submit_cost,
+                           deployments.currency)
     refusals = [p.reason for p in counts.duplicates[:1]]
     if not scan.valid:
         refusals.append("no line of the file is a valid request")
