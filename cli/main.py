@@ -232,10 +232,11 @@ def limits_table(rows: list[tuple[str, ...]]) -> Table:
     return table
 
 
-from cli import keys, services  # noqa: E402  (registers these commands on `cli`)
+from cli import keys, services, webhooks  # noqa: E402  (registers these commands on `cli`)
 
 services.register(cli)
 keys.register(cli)
+webhooks.register(cli)
 
 
 def main() -> None:

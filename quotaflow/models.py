@@ -51,6 +51,7 @@ class JobStatus:
     CANCELLING = "cancelling"
     CANCELLED = "cancelled"
     ACTIVE = (VALIDATING, IN_PROGRESS, FINALIZING, CANCELLING)
+    FINAL = (COMPLETED, FAILED, EXPIRED, CANCELLED)
 
 
 class ItemStatus:
@@ -100,9 +101,16 @@ class Job(Base):
     # The Idempotency-Key the job was created with: the same tenant sending the same key
     # again gets this job back instead of a second one (a retried upload).
     idempotency_key: Mapped[str | None] = mapped_column(String(255))
+    # When the webhook sweep turned the job's end into events (quotaflow/webhooks/outbox.py);
+    # None while it runs, and for an ended job not yet swept (migration 0011).
+    notified_at: Mapped[datetime | None]
 
 
 Index("ix_jobs_tenant_created", Job.tenant, Job.created_at)
+# The sweep's question (which jobs ended unnoticed?) among the unswept jobs alone.
+UNNOTIFIED = "notified_at IS NULL"
+Index("ix_jobs_unnotified", Job.status,
+      postgresql_where=text(UNNOTIFIED), sqlite_where=text(UNNOTIFIED))
 Index("uq_jobs_tenant_idempotency_key", Job.tenant, Job.idempotency_key, unique=True)
 
 
