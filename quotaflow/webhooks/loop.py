@@ -29,7 +29,7 @@ class DeliveryLoop:
         self.client = sender.make_client(settings)
         self.pool = ThreadPoolExecutor(CONCURRENCY, thread_name_prefix="quotaflow-webhook")
         # A claim outlives the longest attempt by far: it lapses only for a dead worker.
-        self.lease_s = settings.webhook_timeout_s * 3 + 30
+        self.lease_s = settings.webhook_timeout_s * 2 + 5
 
     def round(self) -> int:
         """Sweep, then make every due attempt; how many attempts were made."""
