@@ -139,6 +139,22 @@ class ApiClient:
         """The job's report page (GET /jobs/{id}/report), HTML."""
         return self._request("GET", f"/jobs/{job_id}/report").text
 
+    def create_webhook(self, url: str, events: list[str] | None) -> dict[str, Any]:
+        """Register an endpoint: the answer holds its signing secret, this once."""
+        return self._request("POST", "/webhooks", json={"url": url, "events": events}).json()
+
+    def list_webhooks(self) -> list[dict[str, Any]]:
+        return self._request("GET", "/webhooks").json()["data"]
+
+    def remove_webhook(self, endpoint_id: str) -> dict[str, Any]:
+        return self._request("DELETE", f"/webhooks/{endpoint_id}").json()
+
+    def webhook_deliveries(self, endpoint_id: str | None, limit: int) -> list[dict[str, Any]]:
+        params: dict[str, Any] = {"limit": limit}
+        if endpoint_id:
+            params["endpoint"] = endpoint_id
+        return self._request("GET", "/webhooks/deliveries", params=params).json()["data"]
+
     def stream_lines(self, job_id: str, errors: bool) -> Iterator[bytes]:
         path = f"/jobs/{job_id}/{'errors' if errors else 'results'}"
         try:

@@ -246,11 +246,12 @@ def limits_table(rows: list[tuple[str, ...]]) -> Table:
     return table
 
 
-from cli import estimate, keys, services  # noqa: E402  (registers these commands on `cli`)
+from cli import estimate, keys, services, webhooks  # noqa: E402  (registers the commands)
 
 services.register(cli)
 keys.register(cli)
 estimate.register(cli)
+webhooks.register(cli)
 
 
 def main() -> None:

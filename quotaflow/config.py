@@ -6,9 +6,10 @@ serve which models. API keys are never in either: a deployment names the
 environment variable that holds its key, and the key is read only at call time.
 """
 
+import ipaddress
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import (
     Field,
@@ -16,12 +17,14 @@ from pydantic import (
     ValidationError,
     field_validator,
 )
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from quotaflow.constants import QUEUE_BULK, QUEUE_REALTIME, QUEUE_STANDARD
 from quotaflow.deployments import Deployments, load_deployments
 from quotaflow.errors import ConfigError
 
+# Svix's schedule: at once, then 5 s, 5 min, 30 min, 2 h, 5 h, 10 h, 10 h (about a day).
+WEBHOOK_RETRY_SCHEDULE_S = (0.0, 5.0, 300.0, 1800.0, 7200.0, 18000.0, 36000.0, 36000.0)
 
 class Settings(BaseSettings):
     """Every knob of quotaflow, read from QUOTAFLOW_* environment variables."""
@@ -124,6 +127,51 @@ class Settings(BaseSettings):
     # at their prices (quotaflow/spend.py); a tenant's own limit (`quotaflow keys create
     # --max-spend`) overrides it. None: no limit.
     max_monthly_spend: float | None = Field(default=None, ge=0)
+
+    # Webhooks (quotaflow/webhooks/). The master key each endpoint's signing secret is
+    # derived from (HMAC-SHA256 of the endpoint id): secrets are never stored, so without
+    # it no endpoint can be created and no event signed. Changing it changes every secret.
+    webhook_secret_key: SecretStr | None = None
+    # Whether this process's worker delivers webhooks (a thread of its main process).
+    webhook_delivery: bool = True
+    # Seconds before each attempt of a delivery: the first is after the job's end, each
+    # next one after the previous failure; after the last, the delivery has failed.
+    # Comma-separated in the environment: QUOTAFLOW_WEBHOOK_RETRY_SCHEDULE_S=0,5,300.
+    webhook_retry_schedule_s: Annotated[tuple[float, ...], NoDecode] = WEBHOOK_RETRY_SCHEDULE_S
+    # How long one attempt may take (connect, send, answer), as Svix's 15 s roughly.
+    webhook_timeout_s: float = Field(default=10.0, gt=0, le=120)
+    # How often the delivery loop looks for ended jobs and due deliveries.
+    webhook_poll_interval_s: float = Field(default=1.0, gt=0)
+    # Networks endpoints may reach although they are loopback, private, link-local,
+    # unspecified or multicast (server-side request forgery guard), comma-separated:
+    # QUOTAFLOW_WEBHOOK_ALLOWED_NETWORKS=127.0.0.0/8,10.1.0.0/16.
+    webhook_allowed_networks: Annotated[tuple[ipaddress.IPv4Network | ipaddress.IPv6Network,
+                                              ...], NoDecode] = ()
+
+    @field_validator("webhook_retry_schedule_s", mode="before")
+    @classmethod
+    def _schedule(cls, value: object) -> object:
+        if isinstance(value, str):
+            value = tuple(part.strip() for part in value.split(",") if part.strip())
+        if isinstance(value, tuple | list):
+            if not value:
+                raise ValueError("give at least one delay (0: at once)")
+            if any(float(delay) < 0 for delay in value):
+                raise ValueError("delays must be 0 or more seconds")
+        return value
+
+    @field_validator("webhook_allowed_networks", mode="before")
+    @classmethod
+    def _networks(cls, value: object) -> object:
+        if isinstance(value, str):
+            value = [part.strip() for part in value.split(",") if part.strip()]
+        if isinstance(value, tuple | list):
+            try:
+                return tuple(ipaddress.ip_network(str(net), strict=False) for net in value)
+            except ValueError as exc:
+                raise ValueError(f"{exc}; use CIDR networks such as 127.0.0.0/8,::1/128"
+                                 ) from exc
+        return value
 
     @field_validator("task_time_limit")
     @classmethod

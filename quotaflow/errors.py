@@ -20,6 +20,7 @@
     │   ├── RetryableProviderError   429, 5xx, timeouts, connection errors
     │   └── PermanentProviderError   other 4xx: retrying cannot help
     └── ServiceUnavailable     Redis, Postgres or the REST API cannot be reached
+        └── NotConfigured      a feature the operator has not set up (webhooks' key)
 
 Messages are written for the person who has to act on them.
 """
@@ -147,3 +148,8 @@ class PermanentProviderError(ProviderError):
 
 class ServiceUnavailable(QuotaflowError):
     """A service quotaflow depends on (Redis, Postgres, the REST API) is unreachable."""
+
+
+class NotConfigured(ServiceUnavailable):
+    """A part of quotaflow its operator has not set up (webhooks without their key): the
+    request is fine, this server cannot serve it until a setting is given."""

@@ -130,6 +130,7 @@ def retry_failed(sessions: sessionmaker[Session], job_id: str, dispatcher: Dispa
                                              Result.line_no.in_([*lines, *waiting])))
         job.status = JobStatus.IN_PROGRESS
         job.finalizing_at = job.completed_at = None
+        job.notified_at = None  # its next end is an event of its own (webhooks)
         queue = job.queue
     dispatcher.dispatch(queue, batch_refs(job_id, lines, settings.batch_size))
     return len(lines) + len(waiting)

@@ -52,6 +52,7 @@ class JobStatus:
     CANCELLING = "cancelling"
     CANCELLED = "cancelled"
     ACTIVE = (VALIDATING, IN_PROGRESS, FINALIZING, CANCELLING)
+    FINAL = (COMPLETED, FAILED, EXPIRED, CANCELLED)
 
 
 class ItemStatus:
@@ -106,9 +107,16 @@ class Job(Base):
     # Why a running job stopped sending before its lines were done: "spend_limit_exceeded"
     # (quotaflow/spend.py). Its unsent lines end with that code; None: it did not stop.
     stop_reason: Mapped[str | None] = mapped_column(String(32))
+    # When the webhook sweep turned the job's end into events (quotaflow/webhooks/outbox.py);
+    # None while it runs, and for an ended job not yet swept (migration 0011).
+    notified_at: Mapped[datetime | None]
 
 
 Index("ix_jobs_tenant_created", Job.tenant, Job.created_at)
+# The sweep's question (which jobs ended unnoticed?) among the unswept jobs alone.
+UNNOTIFIED = "notified_at IS NULL"
+Index("ix_jobs_unnotified", Job.status,
+      postgresql_where=text(UNNOTIFIED), sqlite_where=text(UNNOTIFIED))
 Index("uq_jobs_tenant_idempotency_key", Job.tenant, Job.idempotency_key, unique=True)
 
 

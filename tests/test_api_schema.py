@@ -22,8 +22,10 @@ from tests.openai_cluster import V1Cluster, start_cluster
 
 @pytest.fixture(scope="module")
 def cluster(pg_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[V1Cluster]:
-    # No workers: created jobs only wait in the queue, which is all this test needs.
-    yield from start_cluster(pg_url, tmp_path_factory.mktemp("schema"), workers=0)
+    # No workers: created jobs only wait in the queue, which is all this test needs. The
+    # webhooks' key is set, so that POST /webhooks answers what it would in production.
+    yield from start_cluster(pg_url, tmp_path_factory.mktemp("schema"), workers=0,
+                             QUOTAFLOW_WEBHOOK_SECRET_KEY="schema-test-webhook-key-0123456789ab")
 
 
 @pytest.fixture(scope="module")
