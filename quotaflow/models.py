@@ -106,6 +106,10 @@ class Job(Base):
     # Why a running job stopped sending before its lines were done: "spend_limit_exceeded"
     # (quotaflow/spend.py). Its unsent lines end with that code; None: it did not stop.
     stop_reason: Mapped[str | None] = mapped_column(String(32))
+    # Its output lines: "openai" (batch output lines) or "anthropic" (Message Batches
+    # results); by default the format of its input file's lines.
+    output_format: Mapped[str] = mapped_column(String(16), default="openai",
+                                               server_default="openai")
 
 
 Index("ix_jobs_tenant_created", Job.tenant, Job.created_at)
