@@ -163,13 +163,19 @@ def reshape(response: ProviderResponse, output_format: str) -> ProviderResponse:
     return dataclasses.replace(response, body=body, raw=None, answer_format=output_format)
 
 
-def error_object(status_code: int | None, message: str, body: Any) -> dict[str, Any]:
+# quotaflow's error code of a line that got no answer -> Anthropic's error type.
+CODE_TYPES = {"invalid_request": "invalid_request_error", "no_deployment": "not_found_error",
+              "request_too_large": "request_too_large"}
+
+
+def error_object(status_code: int | None, message: str, body: Any,
+                 code: str | None = None) -> dict[str, Any]:
     """Anthropic's error object: the provider's own where it sent one in that shape."""
     if isinstance(body, dict) and body.get("type") == "error" and isinstance(
             body.get("error"), dict):
         return body
     if status_code is None:
-        kind = "api_error"
+        kind = CODE_TYPES.get(code or "", "api_error")
     else:
         kind = ERROR_TYPES.get(status_code, "api_error" if status_code >= 500
                                else "invalid_request_error")

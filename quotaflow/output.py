@@ -89,7 +89,8 @@ def render_anthropic(request_id: str, custom_id: str | None, status_code: int | 
         return f'{{"custom_id":{cid},"result":{{"type":"{kind}"}}}}\n'
     body = orjson.loads(response) if response else None
     result = {"type": "errored",
-              "error": error_object(status_code, str(failure.get("message", "")), body)}
+              "error": error_object(status_code, str(failure.get("message", "")), body,
+                                    str(failure.get("code")))}
     return f'{{"custom_id":{cid},"result":{orjson.dumps(result).decode()}}}\n'
 
 
