@@ -95,8 +95,8 @@ def test_a_drain_empties_the_input_bucket_too(limiter) -> None:
 
 def test_a_request_larger_than_a_bucket_is_refused_naming_the_limit() -> None:
     budget = split(itpm=600, otpm=6_000)
-    with pytest.raises(RequestTooLarge, match="input tokens.*itpm 600"):
+    with pytest.raises(RequestTooLarge, match=r"input tokens.*itpm 600"):
         budget.check_fits(10, 700)
-    with pytest.raises(RequestTooLarge, match="output tokens.*otpm 6000"):
+    with pytest.raises(RequestTooLarge, match=r"output tokens.*otpm 6000"):
         budget.check_fits(7_000, 10)
     budget.check_fits(6_000, 600)
