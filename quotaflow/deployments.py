@@ -130,10 +130,10 @@ class Deployment(BaseModel):
             raise ValueError("set itpm and otpm together (Anthropic limits input and output "
                              "tokens apart), or neither and tpm")
         if all(split):
-            if self.tpm:
+            assert self.itpm is not None and self.otpm is not None
+            if self.tpm and self.tpm != self.itpm + self.otpm:  # the sum: validated before
                 raise ValueError("set tpm or itpm and otpm, not both: with itpm and otpm the "
                                  "input and output tokens have separate budgets")
-            assert self.itpm is not None and self.otpm is not None
             self.tpm = self.itpm + self.otpm
         elif not self.tpm:
             more = " (or itpm and otpm)" if self.provider == "anthropic" else ""
