@@ -47,13 +47,15 @@ class Scenario:
     naive: bool = False
 
     def body(self, i: int) -> dict:
-        text = f"question {i:05d} about the tides" + " " * self.padding
-        return {"model": self.name, "max_tokens": self.max_tokens,
-                "messages": [{"role": "user", "content": text}]}
+        # The padding goes in the system prompt: the mock's reply repeats the user's text.
+        messages = [{"role": "user", "content": f"question {i:05d} about the tides"}]
+        if self.padding:
+            messages.insert(0, {"role": "system", "content": "." * self.padding})
+        return {"model": self.name, "max_tokens": self.max_tokens, "messages": messages}
 
     @property
     def input_tokens(self) -> int:
-        return estimate_tokens(self.body(0)["messages"][0]["content"])
+        return estimate_tokens("\n".join(m["content"] for m in self.body(0)["messages"]))
 
     def per_second(self) -> float:
         """Requests a second the binding limit allows (the provider refunds output)."""
@@ -78,7 +80,7 @@ class Scenario:
 SCENARIOS = (
     # 10 requests a second allowed; input and output would allow 100 and 77.
     Scenario("binds-rpm", rpm=600, itpm=60_000, otpm=60_000, max_tokens=50, padding=0),
-    # ~52 input tokens a request: 19 a second; requests and output would allow 100 and 77.
+    # ~53 input tokens a request: 19 a second; requests and output would allow 100 and 77.
     Scenario("binds-itpm", rpm=6_000, itpm=60_000, otpm=60_000, max_tokens=50, padding=180),
     # 13 output tokens used of 100 reserved: 20 a second; the others allow 100 and 125.
     Scenario("binds-otpm", rpm=6_000, itpm=60_000, otpm=15_600, max_tokens=100, padding=0),
