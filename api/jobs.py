@@ -7,7 +7,7 @@ found". The OpenAI-compatible routes under /v1 are api.v1.
 
 import json
 from collections.abc import Iterator
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, File, Form, Query, Response, UploadFile
 from fastapi.responses import HTMLResponse, StreamingResponse
@@ -54,6 +54,9 @@ def create_job(
         description="Tries per request at the provider (default: "
                     "QUOTAFLOW_PROVIDER_MAX_ATTEMPTS)")] = None,
     idempotency_key: IdempotencyKey = None,
+    output_format: Annotated[Literal["openai", "anthropic"] | None, Form(
+        description="Output lines: OpenAI batch output lines, or Anthropic Message Batches "
+                    "results (default: the format of the file's lines)")] = None,
     dry_run: Annotated[bool, Query(
         description="Store nothing: answer 200 with the file's estimate (tokens, cost, "
                     "time at the deployments' budgets, the tenant's limits)")] = False,
@@ -70,7 +73,7 @@ def create_job(
     # Starlette has spooled the upload to a temporary file; ingest reads it once.
     spec = ingest.JobSpec(queue=queue, tenant=tenant, filename=_filename(file.filename),
                           metadata=_metadata(metadata), max_attempts=max_attempts,
-                          idempotency_key=idempotency_key)
+                          idempotency_key=idempotency_key, output_format=output_format)
     made = ingest.create_job(sessions, file.file, settings=settings,
                              deployments=deployments, dispatcher=dispatcher, spec=spec)
     if made.replayed:

@@ -84,8 +84,12 @@ def run(input_file: Path, output: IO[str], errors_path: Path | None, queue: str,
 @click.option("--timeout", type=click.FloatRange(min=1), metavar="SECONDS",
               help="How long to wait for the API to store the file before sending it again "
                    "(default: QUOTAFLOW_SUBMIT_TIMEOUT_S, 1800).")
+@click.option("--output-format", type=click.Choice(["openai", "anthropic"]),
+              help="Output lines: OpenAI batch output lines, or Anthropic Message Batches "
+                   "results (default: the format of the file's lines).")
 def submit(input_file: Path, queue: str, metadata: str | None, max_attempts: int | None,
-           idempotency_key: str | None, timeout: float | None) -> None:
+           idempotency_key: str | None, timeout: float | None,
+           output_format: str | None) -> None:
     """Upload INPUT_FILE to the API as a new job and print its id.
 
     The API answers once the whole file is stored (a million lines take tens of
@@ -95,7 +99,7 @@ def submit(input_file: Path, queue: str, metadata: str | None, max_attempts: int
     settings = get_settings()
     api = client(submit_timeout=timeout or settings.submit_timeout_s)
     job = api.create_job(input_file, queue, metadata, max_attempts,
-                         idempotency_key=idempotency_key,
+                         idempotency_key=idempotency_key, output_format=output_format,
                          on_retry=lambda note: click.echo(f"note: {note}", err=True))
     click.echo(job["id"])
 

@@ -176,6 +176,12 @@ def register(cli: click.Group) -> None:
     @click.option("--port", default=9000, show_default=True, type=int)
     @click.option("--rpm", default=600, show_default=True, type=click.IntRange(1))
     @click.option("--tpm", default=200_000, show_default=True, type=click.IntRange(1))
+    @click.option("--itpm", type=click.IntRange(1),
+                  help="Input tokens per minute of /v1/messages (Anthropic's ITPM; default: "
+                       "--tpm).")
+    @click.option("--otpm", type=click.IntRange(1),
+                  help="Output tokens per minute of /v1/messages (Anthropic's OTPM; default: "
+                       "--tpm).")
     @click.option("--latency-ms", default=50.0, show_default=True, type=click.FloatRange(0))
     @click.option("--burst-seconds", default=60.0, show_default=True,
                   type=click.FloatRange(0, min_open=True),
@@ -185,12 +191,14 @@ def register(cli: click.Group) -> None:
     @click.option("--reconcile/--no-reconcile", default=True, show_default=True,
                   help="Bill real usage after each answer (refund unused max_tokens).")
     @click.option("--fault", "faults", multiple=True, metavar="KIND=FRACTION",
-                  help="Inject failures: 429, 500, reset, hang, malformed (e.g. --fault 500=0.05).")
+                  help="Inject failures: 429, 500, 529, reset, hang, malformed (e.g. --fault "
+                       "500=0.05).")
     @click.option("--unlimited", is_flag=True,
                   help="Admit everything, as cheaply as possible (a raw ASGI app, no buckets, "
                        "no x-ratelimit headers): for throughput benchmarks. --rpm, --tpm, "
                        "--burst-seconds and --reconcile do not apply.")
-    def mock_provider(host: str, port: int, rpm: int, tpm: int, latency_ms: float,
+    def mock_provider(host: str, port: int, rpm: int, tpm: int, itpm: int | None,
+                      otpm: int | None, latency_ms: float,
                       burst_seconds: float, default_max_tokens: int,
                       api_key_env: str | None, reconcile: bool, faults: tuple[str, ...],
                       unlimited: bool) -> None:
@@ -203,7 +211,8 @@ def register(cli: click.Group) -> None:
             if faults:
                 raise ConfigError("--fault needs the strict provider; leave out --unlimited")
         else:
-            given |= {"rpm": rpm, "tpm": tpm, "burst_seconds": burst_seconds,
+            given |= {"rpm": rpm, "tpm": tpm, "itpm": itpm, "otpm": otpm,
+                      "burst_seconds": burst_seconds,
                       "default_max_tokens": default_max_tokens, "reconcile": reconcile,
                       **_fault_fractions(faults)}
         _serve_mock(host, port, given)
@@ -218,9 +227,9 @@ def _fault_fractions(faults: tuple[str, ...]) -> dict[str, float]:
             value = float(fraction)
         except ValueError:
             value = None
-        if kind not in ("429", "500", "reset", "hang", "malformed") or value is None:
+        if kind not in ("429", "500", "529", "reset", "hang", "malformed") or value is None:
             raise ConfigError(f"--fault {fault!r}: use KIND=FRACTION with KIND one of "
-                              "429, 500, reset, hang, malformed and FRACTION a number")
+                              "429, 500, 529, reset, hang, malformed and FRACTION a number")
         fractions[f"fault_{kind}"] = value
     return fractions
 

@@ -35,6 +35,8 @@ def build_app(settings: MockProviderSettings) -> FastAPI | LeanProvider:
         api_key=settings.api_key(),
         reconcile=settings.reconcile,
         faults=faults,
+        itpm=settings.itpm,
+        otpm=settings.otpm,
     )
 
 

@@ -17,12 +17,12 @@ from dataclasses import dataclass, field
 
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-BEFORE_ADMISSION = ("429", "500", "reset")
+BEFORE_ADMISSION = ("429", "500", "529", "reset")
 AFTER_ADMISSION = ("hang", "malformed")
 HANG_S = 3600.0
 # A fault's name (`--fault KIND=...`, /stats, PUT /faults) and its field of Faults.
-FIELDS = {"429": "storm_429", "500": "error_500", "reset": "reset", "hang": "hang",
-          "malformed": "malformed"}
+FIELDS = {"429": "storm_429", "500": "error_500", "529": "overloaded_529", "reset": "reset",
+          "hang": "hang", "malformed": "malformed"}
 
 
 @dataclass
@@ -31,6 +31,7 @@ class Faults:
 
     storm_429: float = 0.0
     error_500: float = 0.0
+    overloaded_529: float = 0.0  # Anthropic's overloaded_error
     reset: float = 0.0
     hang: float = 0.0
     malformed: float = 0.0
@@ -44,8 +45,8 @@ class Faults:
                              f"{fractions}")
 
     def fractions(self) -> dict[str, float]:
-        return {"429": self.storm_429, "500": self.error_500, "reset": self.reset,
-                "hang": self.hang, "malformed": self.malformed}
+        return {"429": self.storm_429, "500": self.error_500, "529": self.overloaded_529,
+                "reset": self.reset, "hang": self.hang, "malformed": self.malformed}
 
     def draw(self) -> str | None:
         """The fault this request meets, if any."""
@@ -83,6 +84,13 @@ def error_500() -> JSONResponse:
                    "param": None, "code": None}}, status_code=500)
 
 
+def overloaded_529() -> JSONResponse:
+    """Anthropic's overloaded_error: the provider's capacity, not the caller's limit."""
+    return JSONResponse({"type": "error", "error": {"type": "overloaded_error",
+                                                    "message": "Overloaded (simulated)"}},
+                        status_code=529)
+
+
 def reset() -> StreamingResponse:
     """Announce a body, send part of it, then drop the connection."""
 
@@ -105,4 +113,4 @@ def malformed() -> Response:
 
 def refusal(fault: str) -> Response:
     """The answer of a fault met before admission (one of BEFORE_ADMISSION)."""
-    return {"429": storm_429, "500": error_500, "reset": reset}[fault]()
+    return {"429": storm_429, "500": error_500, "529": overloaded_529, "reset": reset}[fault]()

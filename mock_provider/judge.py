@@ -59,6 +59,11 @@ class Judge:
         self._api_key = api_key
         self.stats = Stats()
 
+    @property
+    def api_key(self) -> str | None:
+        """The key clients must send (Bearer, or x-api-key on /v1/messages); None: any."""
+        return self._api_key
+
     def authorized(self, request: Request) -> bool:
         if self._api_key is None:
             return True

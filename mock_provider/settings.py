@@ -35,6 +35,10 @@ class MockProviderSettings(BaseSettings):
     # Required by the strict server; None only so that the unlimited one needs neither.
     rpm: int | None = None
     tpm: int | None = None
+    # /v1/messages' input and output tokens per minute (Anthropic's ITPM and OTPM);
+    # unset: each is tpm.
+    itpm: int | None = None
+    otpm: int | None = None
     latency_ms: float = 0.0
     burst_seconds: float = 60.0
     # Counted at admission when a request sets no max_tokens.
@@ -46,6 +50,7 @@ class MockProviderSettings(BaseSettings):
     # Fractions of requests that meet each fault (mock_provider.faults).
     fault_429: float = 0.0
     fault_500: float = 0.0
+    fault_529: float = 0.0
     fault_reset: float = 0.0
     fault_hang: float = 0.0
     fault_malformed: float = 0.0
@@ -61,7 +66,8 @@ class MockProviderSettings(BaseSettings):
 
     def fault_fractions(self) -> dict[str, float]:
         """By the names `--fault`, /stats and PUT /faults use."""
-        return {"429": self.fault_429, "500": self.fault_500, "reset": self.fault_reset,
+        return {"429": self.fault_429, "500": self.fault_500, "529": self.fault_529,
+                "reset": self.fault_reset,
                 "hang": self.fault_hang, "malformed": self.fault_malformed}
 
     def api_key(self) -> str | None:

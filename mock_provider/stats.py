@@ -32,6 +32,10 @@ class Stats:
     # crash can catch in flight.
     in_flight: int = 0
     peak_in_flight: int = 0
+    # /v1/messages: the input tokens and max_tokens admitted, and the 429s per limit.
+    input_tokens_admitted: int = 0
+    output_tokens_admitted: int = 0
+    limited_by: Counter[str] = field(default_factory=Counter)
     calls_per_body: Counter[str] = field(default_factory=Counter)
 
     def record_admitted(self, body: dict[str, Any], cost: int) -> None:

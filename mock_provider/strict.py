@@ -17,9 +17,10 @@ from fastapi.responses import JSONResponse, Response
 from mock_provider.buckets import RateLimits
 from mock_provider.faults import Faults
 from mock_provider.judge import Judge
+from mock_provider.messages import MessagesJudge, SplitLimits
 from mock_provider.stats import Stats
 from mock_provider.wire import error_body, json_response
-from quotaflow.constants import ENDPOINTS
+from quotaflow.constants import ENDPOINT_MESSAGES, ENDPOINTS
 from quotaflow.errors import ConfigError
 
 
@@ -52,12 +53,15 @@ def create_app(
     api_key: str | None = None,
     reconcile: bool = True,
     faults: Faults | None = None,
+    itpm: int | None = None,
+    otpm: int | None = None,
 ) -> FastAPI:
     """The mock provider app; its buckets start full. Serve it from one process.
 
     With `reconcile`, a request is admitted at its estimate (prompt + max_tokens)
     and then billed its real usage, the unused part refunded; without, the
-    estimate is final.
+    estimate is final. /v1/messages (Anthropic's) holds requests, input tokens (itpm)
+    and output tokens (otpm) apart; without itpm and otpm, each is limited to tpm.
     """
     _validate(rpm, tpm, latency_ms, burst_seconds, default_max_tokens)
     limits = RateLimits(rpm, tpm, burst_seconds)
@@ -66,6 +70,8 @@ def create_app(
     app.state.judge = judge
     for url in ENDPOINTS:
         app.add_api_route(url, _model_route(judge, url), methods=["POST"])
+    messages = MessagesJudge(judge, SplitLimits(rpm, itpm or tpm, otpm or tpm, burst_seconds))
+    app.add_api_route(ENDPOINT_MESSAGES, messages.handle, methods=["POST"])
 
     # async on purpose: all state is touched from the event loop only, never a threadpool.
     @app.get("/stats")

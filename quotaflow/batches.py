@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from quotaflow import files, ingest, job_view, jobs
 from quotaflow.config import Settings
-from quotaflow.constants import DEFAULT_QUEUE, ENDPOINTS, QUEUES
+from quotaflow.constants import DEFAULT_QUEUE, ENDPOINTS, OUTPUT_OPENAI, QUEUES
 from quotaflow.deployments import Deployments
 from quotaflow.errors import InputFileError, InvalidParameter
 from quotaflow.models import Item, Job, JobStatus, Result, utcnow
@@ -83,7 +83,9 @@ def create_batch(sessions: sessionmaker[Session], request: BatchRequest, *, sett
         metadata=request.metadata, input_file_id=request.input_file_id,
         idempotency_key=request.idempotency_key, endpoint=request.endpoint,
         max_lines=settings.max_batch_lines,
-        completion_window_s=window_seconds(request.completion_window))
+        completion_window_s=window_seconds(request.completion_window),
+        # OpenAI's Batch API: its output file is OpenAI's, whatever shape the lines had.
+        output_format=OUTPUT_OPENAI)
     with sessions() as session:
         upload = files.get_file(session, request.input_file_id, request.tenant)
         try:

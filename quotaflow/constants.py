@@ -32,6 +32,16 @@ ENDPOINT_COMPLETIONS: Final = "/v1/completions"
 ENDPOINT_EMBEDDINGS: Final = "/v1/embeddings"
 ENDPOINTS: Final = (ENDPOINT_CHAT, ENDPOINT_COMPLETIONS, ENDPOINT_EMBEDDINGS)
 
+# Anthropic's Messages API, where provider = "anthropic" deployments send every request.
+ENDPOINT_MESSAGES: Final = "/v1/messages"
+# The key of a stored request body that keeps an Anthropic-format line's own params
+# (formats.py), so an anthropic deployment sends them as they were written.
+ANTHROPIC_PARAMS: Final = "_anthropic_params"
+# A job's output lines: OpenAI batch output lines, or Anthropic's Message Batches results.
+OUTPUT_OPENAI: Final = "openai"
+OUTPUT_ANTHROPIC: Final = "anthropic"
+OUTPUT_FORMATS: Final = (OUTPUT_OPENAI, OUTPUT_ANTHROPIC)
+
 MOCK_PROVIDER: Final = "mock"
 
 # The tenant of embedded runs, auth-off development servers and pre-tenant jobs.

@@ -23,7 +23,9 @@ from quotaflow.constants import MOCK_PROVIDER
 from quotaflow.errors import ConfigError
 from quotaflow.pricing import CostRange, Prices, cost_range
 
-ProviderKind = Literal["openai", "mock", "local"]
+ProviderKind = Literal["openai", "mock", "local", "anthropic"]
+# Anthropic's Messages API version header, unless a deployment names another.
+ANTHROPIC_VERSION = "2023-06-01"
 # The in-process engines a `local` deployment can run on (quotaflow/providers/local/).
 LocalEngine = Literal["transformers"]
 LocalDtype = Literal["auto", "float32", "float16", "bfloat16"]
@@ -38,7 +40,14 @@ class Deployment(BaseModel):
     base_url: str | None = None
     api_key_env: str | None = None
     rpm: int = Field(gt=0)
-    tpm: int = Field(gt=0)
+    # Tokens per minute, input and output together (OpenAI's TPM). An anthropic deployment
+    # may give itpm and otpm instead (Anthropic limits them apart); tpm is then their sum,
+    # the figure reports and estimates show.
+    tpm: int = Field(default=0, gt=0)  # 0 (unset) only where itpm and otpm stand instead
+    itpm: int | None = Field(default=None, gt=0)
+    otpm: int | None = Field(default=None, gt=0)
+    # provider = "anthropic": the anthropic-version header of every call.
+    anthropic_version: str = ANTHROPIC_VERSION
     # The window the provider enforces its per-minute limits over: 60 for a
     # minute, 1 for providers that enforce per second (OpenAI says it may).
     burst_seconds: float = Field(default=60.0, gt=0, le=60)
@@ -94,6 +103,10 @@ class Deployment(BaseModel):
     def _check(self) -> "Deployment":
         if self.provider == "openai" and not self.base_url:
             raise ValueError("provider 'openai' needs base_url (e.g. http://127.0.0.1:8000/v1)")
+        if self.provider == "anthropic" and not self.base_url:
+            raise ValueError("provider 'anthropic' needs base_url (e.g. https://api.anthropic.com;"
+                             " quotaflow calls {base_url}/v1/messages)")
+        self._check_token_limits()
         if self.provider == "local" and not self.model_path:
             raise ValueError("provider 'local' needs model_path (a directory written by "
                              "save_pretrained, e.g. /models/qwen2.5-0.5b-instruct)")
@@ -106,6 +119,30 @@ class Deployment(BaseModel):
                 f"rpm {self.rpm} x burst_seconds {self.burst_seconds:g} / 60 holds less than "
                 "one request, so nothing could ever be sent; raise rpm or burst_seconds")
         return self
+
+    def _check_token_limits(self) -> None:
+        """tpm, or (anthropic only) itpm and otpm: one token budget or two."""
+        split = (self.itpm is not None, self.otpm is not None)
+        if any(split) and self.provider != "anthropic":
+            raise ValueError(f"itpm/otpm are Anthropic's separate input and output token limits;"
+                             f" provider {self.provider!r} has one token limit: set tpm")
+        if split == (True, False) or split == (False, True):
+            raise ValueError("set itpm and otpm together (Anthropic limits input and output "
+                             "tokens apart), or neither and tpm")
+        if all(split):
+            assert self.itpm is not None and self.otpm is not None
+            if self.tpm and self.tpm != self.itpm + self.otpm:  # the sum: validated before
+                raise ValueError("set tpm or itpm and otpm, not both: with itpm and otpm the "
+                                 "input and output tokens have separate budgets")
+            self.tpm = self.itpm + self.otpm
+        elif not self.tpm:
+            more = " (or itpm and otpm)" if self.provider == "anthropic" else ""
+            raise ValueError(f"tpm{more} is required: the provider's tokens-per-minute limit")
+
+    @property
+    def split_tokens(self) -> bool:
+        """Input and output tokens are limited apart (itpm and otpm)."""
+        return self.itpm is not None and self.otpm is not None
 
     @cached_property
     def prices(self) -> Prices | None:
@@ -172,11 +209,11 @@ class Deployments(BaseModel):
             if deployment.quota is None:
                 continue
             first = shared.setdefault(deployment.quota, deployment)
-            limits = ("rpm", "tpm", "burst_seconds")
+            limits = ("rpm", "tpm", "itpm", "otpm", "burst_seconds")
             if any(getattr(first, n) != getattr(deployment, n) for n in limits):
                 raise ValueError(
                     f"deployments {first.name!r} and {deployment.name!r} share quota "
-                    f"{deployment.quota!r} but differ in rpm/tpm/burst_seconds; a shared "
+                    f"{deployment.quota!r} but differ in rpm/tpm/itpm/otpm/burst_seconds; a shared "
                     "quota has one set of limits")
         currencies = {d.prices.currency for d in self.deployments.values() if d.prices}
         if len(currencies) > 1:

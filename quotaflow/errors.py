@@ -129,6 +129,7 @@ class ProviderError(QuotaflowError):
         retry_after: float | None = None,
         body: dict | None = None,
         remaining: tuple[float | None, float | None] = (None, None),
+        remaining_input: float | None = None,
     ) -> None:
         super().__init__(message)
         self.status_code = status_code
@@ -136,6 +137,9 @@ class ProviderError(QuotaflowError):
         self.body = body
         # The provider's x-ratelimit-remaining-requests and -tokens, where it sent them.
         self.remaining = remaining
+        # A split budget's input tokens left (Anthropic's ITPM); remaining's tokens are
+        # then the output tokens'.
+        self.remaining_input = remaining_input
 
 
 class RetryableProviderError(ProviderError):

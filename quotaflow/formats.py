@@ -6,7 +6,10 @@ the Anthropic Message Batches line {"custom_id", "params"}, and the shorthand
 number). Every accepted line becomes a `Request` in OpenAI's shape; every
 refused line becomes a `BadLine` naming its line number and reason. The file
 is read in 1 MiB blocks and never held whole (quotaflow/jsonlines.py reads the
-lines and their JSON). (Out: OpenAI batch output lines, quotaflow/output.py.)
+lines and their JSON). An Anthropic line keeps its params as written beside the
+OpenAI body made of them (under ANTHROPIC_PARAMS): an anthropic deployment sends
+them as they are, others get the OpenAI body. (Out: OpenAI batch output lines or
+Anthropic results, quotaflow/output.py.)
 """
 
 import hashlib
@@ -17,7 +20,13 @@ from typing import IO, Any
 
 import orjson
 
-from quotaflow.constants import ENDPOINT_CHAT, ENDPOINT_COMPLETIONS, ENDPOINT_EMBEDDINGS, ENDPOINTS
+from quotaflow.constants import (
+    ANTHROPIC_PARAMS,
+    ENDPOINT_CHAT,
+    ENDPOINT_COMPLETIONS,
+    ENDPOINT_EMBEDDINGS,
+    ENDPOINTS,
+)
 from quotaflow.jsonlines import load_object, read_lines
 
 MAX_CUSTOM_ID_CHARS = 512  # the items.custom_id column
@@ -122,6 +131,8 @@ def _openai_line(line_no: int, custom_id: str, obj: dict[str, Any]) -> Request:
 def _check_body(url: str, body: dict[str, Any]) -> None:
     if "model" in body and not isinstance(body["model"], str):
         raise LineRejected("body.model must be a string")
+    if ANTHROPIC_PARAMS in body:
+        raise LineRejected(f"body.{ANTHROPIC_PARAMS} is reserved for quotaflow's own use")
     if url == ENDPOINT_CHAT:
         _check_messages(body.get("messages"))
     elif url == ENDPOINT_COMPLETIONS and not isinstance(body.get("prompt"), str | list):
@@ -146,7 +157,8 @@ def _check_messages(messages: Any) -> None:
 
 
 def _anthropic_params(params: Any) -> dict[str, Any]:
-    """Anthropic Message Batches params -> an OpenAI chat body (text content)."""
+    """Anthropic Message Batches params -> an OpenAI chat body (text content), the params
+    kept as they are beside it for an anthropic deployment."""
     if not isinstance(params, dict):
         raise LineRejected("params must be a JSON object")
     if not isinstance(params.get("max_tokens"), int) or params["max_tokens"] <= 0:
@@ -159,6 +171,7 @@ def _anthropic_params(params: Any) -> dict[str, Any]:
         converted.insert(0, {"role": "system", "content": _anthropic_text(system)})
     body: dict[str, Any] = {k: v for k, v in params.items() if k not in ("messages", "system")}
     body["messages"] = converted
+    body[ANTHROPIC_PARAMS] = params
     return body
 
 

@@ -30,7 +30,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from quotaflow import quotas, spend
 from quotaflow.bulkwrite import DuplicateCustomId, row_writer
 from quotaflow.config import Settings
-from quotaflow.constants import DEFAULT_TENANT, QUEUES
+from quotaflow.constants import DEFAULT_TENANT, ENDPOINT_CHAT, OUTPUT_FORMATS, QUEUES
 from quotaflow.db import insert_ignore, refresh_statistics
 from quotaflow.dedup import pending_batches, share_identical
 from quotaflow.deployments import Deployments
@@ -66,6 +66,8 @@ class JobSpec:
     max_lines: int | None = None  # default: QUOTAFLOW_MAX_LINES
     completion_window_s: int | None = None  # default: QUOTAFLOW_COMPLETION_WINDOW_S
     enforce_quota: bool = True  # the tenant's enqueued-token quota (not for `quotaflow run`)
+    # "openai" or "anthropic" output lines; None: the format of the file's lines.
+    output_format: str | None = None
 
 
 @dataclass(frozen=True)
@@ -93,6 +95,9 @@ def create_job(sessions: sessionmaker[Session], stream: IO[bytes], *, settings: 
     if spec.queue not in QUEUES:
         raise InvalidParameter("queue", f"unknown queue {spec.queue!r}; choose one of "
                                         f"{', '.join(QUEUES)}")
+    if spec.output_format is not None and spec.output_format not in OUTPUT_FORMATS:
+        raise InvalidParameter("output_format", f"unknown output_format {spec.output_format!r}; "
+                                                f"choose one of {', '.join(OUTPUT_FORMATS)}")
     if spec.max_attempts is not None and not 1 <= spec.max_attempts <= MAX_ATTEMPTS_LIMIT:
         raise InvalidParameter("max_attempts", f"max_attempts must be between 1 and "
                                                f"{MAX_ATTEMPTS_LIMIT}, got {spec.max_attempts}")
@@ -180,9 +185,14 @@ def _fill(session: Session, job_id: str, stream: IO[bytes], spec: JobSpec, setti
         cost, _ = spend.estimate(deployments, ((t.route, t.prompt_tokens, t.max_completion_tokens)
                                                for t in scan.routes.values()))
         spend.admit(session, settings, spec.tenant, cost)
+    output_format = spec.output_format or scan.input_format
+    if output_format != "openai" and scan.endpoint != ENDPOINT_CHAT:
+        raise InvalidParameter("output_format", f"Anthropic output lines carry Messages; the "
+                                                f"file's requests are for {scan.endpoint}: use "
+                                                "output_format=openai")
     session.execute(update(Job).where(Job.id == job_id).values(
         total=scan.total, endpoint=scan.endpoint or "", status=JobStatus.IN_PROGRESS,
-        in_progress_at=utcnow(), enqueued_tokens=scan.tokens))
+        in_progress_at=utcnow(), enqueued_tokens=scan.tokens, output_format=output_format))
     return scan
 
 

@@ -21,6 +21,7 @@ provider that gives back unused max_tokens lets a TPM-bound job finish sooner);
 it does not add the last call's own latency.
 """
 
+import dataclasses
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -56,8 +57,17 @@ def route_budgets(deployments: Deployments, route_name: str) -> dict[str, Budget
     route = deployments.route_named(route_name)
     if route is None:
         return {}
-    budgets = (Budget.of(deployments.deployments[name]) for name in route.deployments)
+    budgets = (_combined(Budget.of(deployments.deployments[name])) for name in route.deployments)
     return {budget.name: budget for budget in budgets}
+
+
+def _combined(budget: Budget) -> Budget:
+    """A split budget (itpm and otpm) as one tokens budget of itpm + otpm: the estimate
+    counts prompt and max_tokens together, so it is approximate where one of the two
+    binds (README, "Anthropic")."""
+    if not budget.split:
+        return budget
+    return dataclasses.replace(budget, tpm=budget.tpm + budget.itpm, itpm=0.0)
 
 
 def duration(budgets: Iterable[Budget], requests: int, tokens: int, floor: float) -> Duration:

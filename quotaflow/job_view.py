@@ -65,6 +65,7 @@ def job_object(session: Session, job: Job,
         # quotaflow's: what its calls cost so far at the deployments' prices (spend.py).
         "cost": cost,
         "stop_reason": job.stop_reason,
+        "output_format": job.output_format,
         "metadata": job.metadata_,
         "max_attempts": job.max_attempts,
         **{name: _unix(getattr(job, name)) for name in (

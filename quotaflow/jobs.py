@@ -44,6 +44,7 @@ def create_job(
     metadata: dict[str, str] | None = None,
     max_attempts: int | None = None,
     tenant: str = DEFAULT_TENANT,
+    output_format: str | None = None,
 ) -> Job:
     """Store a JSONL file as a job and dispatch its batches, or store nothing at all.
 
@@ -58,7 +59,8 @@ def create_job(
     from quotaflow import ingest  # ingest builds on this module
 
     spec = ingest.JobSpec(queue=queue, tenant=tenant, filename=filename, metadata=metadata,
-                          max_attempts=max_attempts, enforce_quota=False)
+                          max_attempts=max_attempts, enforce_quota=False,
+                          output_format=output_format)
     return ingest.create_job(sessions, stream, settings=settings, deployments=deployments,
                              dispatcher=dispatcher, spec=spec).job
 

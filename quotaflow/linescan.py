@@ -16,7 +16,12 @@ import orjson
 from quotaflow import quotas
 from quotaflow.bulkwrite import RowWriter
 from quotaflow.config import Settings
-from quotaflow.constants import ENDPOINT_EMBEDDINGS
+from quotaflow.constants import (
+    ANTHROPIC_PARAMS,
+    ENDPOINT_EMBEDDINGS,
+    OUTPUT_ANTHROPIC,
+    OUTPUT_OPENAI,
+)
 from quotaflow.dedup import SeenFilter
 from quotaflow.deployments import Deployments
 from quotaflow.dispatch import BatchRef
@@ -59,6 +64,10 @@ class LineScan:
         # A batch names its endpoint up front: a line for another refuses the file.
         self.batch_endpoint = batch_endpoint
         self.endpoint = batch_endpoint
+        # The format of the file's first request line (OpenAI's, or Anthropic's): a job's
+        # output lines are in it unless the job asks for the other.
+        self.input_format = OUTPUT_OPENAI
+        self._first = True
         self.total = self.valid = self.tokens = 0
         self.problems: list[LineProblem] = []
         self.wrong_endpoint: list[LineProblem] = []
@@ -145,6 +154,9 @@ class LineScan:
     def _route(self, line_no: int, url: str, body: dict) -> tuple[str | None, str]:
         """A well-formed request's route name, decided here once and stored with it; or
         None and why it cannot run in this job."""
+        if self._first:
+            self._first = False
+            self.input_format = OUTPUT_ANTHROPIC if ANTHROPIC_PARAMS in body else OUTPUT_OPENAI
         if self.endpoint is None:
             self.endpoint = url
         elif url != self.endpoint:

@@ -110,6 +110,10 @@ class Job(Base):
     # When the webhook sweep turned the job's end into events (quotaflow/webhooks/outbox.py);
     # None while it runs, and for an ended job not yet swept (migration 0011).
     notified_at: Mapped[datetime | None]
+    # Its output lines: "openai" (batch output lines) or "anthropic" (Message Batches
+    # results); by default the format of its input file's lines.
+    output_format: Mapped[str] = mapped_column(String(16), default="openai",
+                                               server_default="openai")
 
 
 Index("ix_jobs_tenant_created", Job.tenant, Job.created_at)

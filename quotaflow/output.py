@@ -2,7 +2,10 @@
 
 A result's stored JSON (response, error, shared_from) comes out of the database
 as text and is spliced into its line as it is (render_stored): a download of a
-million lines never parses and re-serialises a million response bodies.
+million lines never parses and re-serialises a million response bodies. A job
+whose output format is Anthropic's gets Message Batches result lines instead
+(render_anthropic): its answers were stored as Messages, so they splice as well;
+only its error lines, the few, are parsed to be made over.
 """
 
 import json
@@ -13,6 +16,8 @@ import orjson
 from sqlalchemy import Text, and_, cast, or_, select
 from sqlalchemy.orm import Session
 
+from quotaflow.anthropic_messages import error_object
+from quotaflow.constants import OUTPUT_ANTHROPIC
 from quotaflow.jobs import get_job, stable_request_id
 from quotaflow.models import Item, Result
 from quotaflow.outcomes import NOT_SENT_BECAUSE, UNSENT_CODES
@@ -66,6 +71,29 @@ def render_stored(request_id: str, custom_id: str | None, status_code: int | Non
     return f'{{"id":{rid},"custom_id":{cid},"response":{answer},"error":{error or "null"}{tail}'
 
 
+# A line's error code -> the Message Batches result type of a line that got no answer.
+_UNANSWERED = {"batch_cancelled": "canceled", "batch_expired": "expired"}
+
+
+def render_anthropic(request_id: str, custom_id: str | None, status_code: int | None,
+                     response: str | None, error: str | None, *_rest: object) -> str:
+    """One Message Batches result line: succeeded with its Message, or errored (Anthropic's
+    error object), canceled or expired."""
+    cid = "null" if custom_id is None else orjson.dumps(custom_id).decode()
+    if error is None:
+        return (f'{{"custom_id":{cid},"result":{{"type":"succeeded",'
+                f'"message":{response or "null"}}}}}\n')
+    failure = orjson.loads(error)
+    kind = _UNANSWERED.get(str(failure.get("code")))
+    if kind is not None:
+        return f'{{"custom_id":{cid},"result":{{"type":"{kind}"}}}}\n'
+    body = orjson.loads(response) if response else None
+    result = {"type": "errored",
+              "error": error_object(status_code, str(failure.get("message", "")), body,
+                                    str(failure.get("code")))}
+    return f'{{"custom_id":{cid},"result":{orjson.dumps(result).decode()}}}\n'
+
+
 def output_chunks(lines: Iterable[str], size: int = 64 * 1024) -> Iterator[bytes]:
     """Lines joined into pieces of about `size` bytes: a streaming response hands each
     piece to the event loop from a thread, which per line would cost more than the line."""
@@ -88,7 +116,8 @@ def iter_output(session: Session, job_id: str, errors: bool) -> Iterator[str]:
     rows and columns are read, through a server-side cursor, and the stored JSON comes
     back as text spliced into the line as it is, never parsed and written again.
     """
-    get_job(session, job_id)
+    render = (render_anthropic if get_job(session, job_id).output_format == OUTPUT_ANTHROPIC
+              else render_stored)
     stored = (Result.request_id, Result.custom_id, Result.status_code,
               cast(Result.response, Text), cast(Result.error, Text),
               cast(Result.shared_from, Text), Result.provider_request_id)
@@ -97,7 +126,7 @@ def iter_output(session: Session, job_id: str, errors: bool) -> Iterator[str]:
                  .where(Result.job_id == job_id, Result.error.is_(None)))
         for _line, *row in session.execute(query.order_by(Result.line_no)
                                            .execution_options(yield_per=OUTPUT_ROWS)):
-            yield render_stored(*row)
+            yield render(*row)
         return
     unsent = tuple(UNSENT_CODES)
     query = (select(Item.line_no, Item.custom_id, Item.status, Result.line_no, *stored)
@@ -108,8 +137,13 @@ def iter_output(session: Session, job_id: str, errors: bool) -> Iterator[str]:
     for line_no, custom_id, status, result_line, *row in session.execute(
             query.order_by(Item.line_no).execution_options(yield_per=OUTPUT_ROWS)):
         if result_line is not None:
-            yield render_stored(*row)
+            yield render(*row)
             continue
-        yield dumps_line(output_line(stable_request_id(job_id, line_no), custom_id, None, None, {
-            "code": str(UNSENT_CODES[status]), "line": line_no,
-            "message": f"line {line_no}: not sent because {NOT_SENT_BECAUSE[status]}"}))
+        unsent = {"code": str(UNSENT_CODES[status]), "line": line_no,
+                  "message": f"line {line_no}: not sent because {NOT_SENT_BECAUSE[status]}"}
+        request_id = stable_request_id(job_id, line_no)
+        if render is render_anthropic:
+            yield render_anthropic(request_id, custom_id, None, None,
+                                   orjson.dumps(unsent).decode())
+            continue
+        yield dumps_line(output_line(request_id, custom_id, None, None, unsent))

@@ -19,9 +19,11 @@ LOOKUP_LIMIT = 1000
 
 
 def earlier_answers(sessions: sessionmaker[Session], job_id: str, tenant: str,
-                    items: list[ClaimedItem]) -> dict[int, Shared]:
+                    items: list[ClaimedItem], output_format: str = "openai"
+                    ) -> dict[int, Shared]:
     """Line number -> a successful answer to the same request from another job of the
-    tenant's (never another tenant's: an answer is data)."""
+    tenant's (never another tenant's: an answer is data) stored in the same output
+    format (an OpenAI chat.completion is no Anthropic Message)."""
     hashes = {item.body_hash for item in items if item.body_hash}
     if not hashes:
         return {}
@@ -32,6 +34,7 @@ def earlier_answers(sessions: sessionmaker[Session], job_id: str, tenant: str,
             .join(Result, (Result.job_id == Item.job_id) & (Result.line_no == Item.line_no))
             .join(Job, Job.id == Item.job_id)
             .where(Item.body_hash.in_(hashes), Item.job_id != job_id, Job.tenant == tenant,
+                   Job.output_format == output_format,
                    Result.error.is_(None), Result.status_code.is_not(None))
             .limit(LOOKUP_LIMIT)).all()
     found: dict[str, Shared] = {}

@@ -180,6 +180,7 @@ def service_env(**extra: str) -> dict[str, str]:
 # the unit tests alone, in seconds, with no PostgreSQL or Redis: a test is one when its
 # module uses these helpers or modules (it starts processes of its own)...
 PROCESS_STARTERS = frozenset({"tests.procs", "tests.harness", "tests.limiter_cluster",
+                              "tests.anthropic_cluster",
                               "tests.openai_cluster", "tests.chaos_cluster", "subprocess"})
 # ...or it asks for a server: the shared PostgreSQL or Redis, or one of its own.
 SERVER_FIXTURES = frozenset({"pg_url", "redis_url", "throwaway_redis", "throwaway_postgres",

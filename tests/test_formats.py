@@ -39,7 +39,8 @@ def test_anthropic_line_becomes_a_chat_body() -> None:
     assert isinstance(entry, Request)
     assert entry.custom_id == "c1" and entry.url == "/v1/chat/completions"
     assert entry.body == {"model": "claude", "max_tokens": 50, "messages": [
-        {"role": "system", "content": "be brief"}, {"role": "user", "content": "hello"}]}
+        {"role": "system", "content": "be brief"}, {"role": "user", "content": "hello"}],
+        "_anthropic_params": line["params"]}  # kept as written, for anthropic deployments
 
 
 def test_shorthand_lines_default_custom_id_to_line_number() -> None:

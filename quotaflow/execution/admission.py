@@ -97,8 +97,10 @@ class Admitter:
             if not asked:
                 continue
             try:
-                admission = self.limiter.acquire(asked[0].budget, [a.cost for a in asked],
-                                                 run.floor)
+                budget = asked[0].budget
+                admission = self.limiter.acquire(
+                    budget, [a.cost for a in asked], run.floor,
+                    [a.input_cost for a in asked] if budget.split else ())
             except ServiceUnavailable as exc:
                 log.warning("%s; giving %d items back to the queue", exc, len(waiting),
                             extra=run.context)

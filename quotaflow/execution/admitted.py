@@ -13,7 +13,8 @@ from quotaflow.ratelimit import Admission, Budget
 @dataclass
 class Admitted:
     """An item prepared for one deployment: the provider and request as sent there, and
-    its admission cost. Once paid for: the slot of the admission (to settle it), and
+    its admission cost (a split budget's output tokens, and `input_cost` its input
+    tokens). Once paid for: the slot of the admission (to settle it), and
     to date the provider's headers on its answer, when it was admitted and the
     budget's admitted-tokens total with it counted (the rest of its chunk, admitted at
     the same instant, left out: the provider may have counted them or not)."""
@@ -25,6 +26,7 @@ class Admitted:
     body: dict[str, Any]
     cost: int
     slot: int = 0
+    input_cost: int = 0
     mark: float | None = None
     admitted_at: float = 0.0
 

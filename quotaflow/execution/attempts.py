@@ -122,7 +122,8 @@ class Caller:
                 if isinstance(prepared, Failure):
                     return prepared
                 run.feedback.flush()  # refunds first: they may be what lets it in
-                admission = self.limiter.acquire(prepared.budget, [prepared.cost], run.floor)
+                admission = self.limiter.acquire(prepared.budget, [prepared.cost], run.floor,
+                                                 [prepared.input_cost])
             except ServiceUnavailable as exc:
                 log.warning("%s; retrying in %.0fs", exc, LIMITER_DOWN_BACKOFF_S,
                             extra={**run.context, "line": item.line_no})

@@ -4,12 +4,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from quotaflow.anthropic_messages import reshape
 from quotaflow.dispatch import BatchRef
 from quotaflow.execution.feedback import Feedback
 from quotaflow.execution.stopping import JobWatch
 from quotaflow.execution.writer import ResultWriter
 from quotaflow.leases import ClaimedItem
 from quotaflow.outcomes import Outcome, Provenance
+from quotaflow.providers.base import ProviderResponse
 from quotaflow.retries import RetryPolicy
 
 
@@ -39,9 +41,13 @@ class BatchRun:
     retry_in: float | None = field(default=None)
     # When the items were claimed: their admission wait counts from here (metrics).
     started: float = field(default_factory=time.monotonic)
+    # The shape the job's answers are stored in: an answer in the other is made over.
+    output_format: str = "openai"
 
     def finish(self, item: ClaimedItem, outcome: Outcome,
                provenance: Provenance | None = None) -> None:
+        if isinstance(outcome, ProviderResponse) and outcome.answer_format != self.output_format:
+            outcome = reshape(outcome, self.output_format)
         self.writer.add(item, outcome, provenance)
 
     @property

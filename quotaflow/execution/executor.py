@@ -67,6 +67,7 @@ class _JobFacts:
     max_attempts: int | None
     tenant: str
     has_duplicates: bool  # some items wait for an identical line's answer
+    output_format: str  # "openai" or "anthropic": the shape its answers are stored in
 
 
 class BatchExecutor:
@@ -118,8 +119,10 @@ class BatchExecutor:
                                     billing=Billing(job.tenant, self._prices)),
                        Feedback(self.limiter, self.breaker, Tally(job.queue)),
                        JobWatch(self.sessions, ref.job_id, job.tenant,
-                                self.settings.max_monthly_spend))
-        reused = (earlier_answers(self.sessions, ref.job_id, job.tenant, items)
+                                self.settings.max_monthly_spend),
+                       output_format=job.output_format)
+        reused = (earlier_answers(self.sessions, ref.job_id, job.tenant, items,
+                                  job.output_format)
                   if self.settings.dedup_across_jobs else {})
         by_route: dict[str | None, list[ClaimedItem]] = {}
         for item in items:
@@ -156,7 +159,8 @@ class BatchExecutor:
             with self.sessions() as session:
                 row = session.execute(
                     select(Job.endpoint, Job.queue, Job.max_attempts, Job.tenant,
-                           twins.label("twins")).where(Job.id == job_id)).one()
+                           twins.label("twins"), Job.output_format)
+                    .where(Job.id == job_id)).one()
             if len(self._jobs) >= JOB_FACTS_KEPT:
                 self._jobs.pop(next(iter(self._jobs)))
             facts = self._jobs[job_id] = _JobFacts(*row)

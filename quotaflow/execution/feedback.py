@@ -45,6 +45,7 @@ class _Remaining:
     tokens: float | None
     mark: float | None
     age_s: float
+    inputs: float | None = None  # a split budget's input tokens
 
 
 @dataclass
@@ -73,8 +74,11 @@ class Feedback:
         decides whether a refund is spent (the deployment's reconcile_usage, or what
         the provider's headers have shown)."""
         cost, budget = admitted.cost, admitted.budget
-        used = 0 if response is None else response.prompt_tokens + response.completion_tokens
-        refund = float(cost - used) if used > 0 else 0.0
+        if budget.split:
+            settlement = _split_settlement(admitted, response)
+        else:
+            used = 0 if response is None else response.prompt_tokens + response.completion_tokens
+            settlement = Settlement(admitted.slot, cost, float(cost - used) if used > 0 else 0.0)
         pending = self._pending.get(budget.name)
         now = time.monotonic()
         if pending is None:
@@ -82,13 +86,15 @@ class Feedback:
         if not self._count:
             self._since = now
         self._count += 1
-        pending.settlements.append(Settlement(admitted.slot, cost, refund))
+        pending.settlements.append(settlement)
         if response is None:
             return
         self._succeeded[admitted.deployment.name] = admitted.deployment
-        if response.remaining_requests is not None or response.remaining_tokens is not None:
+        if (response.remaining_requests is not None or response.remaining_tokens is not None
+                or response.remaining_input_tokens is not None):
             pending.remaining = _Remaining(response.remaining_requests, response.remaining_tokens,
-                                           admitted.mark, now - admitted.admitted_at)
+                                           admitted.mark, now - admitted.admitted_at,
+                                           response.remaining_input_tokens)
 
     def failed(self, admitted: Admitted, error: ProviderError) -> bool:
         """Tell the limiter or the breaker now; True when it was the quota (a 429).
@@ -106,10 +112,12 @@ class Feedback:
         budget, cost = admitted.budget, admitted.cost
         if error.status_code == 429:
             requests, tokens = error.remaining
-            if requests is not None or tokens is not None:
-                _best_effort(self.limiter.clamp, budget, requests, tokens)
+            inputs = error.remaining_input
+            if requests is not None or tokens is not None or inputs is not None:
+                _best_effort(self.limiter.clamp, budget, requests, tokens, None, 0.0, inputs)
             if (requests is not None and requests < 1) or (tokens is not None
-                                                           and tokens < cost):
+                                                           and tokens < cost) or (
+                    inputs is not None and inputs < admitted.input_cost):
                 _best_effort(self.limiter.pause, budget,
                              error.retry_after or DEFAULT_429_PAUSE_S)
             return True
@@ -132,9 +140,22 @@ class Feedback:
             _best_effort(self.limiter.settle, entry.budget, entry.settlements)
             if (seen := entry.remaining) is not None:
                 _best_effort(self.limiter.clamp, entry.budget, seen.requests, seen.tokens,
-                             seen.mark, seen.age_s)
+                             seen.mark, seen.age_s, seen.inputs)
         for deployment in succeeded.values():
             _best_effort(self.breaker.record_success, deployment)
+
+
+def _split_settlement(admitted: Admitted, response: ProviderResponse | None) -> Settlement:
+    """A split budget's call: max_tokens against the output tokens it produced (refunded
+    as the limiter decides), the prompt's estimate against the input tokens the provider
+    counted (cache reads are not counted against ITPM). A failed call gives back
+    nothing: the provider may have counted it."""
+    if response is None:
+        return Settlement(admitted.slot, admitted.cost, 0.0, admitted.input_cost, 0.0)
+    counted = response.prompt_tokens - response.cached_tokens
+    return Settlement(admitted.slot, admitted.cost, float(admitted.cost
+                                                          - response.completion_tokens),
+                      admitted.input_cost, float(admitted.input_cost - counted))
 
 
 def _best_effort(operation: Callable[..., Any], *args: Any) -> None:

@@ -48,7 +48,7 @@ class ProviderPool:
         made (its key's environment variable is not set, say)."""
         providers = self._by_loop.setdefault(asyncio.get_running_loop(), {})
         key = (deployment.name, deployment.provider, deployment.base_url,
-               deployment.api_key_env, deployment.timeout_s)
+               deployment.api_key_env, deployment.timeout_s, deployment.anthropic_version)
         provider = providers.get(key)
         if provider is None:
             provider = providers[key] = self._factory(deployment)

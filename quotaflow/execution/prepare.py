@@ -1,5 +1,7 @@
 """An item made ready for one deployment: its body as sent there and what it costs."""
 
+from quotaflow.anthropic_messages import messages_request
+from quotaflow.constants import ANTHROPIC_PARAMS, ENDPOINT_CHAT
 from quotaflow.deployments import Deployment, Deployments
 from quotaflow.errors import ConfigError, RequestTooLarge
 from quotaflow.execution.admitted import Admitted
@@ -7,7 +9,7 @@ from quotaflow.execution.loops import ProviderPool
 from quotaflow.leases import ClaimedItem
 from quotaflow.outcomes import Failure, FailureCode
 from quotaflow.ratelimit import Budget
-from quotaflow.tokens import admission_tokens
+from quotaflow.tokens import admission_tokens, estimate_tokens, max_output_tokens, prompt_text
 
 
 class Preparer:
@@ -23,11 +25,25 @@ class Preparer:
             provider = self.providers.get(deployment)
         except ConfigError as exc:  # e.g. the key's environment variable is not set
             return Failure(FailureCode.CONFIGURATION_ERROR, str(exc))
-        body = {**item.body, "model": deployment.model}
-        cost = admission_tokens(url, body, deployment.default_max_tokens)
         budget = self.budgets[deployment.name]
+        if deployment.provider == "anthropic":
+            if url != ENDPOINT_CHAT:
+                return Failure(FailureCode.CONFIGURATION_ERROR, (
+                    f"deployment {deployment.name!r} is Anthropic's Messages API, which "
+                    f"answers chat requests only, not {url}; route this model elsewhere"))
+            body = messages_request(item.body, deployment.model, deployment.default_max_tokens)
+        else:
+            body = {**item.body, "model": deployment.model}
+            if ANTHROPIC_PARAMS in body:  # an Anthropic line: its OpenAI body goes
+                del body[ANTHROPIC_PARAMS]
+        input_cost = 0
+        if budget.split:  # max_tokens against OTPM, the prompt against ITPM
+            cost = max_output_tokens(item.body, deployment.default_max_tokens)
+            input_cost = estimate_tokens(prompt_text(url, item.body))
+        else:
+            cost = admission_tokens(url, item.body, deployment.default_max_tokens)
         try:
-            budget.check_fits(cost)
+            budget.check_fits(cost, input_cost)
         except RequestTooLarge as exc:
             return Failure(FailureCode.REQUEST_TOO_LARGE, str(exc))
-        return Admitted(item, deployment, provider, budget, body, cost)
+        return Admitted(item, deployment, provider, budget, body, cost, input_cost=input_cost)

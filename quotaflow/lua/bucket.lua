@@ -28,17 +28,25 @@ ARGV[1]  op: "acquire" | "settle" | "drain" | "clamp" | "peek"
 ARGV[2]  the budget, six numbers separated by spaces: requests refill rate per
          second, requests capacity, tokens refill rate per second, tokens capacity,
          flight timeout in seconds (the longest a call can be in flight), refund
-         mode (0 never, 1 always, 2 learned from the headers)
+         mode (0 never, 1 always, 2 learned from the headers); or eight, the last two
+         an input-tokens bucket's refill rate and capacity: a "split" budget
+         (Anthropic's ITPM beside OTPM). There the tokens bucket (t, tn, votes, marks)
+         holds output tokens, max_tokens reserved and refunded as the mode says, and
+         field i holds input tokens (g:N: input tokens in flight per slot), whose
+         estimate is corrected both ways at settle: the provider counts the prompt it
+         received, not the estimate.
 then, by op:
   acquire  ARGV[3] floor fraction (0..1), ARGV[4] safety margin (seconds of refill),
-           ARGV[5..] token costs of k requests in order.
+           ARGV[5..] token costs of k requests in order (split: k output costs,
+           then the k requests' input costs).
            Admits the longest prefix that fits above floor + margin, all-or-nothing
            per request over both buckets. The floor never exceeds capacity - cost, so
            a large request still fits a full bucket. The margin is the refill a
            provider's full bucket loses while a request travels to it.
            -> admitted, wait_seconds_for_the_next, ...
   settle   one triple per finished call, ARGV[3..]: the slot it was admitted in, its
-           admitted cost, its unused estimate (< 0 for a debt). A refund goes to t
+           admitted cost, its unused estimate (< 0 for a debt); split: five, the
+           triple then the input cost and its unused estimate. A refund goes to t
            only, a debt to both. A worker settles a chunk of calls at once: one round
            trip, not one per call.
   drain    ARGV[3] seconds: empty both buckets and admit nothing for that long;
@@ -56,17 +64,19 @@ then, by op:
            by the tokens admitted since the call's admission (the provider may not
            have counted them when it wrote the header) and by the refill of the
            call's age (the header, or an earlier one that lowered tn, is that old).
+           Split: ARGV[7] input tokens remaining lowers i.
   peek     refills and reports; writes nothing
 Every op returns one string, "admitted wait_seconds r t blocked_seconds slot
-tokens_in_flight refunding mark": one bulk reply is cheaper to parse than nine. t
-is the level admission spends from; mark is a's value before this admission.
+tokens_in_flight refunding mark" (split: then i): one bulk reply is cheaper to parse
+than nine. t is the level admission spends from; mark is a's value before this admission.
 --]]
 
 local key = KEYS[1]
 local op = ARGV[1]
 local budget = {}
 for number in string.gmatch(ARGV[2], '%S+') do table.insert(budget, tonumber(number)) end
-local rate_r, cap_r, rate_t, cap_t, flight_timeout, mode = unpack(budget)
+local rate_r, cap_r, rate_t, cap_t, flight_timeout, mode, rate_i, cap_i = unpack(budget)
+local split = rate_i ~= nil
 local SLOT_S, EPS = 10, 1e-9
 -- Votes saturate at +-VOTES; refunds apply from REFUNDING votes on (mode 2).
 local VOTES, REFUNDING = 4, 2
@@ -80,11 +90,14 @@ local slot = math.floor(now / SLOT_S)
 local oldest = slot - math.ceil(flight_timeout / SLOT_S)
 
 local fields = redis.call('HGETALL', key)
-local state, f, stale = {}, 0, {}
+local state, f, fi, stale = {}, 0, 0, {}
 for i = 1, #fields, 2 do
   local name, value = fields[i], tonumber(fields[i + 1])
   local n = string.match(name, '^f:(%d+)$')
-  if not n then
+  local g = not n and split and string.match(name, '^g:(%d+)$')
+  if g then
+    if tonumber(g) < oldest then table.insert(stale, name) else fi = fi + value end
+  elseif not n then
     state[name] = value
   elseif tonumber(n) < oldest then
     table.insert(stale, name)
@@ -107,6 +120,8 @@ local elapsed = math.max(0, now - math.max(ts, bu))
 r = math.min(cap_r, r + elapsed * rate_r)
 t = math.min(cap_t, t + elapsed * rate_t)
 tn = math.min(cap_t, tn + elapsed * rate_t)
+local inp = 0
+if split then inp = math.min(cap_i, (state.i or cap_i) + elapsed * rate_i) end
 local function refunding()
   return mode == 1 or (mode == 2 and v >= REFUNDING)
 end
@@ -115,23 +130,35 @@ local admitted, wait = 0, 0
 
 if op == 'acquire' then
   local floor, margin = tonumber(ARGV[3]), tonumber(ARGV[4])
-  local cost_total = 0
+  local cost_total, input_total = 0, 0
   if now < math.max(bu, pu) then
     wait = math.max(bu, pu) - now
   else
     local spend_from_t = refunding()
-    for i = 5, #ARGV do
-      local cost = tonumber(ARGV[i])
+    local k = #ARGV - 4
+    if split then k = k / 2 end
+    for j = 5, 4 + k do
+      local cost = tonumber(ARGV[j])
       local level = spend_from_t and t or tn
       local floor_r = math.min(floor * cap_r + margin * rate_r, cap_r - 1)
       local floor_t = math.min(floor * cap_t + margin * rate_t, cap_t - cost)
-      if r - 1 >= floor_r - EPS and level - cost >= floor_t - EPS then
+      local fits = r - 1 >= floor_r - EPS and level - cost >= floor_t - EPS
+      local cost_i, floor_i = 0, 0
+      if split then
+        cost_i = tonumber(ARGV[j + k])
+        floor_i = math.min(floor * cap_i + margin * rate_i, cap_i - cost_i)
+        fits = fits and inp - cost_i >= floor_i - EPS
+      end
+      if fits then
         -- Spending from t, tn stops at 0: a provider that keeps reservations
         -- refuses below 0 rather than going there, and tn must stay its picture.
         r, t, tn = r - 1, t - cost, math.max(math.min(tn, 0), tn - cost)
+        inp = inp - cost_i
         admitted, cost_total = admitted + 1, cost_total + cost
+        input_total = input_total + cost_i
       else
         wait = math.max(0, (1 + floor_r - r) / rate_r, (cost + floor_t - level) / rate_t)
+        if split then wait = math.max(wait, (cost_i + floor_i - inp) / rate_i) end
         break
       end
     end
@@ -140,9 +167,14 @@ if op == 'acquire' then
     redis.call('HINCRBYFLOAT', key, 'f:' .. slot, cost_total)
     f = f + cost_total
     a = a + cost_total
+    if input_total > 0 then
+      redis.call('HINCRBYFLOAT', key, 'g:' .. slot, input_total)
+      fi = fi + input_total
+    end
   end
 elseif op == 'settle' then
-  for i = 3, #ARGV - 2, 3 do
+  local step = split and 5 or 3
+  for i = 3, #ARGV - step + 1, step do
     local at, cost, refund = ARGV[i], tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2])
     if tonumber(at) >= oldest and cost > 0 then
       local left = tonumber(redis.call('HINCRBYFLOAT', key, 'f:' .. at, -cost))
@@ -154,9 +186,22 @@ elseif op == 'settle' then
     else
       t = math.max(t, math.min(t + refund, cap_t - f))
     end
+    if split then
+      local cost_i, refund_i = tonumber(ARGV[i + 3]), tonumber(ARGV[i + 4])
+      if tonumber(at) >= oldest and cost_i > 0 then
+        local left = tonumber(redis.call('HINCRBYFLOAT', key, 'g:' .. at, -cost_i))
+        if left <= EPS then redis.call('HDEL', key, 'g:' .. at) end
+        fi = math.max(0, fi - cost_i - math.min(0, left))
+      end
+      if refund_i < 0 then
+        inp = inp + refund_i
+      else
+        inp = math.max(inp, math.min(inp + refund_i, cap_i - fi))
+      end
+    end
   end
 elseif op == 'drain' then
-  r, t, tn = math.min(r, 0), math.min(t, 0), math.min(tn, 0)
+  r, t, tn, inp = math.min(r, 0), math.min(t, 0), math.min(tn, 0), math.min(inp, 0)
   bu = math.max(bu, now + tonumber(ARGV[3]))
 elseif op == 'pause' then
   pu = math.max(pu, now + tonumber(ARGV[3]))
@@ -174,6 +219,7 @@ elseif op == 'clamp' then
     tn = math.min(tn, seen)
     if not refunding() then t = math.min(t, seen) end
   end
+  if split and ARGV[7] and ARGV[7] ~= '' then inp = math.min(inp, tonumber(ARGV[7])) end
 end
 
 local blocked = math.max(0, bu - now, pu - now)
@@ -186,10 +232,16 @@ if op ~= 'peek' then
   -- Keep the hash while calls are in flight, a block lasts, or it is not yet full.
   local until_full = math.max((cap_r - r) / rate_r, (cap_t - math.min(t, tn)) / rate_t,
                               blocked)
+  if split then
+    redis.call('HSET', key, 'i', string.format(fmt, inp))
+    until_full = math.max(until_full, (cap_i - inp) / rate_i)
+  end
   local keep = until_full
-  if f > EPS then keep = math.max(keep, flight_timeout + SLOT_S) end
+  if f > EPS or fi > EPS then keep = math.max(keep, flight_timeout + SLOT_S) end
   redis.call('PEXPIRE', key, math.ceil(keep * 1000) + 1000)
 end
 local spending = refunding()
-return string.format('%d %.17g %.17g %.17g %.17g %d %.17g %d %.17g', admitted, wait, r,
-                     spending and t or tn, blocked, slot, f, spending and 1 or 0, mark)
+local reply = string.format('%d %.17g %.17g %.17g %.17g %d %.17g %d %.17g', admitted, wait, r,
+                            spending and t or tn, blocked, slot, f, spending and 1 or 0, mark)
+if split then reply = reply .. string.format(' %.17g', inp) end
+return reply

@@ -15,6 +15,10 @@ def make_provider(deployment: Deployment) -> Provider:
         from quotaflow.providers.local import LocalProvider
 
         return LocalProvider(deployment)
+    if deployment.provider == "anthropic":
+        from quotaflow.providers.anthropic import AnthropicProvider
+
+        return AnthropicProvider(deployment)
     # Imported here: aiohttp is the workers' business, not the API's or the CLI's.
     from quotaflow.providers.openai_compat import OpenAICompatProvider
 

@@ -20,6 +20,11 @@ class ProviderResponse:
     cached_tokens: int = 0
     # The body exactly as the provider sent it, where there is one: stored as is.
     raw: bytes | None = None
+    # A split budget's input tokens left (anthropic-ratelimit-input-tokens-remaining);
+    # remaining_tokens is then the output tokens'.
+    remaining_input_tokens: float | None = None
+    # The shape of `body`: "openai" (a chat.completion etc.) or "anthropic" (a Message).
+    answer_format: str = "openai"
 
 
 class Provider(Protocol):

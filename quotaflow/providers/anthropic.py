@@ -1,0 +1,146 @@
+"""Anthropic's Messages API: POST {base_url}/v1/messages with x-api-key and anthropic-version.
+
+Pooled the way openai_compat.py is (one aiohttp session per worker loop, bodies out
+as orjson bytes). The request body is built by the preparer (anthropic_messages.py);
+the answer is handed up as Anthropic sent it (`answer_format` "anthropic"), and made
+an OpenAI chat.completion only where the job's output is OpenAI's. Its usage is read
+as OpenAI counts it (prompt tokens include cached ones), its anthropic-ratelimit-*
+headers as the limiter's feedback: requests, and with itpm/otpm the input and output
+tokens left; a deployment with one tpm reads only the combined -tokens-remaining (an
+output figure would starve its combined bucket). A 429 without retry-after waits
+until the -reset of the limit it ran out of.
+
+Errors come in Anthropic's shape {"type": "error", "error": {"type", "message"}}:
+429 rate_limit_error, 529 overloaded_error, 5xx, 408 and 409 are worth another try
+(as the official SDK retries them), other 4xx are permanent.
+"""
+
+import asyncio
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+import aiohttp
+
+from quotaflow import jsoncodec
+from quotaflow.anthropic_messages import message_usage
+from quotaflow.constants import ENDPOINT_MESSAGES, OUTPUT_ANTHROPIC
+from quotaflow.deployments import Deployment
+from quotaflow.errors import PermanentProviderError, RetryableProviderError
+from quotaflow.providers.base import ProviderResponse
+from quotaflow.providers.openai_compat import RETRYABLE_STATUS, parse_retry_after
+
+HEADER = "anthropic-ratelimit-"
+
+
+class AnthropicProvider:
+    """Sends prepared Messages API bodies to one anthropic deployment."""
+
+    def __init__(self, deployment: Deployment) -> None:
+        assert deployment.base_url is not None
+        self._deployment = deployment
+        deployment.api_key()  # a missing key fails the preparer now, not every call
+        base = deployment.base_url.rstrip("/").removesuffix("/v1")
+        self._target = base + ENDPOINT_MESSAGES
+        self._headers = {"Content-Type": "application/json",
+                         "anthropic-version": deployment.anthropic_version}
+        self._timeout = aiohttp.ClientTimeout(total=deployment.timeout_s,
+                                              connect=min(10.0, deployment.timeout_s))
+        self._name = deployment.name
+        self._split = deployment.split_tokens
+        self._session: aiohttp.ClientSession | None = None
+
+    def _open(self) -> aiohttp.ClientSession:
+        # No connection cap: the executor admits at most max_concurrency calls (as
+        # openai_compat.py explains).
+        connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=30)
+        self._session = aiohttp.ClientSession(connector=connector, headers=self._headers,
+                                              timeout=self._timeout)
+        return self._session
+
+    async def send(self, url: str, body: dict[str, Any]) -> ProviderResponse:
+        session = self._session or self._open()
+        key = self._deployment.api_key()  # read at call time: a rotated key takes effect
+        headers = {"x-api-key": key} if key else None
+        try:
+            async with session.post(self._target, data=jsoncodec.dumps(body),
+                                    headers=headers) as response:
+                raw = await response.read()
+                status, answer_headers, reason = (response.status, response.headers,
+                                                  response.reason)
+        except TimeoutError as exc:
+            raise RetryableProviderError(f"{self._name}: request timed out") from exc
+        except aiohttp.ClientError as exc:
+            raise RetryableProviderError(
+                f"{self._name}: connection failed ({exc.__class__.__name__})") from exc
+        return self._interpret(status, answer_headers, reason, raw)
+
+    def _interpret(self, status: int, headers: Mapping[str, str], reason: str | None,
+                   raw: bytes) -> ProviderResponse:
+        try:
+            payload = jsoncodec.loads(raw)
+        except ValueError:
+            payload = None
+        requests, inputs, outputs = remaining(headers, self._split)
+        if status >= 400:
+            error = payload.get("error") if isinstance(payload, dict) else None
+            message = (error.get("message") if isinstance(error, dict) else None) or reason \
+                or f"HTTP {status}"
+            kind = error.get("type") if isinstance(error, dict) else None
+            retryable = status in RETRYABLE_STATUS or status >= 500
+            raise (RetryableProviderError if retryable else PermanentProviderError)(
+                f"{self._name}: HTTP {status}{f' {kind}' if kind else ''}: {message}",
+                status_code=status,
+                retry_after=parse_retry_after(headers) if status != 429
+                else parse_retry_after(headers) or reset_wait(headers),
+                body=payload if isinstance(payload, dict) else None,
+                remaining=(requests, outputs), remaining_input=inputs)
+        if not isinstance(payload, dict) or payload.get("type") != "message":
+            raise RetryableProviderError(
+                f"{self._name}: malformed response (HTTP {status}, not a Message object)")
+        prompt, completion, cached, _ = message_usage(payload)
+        return ProviderResponse(
+            status_code=status, body=payload, request_id=headers.get("request-id"),
+            prompt_tokens=prompt, completion_tokens=completion, cached_tokens=cached,
+            remaining_requests=requests, remaining_tokens=outputs, raw=raw,
+            remaining_input_tokens=inputs, answer_format=OUTPUT_ANTHROPIC)
+
+    async def aclose(self) -> None:
+        if self._session is not None:
+            session, self._session = self._session, None
+            await session.close()
+            await asyncio.sleep(0)
+
+
+def remaining(headers: Mapping[str, str], split: bool
+              ) -> tuple[float | None, float | None, float | None]:
+    """(requests, input tokens, tokens) left, from anthropic-ratelimit-*-remaining: with
+    split budgets the input and output figures, else no input figure and the combined
+    -tokens-remaining (the most restrictive of the token limits, Anthropic says)."""
+    requests = _number(headers, HEADER + "requests-remaining")
+    if not split:
+        return requests, None, _number(headers, HEADER + "tokens-remaining")
+    return (requests, _number(headers, HEADER + "input-tokens-remaining"),
+            _number(headers, HEADER + "output-tokens-remaining"))
+
+
+def reset_wait(headers: Mapping[str, str]) -> float | None:
+    """Seconds until the latest -reset (RFC 3339) of a limit with nothing remaining."""
+    now = datetime.now().astimezone()
+    waits = []
+    for kind in ("requests", "input-tokens", "output-tokens", "tokens"):
+        left, reset = _number(headers, f"{HEADER}{kind}-remaining"), headers.get(
+            f"{HEADER}{kind}-reset")
+        if left is not None and left < 1 and reset:
+            try:
+                waits.append((datetime.fromisoformat(reset) - now).total_seconds())
+            except ValueError:
+                continue
+    return max(0.0, max(waits)) if waits else None
+
+
+def _number(headers: Mapping[str, str], name: str) -> float | None:
+    try:
+        return float(headers[name])
+    except (KeyError, ValueError):
+        return None
