@@ -25,9 +25,28 @@ from quotaflow.config import Settings
 from quotaflow.db import get_engine, session_factory, upgrade
 from tests.procs import Proc, free_port
 
-PG_URL = os.environ.get("QUOTAFLOW_TEST_DATABASE_URL",
-                        "postgresql+psycopg://postgres@127.0.0.1:5432/quotaflow_test")
-REDIS_URL = os.environ.get("QUOTAFLOW_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+# Under pytest-xdist (scripts/test runs two processes) each process has a database and a
+# Redis db of its own: gw0 the names given, gw1 "<database>_gw1" and the Redis db below.
+XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+_WORKER_INDEX = int(XDIST_WORKER[2:]) if XDIST_WORKER.startswith("gw") else 0
+
+
+def _own_database(url: str) -> str:
+    if not _WORKER_INDEX:
+        return url
+    parsed = make_url(url)
+    return parsed.set(database=f"{parsed.database}_{XDIST_WORKER}").render_as_string(
+        hide_password=False)
+
+
+def _own_redis_db(url: str) -> str:
+    base, _, db = url.rpartition("/")
+    return f"{base}/{(int(db or 0) - _WORKER_INDEX) % 16}" if _WORKER_INDEX else url
+
+
+PG_URL = _own_database(os.environ.get(
+    "QUOTAFLOW_TEST_DATABASE_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/quotaflow_test"))
+REDIS_URL = _own_redis_db(os.environ.get("QUOTAFLOW_TEST_REDIS_URL", "redis://127.0.0.1:6379/15"))
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -41,10 +60,23 @@ def _fresh_api_runtime() -> Iterator[None]:
         deps.runtime.cache_clear()
 
 
-def pytest_sessionfinish() -> None:
-    """No test leaves a process of ours behind, even one that failed before its cleanup."""
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """No test leaves a process of ours behind, even one that failed before its cleanup.
+    An xdist worker also hands its rows of the reliability table to the controller."""
     for proc in list(Proc.running):
         proc.stop(timeout=5)
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:
+        from tests import chaos_cluster
+        workeroutput["chaos_rows"] = [list(row) for row in chaos_cluster.ROWS]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error) -> None:
+    """xdist's controller: a worker's rows of the reliability table, for the summary."""
+    from tests import chaos_cluster
+    chaos_cluster.ROWS.extend(tuple(row) for row in
+                              getattr(node, "workeroutput", {}).get("chaos_rows", []))
 
 
 def _recreate_database(url: str) -> None:
