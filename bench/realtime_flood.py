@@ -1,0 +1,68 @@
+"""Realtime latency under a bulk flood, by worker layout; prints a table.
+
+Each layout runs on a cluster of its own (tests/realtime_flood.py: a strict mock
+provider at 1,200 RPM over 10 s and 200 ms a call, the API, three workers with
+--concurrency 2): two 2,000-line bulk jobs saturate the budget and the bulk slots
+for 8 s, then a 10-line realtime job is timed from its creation to each line's answer.
+"split" is compose.yml's layout (a worker of its own for `realtime`), "shared" has
+every worker consume every queue. Uses the database quotaflow_bench (dropped and made
+again) and Redis db 14, or QUOTAFLOW_BENCH_DATABASE_URL / QUOTAFLOW_BENCH_REDIS_URL.
+
+    python -m bench.realtime_flood [--rounds 3]
+"""
+
+import argparse
+import os
+import platform
+import tempfile
+from pathlib import Path
+
+import redis
+
+from quotaflow.db import upgrade
+from tests.conftest import _recreate_database
+from tests.realtime_flood import LATENCY_MS, LAYOUTS, FloodCluster, FloodResult
+
+REDIS_URL = os.environ.get("QUOTAFLOW_BENCH_REDIS_URL", "redis://127.0.0.1:6379/14")
+PG_URL = os.environ.get("QUOTAFLOW_BENCH_DATABASE_URL",
+                        "postgresql+psycopg://postgres@127.0.0.1:5432/quotaflow_bench")
+
+
+def run(layout: str) -> FloodResult:
+    _recreate_database(PG_URL)
+    upgrade(PG_URL)
+    redis.Redis.from_url(REDIS_URL).flushdb()
+    cluster = FloodCluster(Path(tempfile.mkdtemp(prefix="qf-flood-")), PG_URL, REDIS_URL,
+                           layout)
+    try:
+        cluster.start()
+        return cluster.run()
+    finally:
+        cluster.stop()
+        redis.Redis.from_url(REDIS_URL).flushdb()
+
+
+def _layout_text(queues: tuple[str, ...]) -> str:
+    """('realtime', 'standard,bulk', 'standard,bulk') -> '1 x realtime, 2 x standard,bulk'."""
+    kinds = dict.fromkeys(queues)
+    return ", ".join(f"{queues.count(kind)} x {kind}" for kind in kinds)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=1, help="Runs of each layout.")
+    args = parser.parse_args()
+    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; "
+          f"provider latency {LATENCY_MS} ms")
+    print(f"{'layout':<8} {'workers (queues)':<32} {'p50 s':>6} {'p95 s':>6} "
+          f"{'max s':>6} {'bulk answers/s':>15}")
+    for _ in range(args.rounds):
+        for layout in LAYOUTS:
+            result = run(layout)
+            print(f"{layout:<8} {_layout_text(LAYOUTS[layout]):<32} {result.p50:>6.2f} "
+                  f"{result.p95:>6.2f} {max(result.latencies):>6.2f} {result.bulk_rate:>15.1f}",
+                  flush=True)
+
+
+if __name__ == "__main__":
+    main()
