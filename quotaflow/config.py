@@ -90,6 +90,10 @@ class Settings(BaseSettings):
     floor_realtime: float = Field(default=0.0, ge=0, lt=1)
     floor_standard: float = Field(default=0.05, ge=0, lt=1)
     floor_bulk: float = Field(default=0.20, ge=0, lt=1)
+    # The order a job's batches are queued in: "mixed" spends RPM and TPM together by
+    # interleaving light and heavy batches at the job's own mix (quotaflow/mixing.py);
+    # "fifo" keeps line order.
+    admission_order: Literal["mixed", "fifo"] = "mixed"
     # A batch told to wait longer than this goes back to the queue with that
     # countdown instead of holding a worker.
     max_inline_wait_s: float = Field(default=5.0, ge=0)

@@ -42,6 +42,7 @@ from quotaflow.formats import (
 from quotaflow.jobs import MAX_ATTEMPTS_LIMIT
 from quotaflow.jsonlines import read_lines
 from quotaflow.linescan import MAX_PROBLEMS, LineScan
+from quotaflow.mixing import mixed_order
 from quotaflow.models import Item, ItemStatus, Job, JobStatus, utcnow
 
 log = logging.getLogger(__name__)
@@ -121,7 +122,9 @@ def create_job(sessions: sessionmaker[Session], stream: IO[bytes], *, settings: 
     if scan.total >= ANALYZE_AT_LINES:
         refresh_statistics(sessions, Item.__table__)
     try:
-        dispatcher.dispatch(spec.queue, scan.batches)
+        batches = (mixed_order(scan.batches, scan.batch_loads)
+                   if settings.admission_order == "mixed" else scan.batches)
+        dispatcher.dispatch(spec.queue, batches)
     except ServiceUnavailable as exc:
         # The job is stored whole; only its messages are not. Answering 503 now would
         # invite a second upload of a job that exists, so its pending lines are made
@@ -180,6 +183,7 @@ def _fill(session: Session, job_id: str, stream: IO[bytes], spec: JobSpec, setti
     if (scan.suspects is None or scan.suspects) and share_identical(session, job_id,
                                                                      scan.suspects):
         scan.batches = pending_batches(session, job_id, settings.batch_size)
+        scan.batch_loads = []  # other batches now: queued in line order
     if spec.enforce_quota:
         quotas.admit(session, settings, spec.tenant, scan.tokens)
         cost, _ = spend.estimate(deployments, ((t.route, t.prompt_tokens, t.max_completion_tokens)

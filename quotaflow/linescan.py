@@ -72,6 +72,8 @@ class LineScan:
         self.problems: list[LineProblem] = []
         self.wrong_endpoint: list[LineProblem] = []
         self.batches: list[BatchRef] = []
+        # Each batch's (requests, admission tokens): the order it is queued in (mixing.py).
+        self.batch_loads: list[tuple[int, int]] = []
         self.seen = SeenFilter(self.max_lines) if settings.dedup else None
         self.suspects: set[bytes] | None = set()
         self._routed: dict[str | None, str | None] = {}
@@ -86,7 +88,7 @@ class LineScan:
         size = self.settings.batch_size
         budget = (self.room.limit - self.room.held
                   if self.room is not None and self.room.limit is not None else None)
-        first = last = count = 0
+        first = last = count = batch_tokens = 0
         for line_no, raw in read_lines(stream, self.settings.max_line_bytes,
                                        self.settings.max_file_bytes):
             if raw is not None and (not raw or raw.isspace()):
@@ -123,9 +125,10 @@ class LineScan:
                     route, self.deployments.route_max_tokens(route))
             tally.requests += 1
             tally.prompt_tokens += prompt
-            if request.url != ENDPOINT_EMBEDDINGS:
-                tally.max_completion_tokens += max_output_tokens(request.body,
-                                                                 tally.default_max_tokens)
+            completion = (0 if request.url == ENDPOINT_EMBEDDINGS
+                          else max_output_tokens(request.body, tally.default_max_tokens))
+            tally.max_completion_tokens += completion
+            batch_tokens += prompt + completion
             if self.on_valid is not None:
                 self.on_valid(line_no, route, request.custom_id, text)
             if budget is not None and self.tokens > budget:
@@ -143,9 +146,11 @@ class LineScan:
             count += 1
             if count == size:
                 self.batches.append(BatchRef(job_id, first, last))
-                count = 0
+                self.batch_loads.append((count, batch_tokens))
+                count = batch_tokens = 0
         if count:
             self.batches.append(BatchRef(job_id, first, last))
+            self.batch_loads.append((count, batch_tokens))
 
     @property
     def _lines_setting(self) -> str:
