@@ -58,10 +58,10 @@ class Cluster:
                         deployments_file=Path(self.env["QUOTAFLOW_DEPLOYMENTS_FILE"]),
                         _env_file=None)
 
-    def start_worker(self) -> Proc:
+    def start_worker(self, **env: str) -> Proc:
         name = f"down{len(self.workers) + 1}"
         worker = Proc(name, quotaflow("worker", "--concurrency", "2", "--name",
-                                      f"{name}@qfpbatch"), self.env, self.workdir)
+                                      f"{name}@qfpbatch"), {**self.env, **env}, self.workdir)
         worker.wait_until(lambda: " ready." in worker.log())
         self.workers.append(worker)
         return worker
