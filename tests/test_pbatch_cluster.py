@@ -158,6 +158,8 @@ def test_polling_resumes_after_a_worker_is_killed(
     job_id = cluster.submit(pg_sessions, [anthropic_line(i, "claude-mid") for i in range(20)])
     batch = cluster.wait_submitted(pg_sessions, job_id)
     cluster.kill_worker(cluster.workers[-1])
+    out = {b["id"]: b for b in cluster.anthropic_batches("mid")}[batch.provider_id]
+    assert out["processing_status"] == "in_progress"  # killed while the batch was out
     cluster.start_worker()
     assert cluster.wait(pg_sessions, job_id, timeout=50) == "completed"
     assert one_result_per_line(pg_sessions, job_id) == (20, 20)

@@ -62,10 +62,18 @@ class ProviderBatchLoop:
                             batch.provider_id, exc, self.settings.provider_batch_poll_s,
                             extra={"job_id": batch.job_id})
                 self._save(batch.id, error=str(exc)[:1000])
+            except Exception:  # one batch's trouble must not hold up the others
+                log.exception("provider batch %s: step failed; its claim lapses and it is "
+                              "tried again", batch.id, extra={"job_id": batch.job_id})
         return len(claimed)
 
     def step(self, batch: ProviderBatch) -> None:
         job = self._job(batch.job_id)
+        if job is None:  # the job was deleted: nothing is left to store its results in
+            if batch.state == BatchState.SUBMITTED and batch.provider_id:
+                self._client(batch.deployment).cancel(batch.provider_id)
+            self._save(batch.id, state=BatchState.DONE, error="its job no longer exists")
+            return
         if batch.state == BatchState.UPLOADING:
             self._upload(batch, job)
         elif batch.state == BatchState.SUBMITTED:
@@ -164,12 +172,12 @@ class ProviderBatchLoop:
             session.execute(update(BATCHES).where(BATCHES.c.id == batch_id)
                             .values(next_poll_at=due, **values))
 
-    def _job(self, job_id: str) -> JobFacts:
+    def _job(self, job_id: str) -> JobFacts | None:
         with self.sessions() as session:
             row = session.execute(select(Job.id, Job.status, Job.queue, Job.endpoint,
                                          Job.tenant, Job.output_format, Job.expires_at)
-                                  .where(Job.id == job_id)).one()
-        return JobFacts(*row)
+                                  .where(Job.id == job_id)).one_or_none()
+        return None if row is None else JobFacts(*row)
 
     def _client(self, name: str) -> BatchClient:
         client = self._clients.get(name)
