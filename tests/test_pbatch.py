@@ -228,3 +228,59 @@ def test_batch_deployments_need_a_base_url_and_have_the_providers_limits(tmp_pat
     assert route.batch_deployment(deployments).name == "ob"  # type: ignore[union-attr]
     realtime = route.realtime(deployments)
     assert realtime is not None and (realtime.deployments, realtime.fallback) == (["rt"], [])
+
+
+class SlowBatches(FakeBatches):
+    """A provider whose batches run until cancelled; then they end with no results."""
+
+    def retrieve(self, provider_id: str) -> Remote:
+        if provider_id in self.cancelled:
+            return Remote(provider_id, "cancelled", True, "cancelled", None, None)
+        return Remote(provider_id, "in_progress", False)
+
+    def results(self, remote: Remote) -> Any:
+        return iter(())
+
+
+def test_a_window_closing_on_a_running_batch_cancels_it_and_goes_realtime(env: Any) -> None:
+    sessions = env[0]
+    job_id = _job(env, 2)
+    _run(env, job_id)
+    fake = SlowBatches()
+    loop = _loop(env, fake)
+    loop.round()
+    _due_now(sessions)
+    loop.round()
+    assert fake.cancelled == []  # a day left: the batch runs on
+    with sessions.begin() as session:
+        session.execute(update(Job).values(expires_at=utcnow() + timedelta(minutes=30)))
+    _due_now(sessions)
+    loop.round()
+    assert fake.cancelled == ["pb0"]
+    with sessions() as session:
+        assert session.scalars(select(ProviderBatch.cancel_reason)).one() == "window"
+    _run(env, job_id)
+    with sessions() as session:
+        assert set(session.scalars(select(Result.deployment))) == {"rt"}
+        assert session.scalar(select(Job.status).where(Job.id == job_id)) == "completed"
+
+
+def test_retried_failures_go_to_a_provider_batch_again(env: Any) -> None:
+    sessions, settings, dispatcher = env
+    job_id = _job(env, 2)
+    _run(env, job_id)
+    fake = FakeBatches()
+    loop = _loop(env, fake)
+    loop.round()
+    _due_now(sessions)
+    loop.round()
+    with sessions.begin() as session:  # as if the provider had failed both lines
+        session.execute(update(Result).values(error={"code": "provider_error"}))
+        session.execute(update(Item).values(status="failed"))
+    assert jobs.retry_failed(sessions, job_id, dispatcher, settings) == 2
+    _run(env, job_id)
+    with sessions() as session:
+        owners = set(session.scalars(select(Item.lease_owner).where(Item.job_id == job_id)))
+    assert owners == {OWNER}
+    loop.round()
+    assert len(fake.submitted) == 2

@@ -11,7 +11,7 @@ is never queued again.
 from collections.abc import Sequence
 
 import orjson
-from sqlalchemy import select, update
+from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from quotaflow.db import insert_ignore
@@ -46,10 +46,14 @@ def enqueue(sessions: sessionmaker[Session], job_id: str, owner: str, url: str,
                  bytes=len(orjson.dumps(item.body)) + ENVELOPE_BYTES,
                  tokens=estimate_tokens(prompt_text(url, item.body)), queued_at=now)
             for item in items]
+    lines = [item.line_no for item in items]
     with sessions.begin() as session:
+        # A line done before (its failure retried: jobs.retry_failed) is queued afresh.
+        session.execute(delete(LINES).where(LINES.c.job_id == job_id, LINES.c.line_no.in_(lines),
+                                            LINES.c.state == LineState.DONE))
         session.execute(insert_ignore(session, LINES), rows)
         return session.execute(
             update(ITEMS)
-            .where(ITEMS.c.job_id == job_id, ITEMS.c.line_no.in_([i.line_no for i in items]),
+            .where(ITEMS.c.job_id == job_id, ITEMS.c.line_no.in_(lines),
                    ITEMS.c.lease_owner == owner, ITEMS.c.status == ItemStatus.RUNNING)
             .values(lease_owner=OWNER, lease_expires_at=None)).rowcount
