@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from quotaflow import jobs, output
 from quotaflow.models import Item, Job, Result, Spend
+from quotaflow.pbatch.clients import OpenAIBatches
 from tests.harness import one_result_per_line
 from tests.pbatch_cluster import (
     BATCH_IN,
@@ -62,7 +63,8 @@ def spend_of(sessions: sessionmaker[Session], job_id: str) -> dict[str, Spend]:
 
 
 def test_openai_batch_through_an_upstream_quotaflow(cluster: Cluster,
-                                                    pg_sessions: sessionmaker[Session]) -> None:
+                                                    pg_sessions: sessionmaker[Session],
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     lines = [openai_line(i) for i in range(30)]
     job_id = cluster.submit(pg_sessions, lines)
     assert cluster.wait(pg_sessions, job_id) == "completed"
@@ -88,6 +90,13 @@ def test_openai_batch_through_an_upstream_quotaflow(cluster: Cluster,
     assert (spent.requests, spent.prompt_tokens, spent.completion_tokens) == (
         30, prompt, completion)
     assert spent.cost == pytest.approx((prompt * BATCH_IN + completion * BATCH_OUT) / 1e6)
+    # An upload whose id was never stored is found again at the upstream by its metadata.
+    [batch] = cluster.batches(pg_sessions, job_id)
+    monkeypatch.setenv("QF_UP_KEY", cluster.env["QF_UP_KEY"])
+    client = OpenAIBatches(cluster.settings.load_deployments().deployments["obatch"])
+    assert client.find(batch.id, batch.created_at) == batch.provider_id
+    assert client.find("qfpb_never_made", batch.created_at) is None
+    client.close()
     # The same lines called directly (a job not on the bulk queue skips the batch
     # deployment) give output lines of the same shape, at the realtime price.
     direct = cluster.submit(pg_sessions, [openai_line(i, text="direct") for i in range(3)],
