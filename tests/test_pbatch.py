@@ -284,3 +284,20 @@ def test_retried_failures_go_to_a_provider_batch_again(env: Any) -> None:
     assert owners == {OWNER}
     loop.round()
     assert len(fake.submitted) == 2
+
+
+def test_a_tenant_over_its_spend_limit_stops_its_provider_batches(env: Any) -> None:
+    sessions = env[0]
+    job_id = _job(env, 2)
+    _run(env, job_id)
+    fake = SlowBatches()
+    loop = _loop(env, fake)
+    loop.round()
+    with sessions.begin() as session:  # what execution/stopping.py does at the limit
+        session.execute(update(Job).values(stop_reason="spend_limit_exceeded"))
+    _due_now(sessions)
+    loop.round()
+    assert fake.cancelled == ["pb0"]
+    with sessions() as session:
+        statuses = set(session.scalars(select(Item.status).where(Item.job_id == job_id)))
+    assert statuses == {"spend_limited"}

@@ -17,6 +17,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
+from quotaflow import spend
 from quotaflow.anthropic_messages import reshape
 from quotaflow.deployments import Deployments
 from quotaflow.dispatch import Dispatcher, batch_refs
@@ -47,6 +48,15 @@ class JobFacts:
     tenant: str
     output_format: str
     expires_at: datetime | None
+    stop_reason: str | None = None
+
+    @property
+    def ended(self) -> str | None:
+        """The status its unanswered lines end with, once the job no longer wants them:
+        cancelled, expired, or spend_limited (its tenant reached its monthly limit)."""
+        if self.status == JobStatus.IN_PROGRESS and self.stop_reason == spend.STOP_REASON:
+            return ItemStatus.SPEND_LIMITED
+        return ENDED_BY.get(self.status)
 
 
 @dataclass
@@ -108,8 +118,10 @@ class Collector:
                unanswered: list[LineResult]) -> None:
         """Lines that got no answer to keep: ended with their job, sent to realtime, or
         closed as the provider left them."""
-        ended = ENDED_BY.get(job.status)
-        back, stopped, failed = [], {ItemStatus.CANCELLED: [], ItemStatus.EXPIRED: []}, []
+        ended = job.ended
+        back, failed = [], []
+        stopped: dict[str, list[int]] = {ItemStatus.CANCELLED: [], ItemStatus.EXPIRED: [],
+                                         ItemStatus.SPEND_LIMITED: []}
         for result in unanswered:
             item = items[result.line_no]
             if ended is not None:
@@ -162,7 +174,7 @@ class Collector:
         self._lines_done(job_id, lines)
 
     def _can_fall_back(self, item: ClaimedItem, job: JobFacts) -> bool:
-        if job.status != JobStatus.IN_PROGRESS:
+        if job.ended is not None:
             return False
         route = self.deployments.route_named(item.route)
         return route is not None and route.realtime(self.deployments) is not None

@@ -22,11 +22,11 @@ from quotaflow.config import Settings
 from quotaflow.deployments import Deployment, Deployments
 from quotaflow.dispatch import Dispatcher
 from quotaflow.errors import PermanentProviderError, ProviderError
-from quotaflow.models import Job, JobStatus, utcnow
+from quotaflow.models import Job, utcnow
 from quotaflow.outcomes import Failure, FailureCode
 from quotaflow.pbatch import aware
 from quotaflow.pbatch.clients import BatchClient, Remote, make_client
-from quotaflow.pbatch.collect import ENDED_BY, Collector, JobFacts
+from quotaflow.pbatch.collect import Collector, JobFacts
 from quotaflow.pbatch.gather import gather
 from quotaflow.pbatch.results import LineResult, read_line
 from quotaflow.pbatch.tables import BatchState, ProviderBatch
@@ -83,7 +83,7 @@ class ProviderBatchLoop:
 
     def _upload(self, batch: ProviderBatch, job: JobFacts) -> None:
         items = self.collector.held(batch)
-        if job.status != JobStatus.IN_PROGRESS or self._window_closing(job) or not items:
+        if job.ended is not None or self._window_closing(job) or not items:
             # Nothing sent yet: the lines end with their job, or go to realtime.
             self.collector.settle(job, items, [LineResult(n, "expired", None, True)
                                                for n in items])
@@ -116,7 +116,7 @@ class ProviderBatchLoop:
     def _poll(self, batch: ProviderBatch, job: JobFacts) -> None:
         client = self._client(batch.deployment)
         assert batch.provider_id is not None
-        reason = _reason(job) or ("window" if self._window_closing(job) else None)
+        reason = job.ended or ("window" if self._window_closing(job) else None)
         if reason is not None and batch.cancel_reason is None:
             client.cancel(batch.provider_id)
             log.info("provider batch %s (%s) cancelled: %s", batch.id, batch.provider_id,
@@ -175,7 +175,8 @@ class ProviderBatchLoop:
     def _job(self, job_id: str) -> JobFacts | None:
         with self.sessions() as session:
             row = session.execute(select(Job.id, Job.status, Job.queue, Job.endpoint,
-                                         Job.tenant, Job.output_format, Job.expires_at)
+                                         Job.tenant, Job.output_format, Job.expires_at,
+                                         Job.stop_reason)
                                   .where(Job.id == job_id)).one_or_none()
         return None if row is None else JobFacts(*row)
 
@@ -189,12 +190,6 @@ class ProviderBatchLoop:
     def close(self) -> None:
         for client in self._clients.values():
             client.close()
-
-
-def _reason(job: JobFacts) -> str | None:
-    """Why the job no longer wants its provider batches: it was cancelled or expired."""
-    status = ENDED_BY.get(job.status)
-    return None if status is None else str(status)
 
 
 def _line(request: dict[str, object]) -> bytes:
