@@ -37,6 +37,7 @@ def build_app(settings: MockProviderSettings) -> FastAPI | LeanProvider:
         faults=faults,
         itpm=settings.itpm,
         otpm=settings.otpm,
+        batch_seconds=settings.batch_seconds,
     )
 
 

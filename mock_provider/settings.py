@@ -47,6 +47,8 @@ class MockProviderSettings(BaseSettings):
     api_key_env: str | None = None
     # Bill real usage after each answer, refunding the unused part of max_tokens.
     reconcile: bool = True
+    # How long a Message Batch (/v1/messages/batches) stays in_progress before it ends.
+    batch_seconds: float = 1.0
     # Fractions of requests that meet each fault (mock_provider.faults).
     fault_429: float = 0.0
     fault_500: float = 0.0

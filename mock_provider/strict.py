@@ -14,6 +14,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
+from mock_provider import message_batches
 from mock_provider.buckets import RateLimits
 from mock_provider.faults import Faults
 from mock_provider.judge import Judge
@@ -55,6 +56,7 @@ def create_app(
     faults: Faults | None = None,
     itpm: int | None = None,
     otpm: int | None = None,
+    batch_seconds: float = 1.0,
 ) -> FastAPI:
     """The mock provider app; its buckets start full. Serve it from one process.
 
@@ -72,6 +74,7 @@ def create_app(
         app.add_api_route(url, _model_route(judge, url), methods=["POST"])
     messages = MessagesJudge(judge, SplitLimits(rpm, itpm or tpm, otpm or tpm, burst_seconds))
     app.add_api_route(ENDPOINT_MESSAGES, messages.handle, methods=["POST"])
+    message_batches.MessageBatches(api_key, batch_seconds).mount(app)
 
     # async on purpose: all state is touched from the event loop only, never a threadpool.
     @app.get("/stats")

@@ -152,6 +152,18 @@ class Settings(BaseSettings):
     webhook_allowed_networks: Annotated[tuple[ipaddress.IPv4Network | ipaddress.IPv6Network,
                                               ...], NoDecode] = ()
 
+    # Provider batch APIs (quotaflow/pbatch/): whether this worker runs the loop that
+    # groups queued lines into provider batches, uploads them and polls them (a thread of
+    # its main process); how long a line waits for more to join its provider batch; how
+    # often a provider batch is polled; how long a claim of one lasts (a dead worker's
+    # lapses, and another worker resumes it); and how long before a job's expires_at its
+    # lines still out at a provider batch move to realtime deployments.
+    provider_batch_loop: bool = True
+    provider_batch_gather_s: float = Field(default=60.0, ge=0)
+    provider_batch_poll_s: float = Field(default=30.0, gt=0)
+    provider_batch_lease_s: float = Field(default=300.0, gt=0)
+    provider_batch_window_margin_s: float = Field(default=3600.0, ge=0)
+
     @field_validator("webhook_retry_schedule_s", mode="before")
     @classmethod
     def _schedule(cls, value: object) -> object:

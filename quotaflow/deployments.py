@@ -23,7 +23,13 @@ from quotaflow.constants import MOCK_PROVIDER
 from quotaflow.errors import ConfigError
 from quotaflow.pricing import CostRange, Prices, cost_range
 
-ProviderKind = Literal["openai", "mock", "local", "anthropic"]
+ProviderKind = Literal["openai", "mock", "local", "anthropic", "openai-batch", "anthropic-batch"]
+# Kinds whose lines go to the provider's own Batch API (quotaflow/pbatch/), not one call each.
+BATCH_KINDS = frozenset({"openai-batch", "anthropic-batch"})
+# The providers' per-batch limits (lines, bytes), unless a deployment sets lower ones:
+# OpenAI's Batch API 50,000 requests / 200 MB a file; Anthropic's 100,000 / 256 MB.
+BATCH_LIMITS = {"openai-batch": (50_000, 200 * 1024 * 1024),
+                "anthropic-batch": (100_000, 256 * 1024 * 1024)}
 # Anthropic's Messages API version header, unless a deployment names another.
 ANTHROPIC_VERSION = "2023-06-01"
 # The in-process engines a `local` deployment can run on (quotaflow/providers/local/).
@@ -80,6 +86,14 @@ class Deployment(BaseModel):
     cached_input_per_mtok: float | None = Field(default=None, ge=0)
     currency: str = Field(default="USD", min_length=3, max_length=3)
 
+    # provider = "openai-batch" / "anthropic-batch" (README, "Provider batch APIs"): the
+    # most lines, bytes and estimated prompt tokens one provider batch holds (None: the
+    # provider's own limits, BATCH_LIMITS; tokens unlimited), and OpenAI's window.
+    batch_max_lines: int | None = Field(default=None, gt=0)
+    batch_max_bytes: int | None = Field(default=None, gt=0)
+    batch_max_tokens: int | None = Field(default=None, gt=0)
+    completion_window: str = "24h"
+
     # provider = "local": a model in the worker's own process, on its accelerator
     # (README, "Local models"). model_path is a directory saved with save_pretrained
     # (or a hub id, where the worker may download).
@@ -99,8 +113,20 @@ class Deployment(BaseModel):
     default_temperature: float = Field(default=1.0, ge=0, le=2)
     default_top_p: float = Field(default=1.0, gt=0, le=1)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _batch_defaults(cls, value: Any) -> Any:
+        """A batch deployment is never admitted call by call: its provider's batch limits
+        stand instead of rpm/tpm, which default to figures that never bind."""
+        if isinstance(value, dict) and value.get("provider") in BATCH_KINDS:
+            value = {"rpm": 1_000_000, "tpm": 1_000_000_000, **value}
+        return value
+
     @model_validator(mode="after")
     def _check(self) -> "Deployment":
+        if self.provider in BATCH_KINDS and not self.base_url:
+            raise ValueError(f"provider {self.provider!r} needs base_url (e.g. "
+                             "https://api.openai.com/v1 or https://api.anthropic.com)")
         if self.provider == "openai" and not self.base_url:
             raise ValueError("provider 'openai' needs base_url (e.g. http://127.0.0.1:8000/v1)")
         if self.provider == "anthropic" and not self.base_url:
@@ -138,6 +164,18 @@ class Deployment(BaseModel):
         elif not self.tpm:
             more = " (or itpm and otpm)" if self.provider == "anthropic" else ""
             raise ValueError(f"tpm{more} is required: the provider's tokens-per-minute limit")
+
+    @property
+    def is_batch(self) -> bool:
+        """Its lines go to the provider's Batch API (quotaflow/pbatch/)."""
+        return self.provider in BATCH_KINDS
+
+    @property
+    def batch_limits(self) -> tuple[int, int, int | None]:
+        """(lines, bytes, prompt tokens) one provider batch may hold."""
+        lines, size = BATCH_LIMITS.get(self.provider, (50_000, 200 * 1024 * 1024))
+        return (min(lines, self.batch_max_lines or lines),
+                min(size, self.batch_max_bytes or size), self.batch_max_tokens)
 
     @property
     def split_tokens(self) -> bool:
@@ -190,6 +228,24 @@ class Route(BaseModel):
     @property
     def names(self) -> list[str]:
         return [*self.deployments, *self.fallback]
+
+    def batch_deployment(self, deployments: "Deployments") -> "Deployment | None":
+        """The first batch deployment of the group: where a bulk job's lines go."""
+        for name in self.deployments:
+            if deployments.deployments[name].is_batch:
+                return deployments.deployments[name]
+        return None
+
+    def realtime(self, deployments: "Deployments") -> "Route | None":
+        """The route without its batch deployments, which other jobs (and lines falling back
+        from a provider batch) skip as unavailable: the rest of the group, else the
+        fallbacks; None where only batch deployments are left."""
+        def live(names: list[str]) -> list[str]:
+            return [n for n in names if not deployments.deployments[n].is_batch]
+        group, fallback = live(self.deployments), live(self.fallback)
+        if not group:
+            group, fallback = fallback[:1], fallback[1:]
+        return Route(deployments=group, fallback=fallback) if group else None
 
 
 class Deployments(BaseModel):

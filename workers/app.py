@@ -30,7 +30,8 @@ def create_app() -> Celery:
         # queues in the order given (realtime first) instead of in turn.
         transport["queue_order_strategy"] = "priority"
     celery = Celery("quotaflow", broker=settings.broker_url,
-                    include=["workers.tasks", "workers.reaper", "workers.webhooks"])
+                    include=["workers.tasks", "workers.reaper", "workers.webhooks",
+                             "workers.pbatch"])
     celery.conf.update(
         task_queues=[Queue(name) for name in QUEUES],
         task_default_queue=DEFAULT_QUEUE,

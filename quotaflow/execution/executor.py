@@ -24,7 +24,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from quotaflow.circuit import CircuitBreaker, LocalCircuitBreaker
 from quotaflow.config import Settings
-from quotaflow.deployments import Deployments
+from quotaflow.constants import ENDPOINT_CHAT, QUEUE_BULK
+from quotaflow.deployments import Deployments, Route
 from quotaflow.dispatch import BatchRef
 from quotaflow.execution import loops
 from quotaflow.execution.admission import Admitter
@@ -41,6 +42,7 @@ from quotaflow.leases import ClaimedItem, claim, leased_elsewhere_for
 from quotaflow.metrics import Tally
 from quotaflow.models import Item, Job
 from quotaflow.outcomes import Failure, FailureCode
+from quotaflow.pbatch import enqueue as pbatch_enqueue
 from quotaflow.ratelimit import Limiter
 from quotaflow.retries import RetryPolicy
 from quotaflow.reuse import earlier_answers
@@ -81,7 +83,8 @@ class BatchExecutor:
 
     def __init__(self, sessions: sessionmaker[Session], deployments: Deployments,
                  limiter: Limiter, settings: Settings, breaker: CircuitBreaker | None = None,
-                 defer: bool = True, providers: ProviderPool = PROVIDERS) -> None:
+                 defer: bool = True, providers: ProviderPool = PROVIDERS,
+                 provider_batches: bool | None = None) -> None:
         self.sessions = sessions
         self.deployments = deployments
         self.limiter = limiter
@@ -91,6 +94,9 @@ class BatchExecutor:
         self.providers = providers
         self._jobs: dict[str, _JobFacts] = {}
         self._prices = {name: d.prices for name, d in deployments.deployments.items()}
+        # Whether bulk lines may go to provider batch deployments: only where workers run
+        # the poll loop (Celery); the embedded runner treats them as unavailable.
+        self.provider_batches = defer if provider_batches is None else provider_batches
         router = Router(deployments, limiter, self.breaker)
         preparer = Preparer(deployments, self.providers)
         self.admitter = Admitter(
@@ -133,7 +139,7 @@ class BatchExecutor:
         keeper = asyncio.create_task(keep_leases(self.sessions, ref.job_id, owner, self.lease))
         flusher = asyncio.create_task(self._flush_when_due(run))
         try:
-            await asyncio.gather(*(self._run_route(run, name, group)
+            await asyncio.gather(*(self._run_route(run, job, name, group)
                                    for name, group in by_route.items()))
         finally:
             keeper.cancel()
@@ -183,9 +189,24 @@ class BatchExecutor:
             return item.route
         return self.deployments.route_name_for(item.body.get("model"))
 
-    async def _run_route(self, run: BatchRun, name: str | None,
+    async def _run_route(self, run: BatchRun, job: "_JobFacts", name: str | None,
                          items: list[ClaimedItem]) -> None:
         route = self.deployments.route_named(name)
+        if route is not None and any(self.deployments.deployments[n].is_batch
+                                     for n in route.names):
+            items = self._to_provider_batch(run, job, route, items)
+            realtime = route.realtime(self.deployments)
+            if realtime is None:
+                for item in items:
+                    run.finish(item, Failure(
+                        FailureCode.NO_DEPLOYMENT,
+                        f"route {name!r} names only provider batch deployments, which take "
+                        "bulk jobs' lines only (README, \"Provider batch APIs\"); submit on "
+                        "the bulk queue or add a realtime fallback"))
+                return
+            route = realtime
+            if not items:
+                return
         if route is None:  # the deployments file changed since the job was made
             for item in items:
                 run.finish(item, Failure(
@@ -194,6 +215,21 @@ class BatchExecutor:
                     "is no longer in the deployments file)"))
             return
         await self.admitter.run_route(run, route, items)
+
+    def _to_provider_batch(self, run: BatchRun, job: "_JobFacts", route: Route,
+                           items: list[ClaimedItem]) -> list[ClaimedItem]:
+        """Queue a bulk job's lines for the route's provider batch deployment; the lines
+        left to call now (other jobs' lines, and lines that fell back from a batch)."""
+        target = route.batch_deployment(self.deployments)
+        if target is None or job.queue != QUEUE_BULK or not self.provider_batches:
+            return items
+        if target.provider == "anthropic-batch" and job.url != ENDPOINT_CHAT:
+            return items  # Message Batches answer chat requests only: realtime decides
+        back = pbatch_enqueue.fell_back(self.sessions, run.ref.job_id,
+                                        [item.line_no for item in items])
+        pbatch_enqueue.enqueue(self.sessions, run.ref.job_id, run.owner, job.url, target,
+                               [item for item in items if item.line_no not in back])
+        return [item for item in items if item.line_no in back]
 
     @staticmethod
     async def _flush_when_due(run: BatchRun) -> None:
