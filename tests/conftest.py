@@ -180,7 +180,8 @@ def service_env(**extra: str) -> dict[str, str]:
 # the unit tests alone, in seconds, with no PostgreSQL or Redis: a test is one when its
 # module uses these helpers or modules (it starts processes of its own)...
 PROCESS_STARTERS = frozenset({"tests.procs", "tests.harness", "tests.limiter_cluster",
-                              "tests.openai_cluster", "tests.chaos_cluster", "subprocess"})
+                              "tests.openai_cluster", "tests.chaos_cluster", "subprocess",
+                              "tests.multihost_cluster", "tests.multihost_jobs"})
 # ...or it asks for a server: the shared PostgreSQL or Redis, or one of its own.
 SERVER_FIXTURES = frozenset({"pg_url", "redis_url", "throwaway_redis", "throwaway_postgres",
                              "slow_provider"})
@@ -197,8 +198,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def pytest_terminal_summary(terminalreporter) -> None:
-    """The reliability table, when fault tests ran (tests/chaos_cluster.py)."""
-    from tests import chaos_cluster
+    """The reliability tables, when fault tests ran (tests/chaos_cluster.py,
+    tests/multihost_jobs.py)."""
+    from tests import chaos_cluster, multihost_jobs
     if chaos_cluster.ROWS:
         terminalreporter.write_sep("=", "reliability: faults during a job")
         terminalreporter.write_line(chaos_cluster.table())
+    if multihost_jobs.ROWS:
+        terminalreporter.write_sep("=", "across hosts (tests/test_multihost.py)")
+        terminalreporter.write_line(multihost_jobs.table(multihost_jobs.ROWS))
