@@ -11,9 +11,12 @@ forwards still crosses a real link (which `tests/netns.py` can take down).
   reaches the other side a retransmission timeout later (200 ms, doubling if the
   retransmission is lost too) and holds back what follows it; a lost SYN costs 1 s;
 - block: a partition. A blocked route forwards nothing and opens no connection until it
-  is unblocked; nothing is dropped or reset, so once healed what waited is delivered,
-  as TCP's retransmissions deliver it after a partition shorter than their timeout.
-  Clients with timeouts of their own give up meanwhile, as they would.
+  is unblocked; nothing is dropped or reset, so once healed what waited on an open
+  connection is delivered, as TCP's retransmissions deliver it after a partition
+  shorter than their timeout (even after its client closed it: the kernel still sends
+  what was written). Clients with timeouts of their own give up meanwhile, as they
+  would; a connection opened during the partition and closed before it heals never
+  reaches the server, as its SYN would not have.
 
 Routes listed with --pass are not shaped: they let the test, in the machine's own
 namespace, reach a host's server through a Unix socket.
@@ -141,17 +144,46 @@ async def pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, route
         reading.cancel()
 
 
+async def hold_while_blocked(route: str, client_r: asyncio.StreamReader,
+                             shaping: Shaping) -> bytes | None:
+    """A connection opened during a partition: what its client wrote meanwhile, to send
+    once healed, or None if the client closed it first (as a SYN that never got through,
+    nothing reaches the server)."""
+    held = b""
+    while route in shaping.blocked:
+        healed = asyncio.ensure_future(shaping.healed.wait())
+        reading = asyncio.ensure_future(client_r.read(65536))
+        await asyncio.wait({healed, reading}, return_when=asyncio.FIRST_COMPLETED)
+        healed.cancel()
+        if not reading.done():
+            reading.cancel()
+            continue
+        try:
+            data = reading.result()
+        except OSError:
+            return None
+        if not data:
+            return None
+        held += data
+    return held
+
+
 async def serve_route(name: str, listen: str, upstream: str, shaping: Shaping | None) -> None:
     target = parse_address(upstream)
 
     async def handle(client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
         server_w = None
         try:
+            held = b""
             if shaping is not None:
                 shaping.counters["connections"] += 1
-                await shaping.passable(name)
+                held = await hold_while_blocked(name, client_r, shaping)
+                if held is None:
+                    return  # the client gave up before the link came back: nothing went out
                 await asyncio.sleep(2 * shaping.delay_s + shaping.syn_penalty())
             server_r, server_w = await connect(target)
+            if held:
+                server_w.write(held)
             await asyncio.gather(pump(client_r, server_w, name, shaping),
                                  pump(server_r, client_w, name, shaping))
         except OSError:
