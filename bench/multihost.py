@@ -8,7 +8,9 @@ Scenarios, one job each, in this order:
 
 - exact: a job of about a minute of budget, 5-20 ms round trips between the hosts;
 - B cut from Redis+PG: host B's proxy blocks Redis and PostgreSQL for --partition-s in
-  the middle of a job (a third of it done), then heals;
+  the middle of a job (a third of it done), at the worst moment (one of B's
+  transactions open: the cut is made and healed every half second until it catches
+  one), then heals;
 - B cut from provider: the same for the provider alone;
 - clean (baseline) and loss 2%: the same job without and with 2% of segments lost on
   every link (the slowdown is the second's minutes over the first's);
@@ -41,8 +43,9 @@ def scenarios(cluster: MultihostCluster, partition_s: float
     lines = int(BUDGET.request_capacity + BUDGET.rpm / 60 * (partition_s * 2 + 30))
 
     def cut(routes: list[str], label: str) -> Callable[[], Row]:
-        return lambda: run_job(cluster, label, lines, in_turn(
-            cluster, cut_b(routes, partition_s, at=lines // 3, label=label)))
+        return lambda: run_job(cluster, label, lines, in_turn(cluster, cut_b(
+            routes, partition_s, at=lines // 3, label=label,
+            mid_transaction="postgres" in routes)))
 
     def lossy() -> Row:
         cluster.shape(loss=0.02)

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import httpx
 import redis
+from sqlalchemy import text
 from sqlalchemy.orm import Session, sessionmaker
 
 from quotaflow.db import session_factory, upgrade
@@ -241,6 +242,16 @@ class MultihostCluster:
             proc.stop(timeout=10)
             if proc in self.procs:
                 self.procs.remove(proc)
+
+    def blocking_transactions(self, host: str) -> int:
+        """`host`'s transactions waiting for their client while another session waits for
+        their locks: cut off now, it stalls the others."""
+        with self.sessions()() as session:
+            return session.scalar(text(
+                "SELECT count(*) FROM pg_stat_activity AS a WHERE a.client_addr = "
+                "CAST(:addr AS inet) AND a.state = 'idle in transaction' AND EXISTS ("
+                "SELECT 1 FROM pg_stat_activity AS w WHERE a.pid = ANY(pg_blocking_pids(w.pid)))"),
+                {"addr": self.net.address(host)})
 
     def round_trip_ms(self, host: str = "b", pings: int = 30) -> float:
         """The median time of a Redis PING from `host`, through its proxy: the network's RTT

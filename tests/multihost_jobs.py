@@ -103,16 +103,29 @@ def run_job(cluster: MultihostCluster, name: str, lines: int,
                reaped=reaped(cluster) - reaped_before, notes={**notes, "stats": stats})
 
 
-def cut_b(routes: list[str], seconds: float, at: int, label: str
+def cut_b(routes: list[str], seconds: float, at: int, label: str,
+          mid_transaction: bool = False
           ) -> Callable[[MultihostCluster, str, dict[str, object]], None]:
     """A partition: host B's proxy blocks `routes` for `seconds` once the job has `at`
     results; the notes say how far the job got meanwhile and whether the provider
-    refused anything while B was cut off."""
+    refused anything while B was cut off.
+
+    `mid_transaction`: the cut is made, healed and made again (every half second) until
+    it catches one of B's transactions open with another worker waiting for its locks
+    (the job's spend row, which every result write takes): the worst moment."""
     def fault(cluster: MultihostCluster, job_id: str, notes: dict[str, object]) -> None:
         wait_for_results(cluster, job_id, at)
         sessions = cluster.sessions()
-        before = results_stored(sessions, job_id)
         cluster.control("b", block=routes)
+        for tries in range(1, 121 if mid_transaction else 1):
+            time.sleep(0.5)
+            if cluster.blocking_transactions("b"):
+                notes[f"cuts until one caught B mid-transaction ({label})"] = tries
+                break
+            cluster.control("b", block=[])
+            time.sleep(0.3)
+            cluster.control("b", block=routes)
+        before = results_stored(sessions, job_id)
         try:
             time.sleep(seconds)
         finally:
