@@ -6,12 +6,13 @@ and result writes per second at saturation, from P client processes at once.
 
 - acquisitions/s: each process calls RedisLimiter.acquire (one Lua call: both buckets,
   one deployment, limits nothing reaches) in a loop for --seconds; the sum of all.
-- result writes/s: each process claims 100-item batches of a job of its own
-  (leases.claim) and stores their answers as the workers do, 16 at a time
-  (leases.store_many: insert-or-ignore the results, close the items, one transaction
-  each); the sum of each process's results stored per second, its job's ingest not
-  counted. PostgreSQL keeps its
-  defaults (fsync and synchronous_commit on).
+- result writes/s: the processes claim 100-item batches of one shared job (leases.claim),
+  as many workers on one large job do, and store their answers as the workers do, 16 at
+  a time (leases.store_many: insert-or-ignore the results with their provenance, add
+  them to the job's spend row, close the items: one transaction each); the sum of each
+  process's results stored per second (the job's ingest is not counted); then the
+  same with a job of its own per process, whose spend rows no other process takes.
+  PostgreSQL keeps its defaults (fsync and synchronous_commit on).
 
 Both servers are throwaway ones of the benchmark's own (bench/e2e.py's), so the
 machine's shared servers are never touched.
@@ -35,11 +36,14 @@ from quotaflow.db import session_factory, upgrade
 from quotaflow.dispatch import BatchRef
 from quotaflow.leases import claim, store_many
 from quotaflow.limiters import RedisLimiter
+from quotaflow.outcomes import Provenance
 from quotaflow.providers.base import ProviderResponse
 from quotaflow.ratelimit import Budget
+from quotaflow.spend import Billing
 
 CHUNK = 16  # a worker stores a batch's answers a chunk at a time
 BATCH = 100
+JOB_LINES = 50_000
 
 
 class _NoDispatch:
@@ -57,38 +61,57 @@ def _acquire(url: str, seconds: float, out: "multiprocessing.Queue[float]") -> N
     out.put(calls / (time.monotonic() - started))
 
 
-def _write(url: str, seconds: float, out: "multiprocessing.Queue[float]") -> None:
+def make_job(url: str, lines: int) -> str:
+    """A job of `lines` distinct requests, stored and never dispatched."""
     sessions = session_factory(url)
     settings = Settings(database_url=url, broker_url="redis://unused", batch_size=BATCH,
                         _env_file=None)
-    lines = 10_000
     data = "".join(f'{{"custom_id": "r{i}", "method": "POST", "url": "/v1/chat/completions", '
                    f'"body": {{"model": "m", "messages": [{{"role": "user", "content": '
                    f'"question {i}"}}]}}}}\n' for i in range(lines)).encode()
-    job = jobs.create_job(sessions, io.BytesIO(data), settings=settings,
-                          deployments=settings.load_deployments(), dispatcher=_NoDispatch(),
-                          queue="bulk")
+    return jobs.create_job(sessions, io.BytesIO(data), settings=settings,
+                           deployments=settings.load_deployments(), dispatcher=_NoDispatch(),
+                           queue="bulk").id
+
+
+def _write(url: str, seconds: float, out: "multiprocessing.Queue[float]", job_id: str,
+           index: int, clients: int) -> None:
+    """Store answers of every `clients`-th batch of the shared job, from `index` on."""
+    sessions = session_factory(url)
+    billing = Billing("default", {"m": None})
     answer = {"id": "x", "object": "chat.completion", "choices": [{"index": 0, "message": {
         "role": "assistant", "content": "an answer of a few words"}, "finish_reason": "stop"}],
         "usage": {"prompt_tokens": 12, "completion_tokens": 6, "total_tokens": 18}}
-    stored, first, started = 0, 0, time.monotonic()
-    while time.monotonic() < started + seconds and first < lines:
-        items = claim(sessions, BatchRef(job.id, first, first + BATCH - 1), uuid.uuid4().hex,
+    stored, first, started = 0, index * BATCH, time.monotonic()
+    while time.monotonic() < started + seconds and first < JOB_LINES:
+        items = claim(sessions, BatchRef(job_id, first, first + BATCH - 1), uuid.uuid4().hex,
                       timedelta(seconds=30))
-        first += BATCH
+        first += BATCH * clients
         for i in range(0, len(items), CHUNK):
             chunk = items[i:i + CHUNK]
-            store_many(sessions, job.id, [(item, ProviderResponse(200, answer, "req", 12, 6))
-                                         for item in chunk])
+            now = time.time()
+            store_many(sessions, job_id,
+                       [(item, ProviderResponse(200, answer, "req", 12, 6)) for item in chunk],
+                       provenance=[Provenance("m", 1, now, now, now)] * len(chunk),
+                       billing=billing)
             stored += len(chunk)
     out.put(stored / (time.monotonic() - started))
 
 
-def saturate(target: object, url: str, clients: int, seconds: float) -> float:
-    """The sum of `clients` processes' rates, each over its own timed loop."""
+def saturate(target: object, url: str, clients: int, seconds: float,
+             jobs_of: list[str] | None = None) -> float:
+    """The sum of `clients` processes' rates, each over its own timed loop; `jobs_of`: the
+    job each writes to (one shared job: they take its batches in turn)."""
     out: multiprocessing.Queue[float] = multiprocessing.Queue()
-    procs = [multiprocessing.Process(target=target, args=(url, seconds, out))
-             for _ in range(clients)]
+    shared = jobs_of is not None and len(set(jobs_of)) == 1
+
+    def extra(n: int) -> tuple:
+        if jobs_of is None:
+            return ()
+        return (jobs_of[n], n, clients) if shared else (jobs_of[n], 0, 1)
+
+    procs = [multiprocessing.Process(target=target, args=(url, seconds, out, *extra(n)))
+             for n in range(clients)]
     for proc in procs:
         proc.start()
     total = sum(out.get(timeout=seconds + 300) for _ in procs)
@@ -110,11 +133,16 @@ def main() -> None:
         print(f"machine: {platform.node()} {platform.machine()}, {os.cpu_count()} cores, "
               f"Python {platform.python_version()}, Redis {redis_server.version}; the "
               "clients share the machine with the servers")
-        print(f"{'clients':>7} {'acquisitions/s':>15} {'result writes/s':>16}")
+        print(f"{'clients':>7} {'acquisitions/s':>15} {'writes/s one job':>16} "
+              f"{'writes/s own job':>16}")
         for clients in (int(n) for n in args.clients.split(",")):
             acquired = saturate(_acquire, redis_server.url, clients, args.seconds)
-            written = saturate(_write, pg_url, clients, args.seconds)
-            print(f"{clients:>7} {acquired:>15,.0f} {written:>16,.0f}", flush=True)
+            shared = saturate(_write, pg_url, clients, args.seconds,
+                              [make_job(pg_url, JOB_LINES)] * clients)
+            own = saturate(_write, pg_url, clients, args.seconds,
+                           [make_job(pg_url, JOB_LINES) for _ in range(clients)])
+            print(f"{clients:>7} {acquired:>15,.0f} {shared:>16,.0f} {own:>16,.0f}",
+                  flush=True)
     finally:
         redis_server.stop()
         postgres.stop()

@@ -12,6 +12,7 @@ their Unix sockets and the API and the provider through Unix sockets the proxies
 D forward: nothing of ours listens on, or routes to, the machine's own network.
 """
 
+import atexit
 import contextlib
 import json
 import shutil
@@ -101,6 +102,7 @@ class MultihostCluster:
     # -- start and stop -----------------------------------------------------------------
 
     def start(self) -> "MultihostCluster":
+        atexit.register(self.stop)  # PostgreSQL runs as a daemon, not as one of our Procs
         try:
             self.net.create()
             self._start_postgres()
@@ -123,7 +125,9 @@ class MultihostCluster:
             proc.stop(timeout=10)
         self.procs.clear()
         if (self.pg_data / "postmaster.pid").exists():
-            self._as_postgres("pg_ctl", "-D", str(self.pg_data), "-m", "immediate", "-w", "stop")
+            with contextlib.suppress(subprocess.SubprocessError, OSError):
+                self._as_postgres("pg_ctl", "-D", str(self.pg_data), "-m", "immediate", "-w",
+                                  "stop")
         self.net.destroy()
         shutil.rmtree(self.sockets, ignore_errors=True)
 
