@@ -28,8 +28,9 @@ import time
 import uuid
 from datetime import timedelta
 from pathlib import Path
+from typing import NamedTuple
 
-from bench.e2e import ThrowawayPostgres, ThrowawayRedis
+from bench.e2e import ThrowawayPostgres, ThrowawayRedis, _process_table, tree_cpu
 from quotaflow import jobs
 from quotaflow.config import Settings
 from quotaflow.db import session_factory, upgrade
@@ -98,10 +99,21 @@ def _write(url: str, seconds: float, out: "multiprocessing.Queue[float]", job_id
     out.put(stored / (time.monotonic() - started))
 
 
-def saturate(target: object, url: str, clients: int, seconds: float,
-             jobs_of: list[str] | None = None) -> float:
-    """The sum of `clients` processes' rates, each over its own timed loop; `jobs_of`: the
-    job each writes to (one shared job: they take its batches in turn)."""
+class Rate(NamedTuple):
+    per_s: float  # the sum of the clients' rates
+    server_ms: float  # the server's CPU per operation, its whole process tree
+
+    def cell(self) -> str:
+        return f"{self.per_s:,.0f} ({self.server_ms:.3f})"
+
+
+def saturate(target: object, url: str, clients: int, seconds: float, server: int,
+             jobs_of: list[str] | None = None) -> Rate:
+    """The sum of `clients` processes' rates, each over its own timed loop, and the CPU
+    the `server` pid's tree spent per operation meanwhile (a figure the machine's other
+    load leaves alone, unlike the rate); `jobs_of`: the job each writes to (one shared
+    job: they take its batches in turn)."""
+    cpu_before = tree_cpu([server], _process_table())
     out: multiprocessing.Queue[float] = multiprocessing.Queue()
     shared = jobs_of is not None and len(set(jobs_of)) == 1
 
@@ -117,7 +129,8 @@ def saturate(target: object, url: str, clients: int, seconds: float,
     total = sum(out.get(timeout=seconds + 300) for _ in procs)
     for proc in procs:
         proc.join()
-    return total
+    cpu = tree_cpu([server], _process_table()) - cpu_before
+    return Rate(total, 1000 * cpu / (total * seconds))  # each client ran `seconds`
 
 
 def main() -> None:
@@ -133,15 +146,17 @@ def main() -> None:
         print(f"machine: {platform.node()} {platform.machine()}, {os.cpu_count()} cores, "
               f"Python {platform.python_version()}, Redis {redis_server.version}; the "
               "clients share the machine with the servers")
-        print(f"{'clients':>7} {'acquisitions/s':>15} {'writes/s one job':>16} "
-              f"{'writes/s own job':>16}")
+        print("per second, summed over the clients (the server's CPU-ms per operation)")
+        print(f"{'clients':>7} {'acquisitions':>18} {'writes, one job':>18} "
+              f"{'writes, own jobs':>18}")
         for clients in (int(n) for n in args.clients.split(",")):
-            acquired = saturate(_acquire, redis_server.url, clients, args.seconds)
-            shared = saturate(_write, pg_url, clients, args.seconds,
+            acquired = saturate(_acquire, redis_server.url, clients, args.seconds,
+                                redis_server.popen.pid)
+            shared = saturate(_write, pg_url, clients, args.seconds, postgres.pid,
                               [make_job(pg_url, JOB_LINES)] * clients)
-            own = saturate(_write, pg_url, clients, args.seconds,
+            own = saturate(_write, pg_url, clients, args.seconds, postgres.pid,
                            [make_job(pg_url, JOB_LINES) for _ in range(clients)])
-            print(f"{clients:>7} {acquired:>15,.0f} {shared:>16,.0f} {own:>16,.0f}",
+            print(f"{clients:>7} {acquired.cell():>18} {shared.cell():>18} {own.cell():>18}",
                   flush=True)
     finally:
         redis_server.stop()
