@@ -1,7 +1,7 @@
 """Across hosts, full length: the table of tests/test_multihost.py's scenarios at the sizes
 issue 19 asks for, on four hosts in network namespaces (tests/multihost_cluster.py).
 
-    python -m bench.multihost                       # every scenario, about 8 minutes
+    python -m bench.multihost                       # every scenario, about 7 minutes
     python -m bench.multihost --scenario exact --partition-s 30
 
 Scenarios, one job each, in this order:
@@ -107,7 +107,8 @@ def main() -> None:
     if "clean (baseline)" in by_name and "loss 2%" in by_name:
         ratio = by_name["loss 2%"].seconds / by_name["clean (baseline)"].seconds
         print(f"\nslowdown with 2% loss: {ratio:.2f}x the clean job's time")
-    print(f"(the whole run: {(time.monotonic() - started) / 60:.1f} minutes)")
+    print(f"(the whole run: {(time.monotonic() - started) / 60:.1f} minutes; the processes' "
+          f"logs are in {workdir})")
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ import io
 import multiprocessing
 import os
 import platform
+import shutil
 import tempfile
 import time
 import uuid
@@ -161,6 +162,7 @@ def main() -> None:
     finally:
         redis_server.stop()
         postgres.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 if __name__ == "__main__":
