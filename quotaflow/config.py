@@ -60,6 +60,10 @@ class Settings(BaseSettings):
     # A claim's lease, renewed every third of it while its batch runs: a lease that runs
     # out means a dead worker, whose items are free again within this (plus a reap).
     lease_seconds: int = Field(default=30, gt=0)
+    # PostgreSQL ends a worker's transaction that waits this long for the worker (cut off
+    # from the database mid-transaction), so its locks do not stall the other workers
+    # until TCP notices it is gone (quotaflow/db.py, end_idle_transactions_after).
+    worker_idle_in_transaction_s: float = Field(default=10.0, gt=0)
     # How often the workers look for expired leases of dead workers.
     reap_interval_s: float = Field(default=10.0, gt=0)
     # How long a pending item may wait for its queue message before the reaper

@@ -19,6 +19,25 @@ from quotaflow import jsoncodec
 from quotaflow.errors import ConfigError, ServiceUnavailable
 
 _engines: dict[tuple[int, str], Engine] = {}
+# PostgreSQL options of this process's connections; see end_idle_transactions_after.
+_pg_options: dict[str, str] = {}
+
+
+def end_idle_transactions_after(seconds: float) -> None:
+    """Have PostgreSQL end this process's transactions that wait longer than `seconds`
+    for their client (idle_in_transaction_session_timeout), for engines made from now on.
+
+    A worker cut off from the database in the middle of a transaction (its host lost the
+    network) holds that transaction's row locks until the server notices the client is
+    gone, which TCP keepalive does after about two hours; meanwhile every other worker
+    storing results of the same job waits for the lock of the job's spend row
+    (quotaflow/spend.py). The workers' transactions are a few statements sent back to
+    back, so one that waits this long has lost its client: the server rolls it back and
+    the others carry on; the cut-off worker's own batch stores its answers again once it
+    is back (insert-or-ignore). Only the workers set it: the API streams output and
+    reads uploads inside transactions that may legitimately wait for a slow client.
+    """
+    _pg_options["idle_in_transaction_session_timeout"] = str(int(seconds * 1000))
 
 
 def normalize_url(url: str) -> str:
@@ -38,7 +57,9 @@ def make_engine(url: str) -> Engine:
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
     if url.startswith("postgresql"):
+        options = " ".join(f"-c {name}={value}" for name, value in _pg_options.items())
         return create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=5,
+                             connect_args={"options": options} if options else {},
                              json_serializer=jsoncodec.dumps, json_deserializer=jsoncodec.loads)
     raise ConfigError(f"QUOTAFLOW_DATABASE_URL {url.split(':')[0]}:// is not supported; "
                       "use postgresql://... or sqlite:///path.db")

@@ -67,16 +67,22 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         proc.stop(timeout=5)
     workeroutput = getattr(session.config, "workeroutput", None)
     if workeroutput is not None:
-        from tests import chaos_cluster
+        from tests import chaos_cluster, multihost_jobs
         workeroutput["chaos_rows"] = [list(row) for row in chaos_cluster.ROWS]
+        workeroutput["multihost_rows"] = [list(row.cells()) for row in multihost_jobs.ROWS]
+
+
+# The across-hosts table's rows that xdist workers handed over (their cells).
+_MULTIHOST_CELLS: list[tuple[str, ...]] = []
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_testnodedown(node, error) -> None:
-    """xdist's controller: a worker's rows of the reliability table, for the summary."""
+    """xdist's controller: a worker's rows of the reliability tables, for the summary."""
     from tests import chaos_cluster
-    chaos_cluster.ROWS.extend(tuple(row) for row in
-                              getattr(node, "workeroutput", {}).get("chaos_rows", []))
+    output = getattr(node, "workeroutput", {})
+    chaos_cluster.ROWS.extend(tuple(row) for row in output.get("chaos_rows", []))
+    _MULTIHOST_CELLS.extend(tuple(row) for row in output.get("multihost_rows", []))
 
 
 def _recreate_database(url: str) -> None:
@@ -213,7 +219,8 @@ def service_env(**extra: str) -> dict[str, str]:
 # module uses these helpers or modules (it starts processes of its own)...
 PROCESS_STARTERS = frozenset({"tests.procs", "tests.harness", "tests.limiter_cluster",
                               "tests.anthropic_cluster",
-                              "tests.openai_cluster", "tests.chaos_cluster", "subprocess"})
+                              "tests.openai_cluster", "tests.chaos_cluster", "subprocess",
+                              "tests.multihost_cluster", "tests.multihost_jobs"})
 # ...or it asks for a server: the shared PostgreSQL or Redis, or one of its own.
 SERVER_FIXTURES = frozenset({"pg_url", "redis_url", "throwaway_redis", "throwaway_postgres",
                              "slow_provider"})
@@ -230,8 +237,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def pytest_terminal_summary(terminalreporter) -> None:
-    """The reliability table, when fault tests ran (tests/chaos_cluster.py)."""
-    from tests import chaos_cluster
+    """The reliability tables, when fault tests ran (tests/chaos_cluster.py,
+    tests/multihost_jobs.py)."""
+    from tests import chaos_cluster, multihost_jobs
     if chaos_cluster.ROWS:
         terminalreporter.write_sep("=", "reliability: faults during a job")
         terminalreporter.write_line(chaos_cluster.table())
+    cells = [row.cells() for row in multihost_jobs.ROWS] + _MULTIHOST_CELLS
+    if cells:
+        terminalreporter.write_sep("=", "across hosts (tests/test_multihost.py)")
+        terminalreporter.write_line(multihost_jobs.table_of_cells(cells))

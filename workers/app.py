@@ -16,6 +16,7 @@ from kombu import Queue
 from quotaflow import logs
 from quotaflow.config import get_settings
 from quotaflow.constants import DEFAULT_QUEUE, QUEUES
+from quotaflow.db import end_idle_transactions_after
 from quotaflow.errors import ConfigError
 
 
@@ -24,6 +25,8 @@ def create_app() -> Celery:
     if not settings.broker_url:
         raise ConfigError("QUOTAFLOW_BROKER_URL is not set; workers need Redis, "
                           "e.g. QUOTAFLOW_BROKER_URL=redis://127.0.0.1:6379/0")
+    # A worker cut off mid-transaction must not hold its locks over the others for hours.
+    end_idle_transactions_after(settings.worker_idle_in_transaction_s)
     transport = {"visibility_timeout": settings.visibility_timeout}
     if settings.worker_deployment:
         # One worker per GPU takes all of its deployment's priority classes: look at its

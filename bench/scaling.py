@@ -1,0 +1,169 @@
+"""What one Redis and one PostgreSQL carry (docs/scaling.md): limiter acquisitions per second
+and result writes per second at saturation, from P client processes at once.
+
+    python -m bench.scaling                  # P = 1, 2, 4 (about a minute)
+    python -m bench.scaling --clients 1,8
+
+- acquisitions/s: each process calls RedisLimiter.acquire (one Lua call: both buckets,
+  one deployment, limits nothing reaches) in a loop for --seconds; the sum of all.
+- result writes/s: the processes claim 100-item batches of one shared job (leases.claim),
+  as many workers on one large job do, and store their answers as the workers do, 16 at
+  a time (leases.store_many: insert-or-ignore the results with their provenance, add
+  them to the job's spend row, close the items: one transaction each); the sum of each
+  process's results stored per second (the job's ingest is not counted); then the
+  same with a job of its own per process, whose spend rows no other process takes.
+  PostgreSQL keeps its defaults (fsync and synchronous_commit on).
+
+Both servers are throwaway ones of the benchmark's own (bench/e2e.py's), so the
+machine's shared servers are never touched.
+"""
+
+import argparse
+import io
+import multiprocessing
+import os
+import platform
+import shutil
+import tempfile
+import time
+import uuid
+from datetime import timedelta
+from pathlib import Path
+from typing import NamedTuple
+
+from bench.e2e import ThrowawayPostgres, ThrowawayRedis, _process_table, tree_cpu
+from quotaflow import jobs
+from quotaflow.config import Settings
+from quotaflow.db import session_factory, upgrade
+from quotaflow.dispatch import BatchRef
+from quotaflow.leases import claim, store_many
+from quotaflow.limiters import RedisLimiter
+from quotaflow.outcomes import Provenance
+from quotaflow.providers.base import ProviderResponse
+from quotaflow.ratelimit import Budget
+from quotaflow.spend import Billing
+
+CHUNK = 16  # a worker stores a batch's answers a chunk at a time
+BATCH = 100
+JOB_LINES = 50_000
+
+
+class _NoDispatch:
+    def dispatch(self, queue: str, batches: list[BatchRef]) -> None:
+        """Nothing runs the batches: the benchmark claims them itself."""
+
+
+def _acquire(url: str, seconds: float, out: "multiprocessing.Queue[float]") -> None:
+    limiter = RedisLimiter(url)
+    budget = Budget("bench-scaling", 10**9, 10**12, 60)
+    calls, started = 0, time.monotonic()
+    while time.monotonic() < started + seconds:
+        limiter.acquire(budget, [100], 0.0)
+        calls += 1
+    out.put(calls / (time.monotonic() - started))
+
+
+def make_job(url: str, lines: int) -> str:
+    """A job of `lines` distinct requests, stored and never dispatched."""
+    sessions = session_factory(url)
+    settings = Settings(database_url=url, broker_url="redis://unused", batch_size=BATCH,
+                        _env_file=None)
+    data = "".join(f'{{"custom_id": "r{i}", "method": "POST", "url": "/v1/chat/completions", '
+                   f'"body": {{"model": "m", "messages": [{{"role": "user", "content": '
+                   f'"question {i}"}}]}}}}\n' for i in range(lines)).encode()
+    return jobs.create_job(sessions, io.BytesIO(data), settings=settings,
+                           deployments=settings.load_deployments(), dispatcher=_NoDispatch(),
+                           queue="bulk").id
+
+
+def _write(url: str, seconds: float, out: "multiprocessing.Queue[float]", job_id: str,
+           index: int, clients: int) -> None:
+    """Store answers of every `clients`-th batch of the shared job, from `index` on."""
+    sessions = session_factory(url)
+    billing = Billing("default", {"m": None})
+    answer = {"id": "x", "object": "chat.completion", "choices": [{"index": 0, "message": {
+        "role": "assistant", "content": "an answer of a few words"}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 12, "completion_tokens": 6, "total_tokens": 18}}
+    stored, first, started = 0, index * BATCH, time.monotonic()
+    while time.monotonic() < started + seconds and first < JOB_LINES:
+        items = claim(sessions, BatchRef(job_id, first, first + BATCH - 1), uuid.uuid4().hex,
+                      timedelta(seconds=30))
+        first += BATCH * clients
+        for i in range(0, len(items), CHUNK):
+            chunk = items[i:i + CHUNK]
+            now = time.time()
+            store_many(sessions, job_id,
+                       [(item, ProviderResponse(200, answer, "req", 12, 6)) for item in chunk],
+                       provenance=[Provenance("m", 1, now, now, now)] * len(chunk),
+                       billing=billing)
+            stored += len(chunk)
+    out.put(stored / (time.monotonic() - started))
+
+
+class Rate(NamedTuple):
+    per_s: float  # the sum of the clients' rates
+    server_ms: float  # the server's CPU per operation, its whole process tree
+
+    def cell(self) -> str:
+        return f"{self.per_s:,.0f} ({self.server_ms:.3f})"
+
+
+def saturate(target: object, url: str, clients: int, seconds: float, server: int,
+             jobs_of: list[str] | None = None) -> Rate:
+    """The sum of `clients` processes' rates, each over its own timed loop, and the CPU
+    the `server` pid's tree spent per operation meanwhile (a figure the machine's other
+    load leaves alone, unlike the rate); `jobs_of`: the job each writes to (one shared
+    job: they take its batches in turn)."""
+    cpu_before = tree_cpu([server], _process_table())
+    out: multiprocessing.Queue[float] = multiprocessing.Queue()
+    shared = jobs_of is not None and len(set(jobs_of)) == 1
+
+    def extra(n: int) -> tuple:
+        if jobs_of is None:
+            return ()
+        return (jobs_of[n], n, clients) if shared else (jobs_of[n], 0, 1)
+
+    procs = [multiprocessing.Process(target=target, args=(url, seconds, out, *extra(n)))
+             for n in range(clients)]
+    for proc in procs:
+        proc.start()
+    total = sum(out.get(timeout=seconds + 300) for _ in procs)
+    for proc in procs:
+        proc.join()
+    cpu = tree_cpu([server], _process_table()) - cpu_before
+    return Rate(total, 1000 * cpu / (total * seconds))  # each client ran `seconds`
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--clients", default="1,2,4")
+    parser.add_argument("--seconds", type=float, default=8.0)
+    args = parser.parse_args()
+    workdir = Path(tempfile.mkdtemp(prefix="qf-bench-scaling-"))
+    redis_server, postgres = ThrowawayRedis(workdir), ThrowawayPostgres([])
+    try:
+        pg_url = postgres.start()
+        upgrade(pg_url)
+        print(f"machine: {platform.node()} {platform.machine()}, {os.cpu_count()} cores, "
+              f"Python {platform.python_version()}, Redis {redis_server.version}; the "
+              "clients share the machine with the servers")
+        print("per second, summed over the clients (the server's CPU-ms per operation)")
+        print(f"{'clients':>7} {'acquisitions':>18} {'writes, one job':>18} "
+              f"{'writes, own jobs':>18}")
+        for clients in (int(n) for n in args.clients.split(",")):
+            acquired = saturate(_acquire, redis_server.url, clients, args.seconds,
+                                redis_server.popen.pid)
+            shared = saturate(_write, pg_url, clients, args.seconds, postgres.pid,
+                              [make_job(pg_url, JOB_LINES)] * clients)
+            own = saturate(_write, pg_url, clients, args.seconds, postgres.pid,
+                           [make_job(pg_url, JOB_LINES) for _ in range(clients)])
+            print(f"{clients:>7} {acquired.cell():>18} {shared.cell():>18} {own.cell():>18}",
+                  flush=True)
+    finally:
+        redis_server.stop()
+        postgres.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
