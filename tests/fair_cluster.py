@@ -154,18 +154,30 @@ def both_running(a: TenantRun, b: TenantRun) -> tuple[float, float]:
     return max(a.admitted[0], b.admitted[0]), min(a.admitted[-1], b.admitted[-1])
 
 
-def window_shares(a: TenantRun, b: TenantRun, window_s: float = WINDOW_S,
-                  settle_s: float = 2.0) -> list[float]:
-    """a's share of the requests a and b were admitted, per window of window_s while both
-    ran (after settle_s: the later tenant's batches reaching workers)."""
+def windows(a: TenantRun, b: TenantRun, window_s: float = WINDOW_S,
+            settle_s: float = 2.0) -> list[tuple[float, float]]:
+    """Windows of window_s while both ran (after settle_s: the later tenant's batches
+    reaching workers)."""
     if not a.admitted or not b.admitted:
         return []
     start, end = both_running(a, b)
     start += settle_s
-    shares = []
+    spans = []
     while start + window_s <= end:
-        na = sum(start <= t < start + window_s for t in a.admitted)
-        nb = sum(start <= t < start + window_s for t in b.admitted)
-        shares.append(na / (na + nb) if na + nb else 0.0)
+        spans.append((start, start + window_s))
         start += window_s
+    return spans
+
+
+def admitted_in(run: TenantRun, span: tuple[float, float]) -> int:
+    return sum(span[0] <= t < span[1] for t in run.admitted)
+
+
+def window_shares(a: TenantRun, b: TenantRun, window_s: float = WINDOW_S,
+                  settle_s: float = 2.0) -> list[float]:
+    """a's share of the requests a and b were admitted, per window while both ran."""
+    shares = []
+    for span in windows(a, b, window_s, settle_s):
+        na, nb = admitted_in(a, span), admitted_in(b, span)
+        shares.append(na / (na + nb) if na + nb else 0.0)
     return shares

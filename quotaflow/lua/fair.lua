@@ -139,7 +139,7 @@ redis.call('PEXPIRE', KEYS[1], math.ceil(20 * ttl * 1000))
 redis.call('HSET', KEYS[2], 'e:' .. tenant, string.format(fmt, now + RUN_TTL_S))
 
 local allowed, wait = 1, 0
-if min_v ~= nil and mine > min_v + quantum then
+if min_v ~= nil and mine > min_v + quantum + 1e-9 then
   allowed = 0
   -- The others, taking the whole refill meanwhile, advance at 1 / their weights.
   wait = (mine - quantum - min_v) * others_w
