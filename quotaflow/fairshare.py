@@ -67,8 +67,9 @@ class FairShare(Protocol):
         """Charge the tenant's last admissions (budget-seconds) and say whether it may ask
         again; `join`: a batch run's first ask for this budget."""
 
-    def leave(self, budget: Budget, tenant: str) -> None:
-        """A batch run stops asking for this budget."""
+    def leave(self, budget: Budget, tenant: str, weight: float = 1.0,
+              charge: float = 0.0) -> None:
+        """A batch run stops asking for this budget, charged for its last admissions."""
 
     def queued(self, tenant: str) -> None:
         """A batch of the tenant went to a queue: dispatched, or handed back."""
@@ -93,7 +94,8 @@ class NoFairShare:
             join: bool = False) -> Share:
         return Share(True)
 
-    def leave(self, budget: Budget, tenant: str) -> None:
+    def leave(self, budget: Budget, tenant: str, weight: float = 1.0,
+              charge: float = 0.0) -> None:
         return None
 
     def queued(self, tenant: str) -> None:
@@ -138,8 +140,9 @@ class RedisFairShare:
             self._quantum, "1" if join else "0").split()
         return Share(allowed == "1", float(wait), int(active), int(waiting))
 
-    def leave(self, budget: Budget, tenant: str) -> None:
-        self._call(budget.name, "leave", tenant)
+    def leave(self, budget: Budget, tenant: str, weight: float = 1.0,
+              charge: float = 0.0) -> None:
+        self._call(budget.name, "leave", tenant, repr(float(weight)), repr(float(charge)))
 
     def queued(self, tenant: str) -> None:
         self._call("", "queued", tenant, repr(QUEUED_TTL_S))

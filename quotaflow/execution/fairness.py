@@ -67,10 +67,7 @@ class TenantShare:
         """Charge what was admitted since the last ask and stop asking: the run is over."""
         try:
             for name, budget in self._joined.items():
-                charge = self._charge.pop(name, 0.0)
-                if charge:
-                    self.fair.ask(budget, self.tenant, self.weight, charge)
-                self.fair.leave(budget, self.tenant)
+                self.fair.leave(budget, self.tenant, self.weight, self._charge.pop(name, 0.0))
         except ServiceUnavailable:
             pass  # the runs' count lapses by itself after the TTL
         self._joined.clear()

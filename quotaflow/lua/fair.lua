@@ -25,7 +25,8 @@ ARGV[1]  op, then its arguments:
            admitted while its virtual time is within quantum of the lowest other active
            tenant's; alone, always (work-conserving).
            -> "allowed wait active_tenants others_waiting"
-  leave    tenant: one of its runs stops asking for this budget
+  leave    tenant, weight, budget-seconds admitted since its last ask: one of its runs
+           stops asking for this budget, charged for what it was admitted last
   queued   tenant, ttl: it has a batch in a queue (dispatched, or sent back)
   start    tenant, ttl: one of its batches reached a worker
   stop     tenant: that batch ended
@@ -101,6 +102,10 @@ elseif op == 'yield' then
   redis.call('HSET', KEYS[2], 'y', string.format(fmt, now + tonumber(ARGV[3])))
   return '1'
 elseif op == 'leave' then
+  local charge = tonumber(ARGV[4])
+  if charge > 0 then
+    redis.call('HINCRBYFLOAT', KEYS[1], 'v:' .. tenant, charge / tonumber(ARGV[3]))
+  end
   local left = redis.call('HINCRBY', KEYS[1], 'n:' .. tenant, -1)
   if left < 0 then redis.call('HSET', KEYS[1], 'n:' .. tenant, 0) end
   return '0'
