@@ -83,3 +83,15 @@ def test_a_run_charges_what_it_was_admitted_and_leaves_at_its_end(fair: RedisFai
     assert budget_seconds(BUDGET, 10, 100) == pytest.approx(0.5)
     run.close()
     assert fair.ask(BUDGET, "b", 1, 5.0).active == 1
+
+
+def test_a_short_absence_keeps_what_the_tenant_was_owed_a_long_one_does_not(
+        fair: RedisFairShare) -> None:
+    fair.ask(BUDGET, "a", 1, 0.0, join=True)
+    fair.ask(BUDGET, "b", 1, 0.0, join=True)
+    fair.ask(BUDGET, "a", 1, 0.5)  # a is 0.5 s of budget ahead
+    fair.leave(BUDGET, "b")  # b's batch handed back for a moment
+    assert fair.ask(BUDGET, "b", 1, 0.0, join=True).allowed
+    assert not fair.ask(BUDGET, "a", 1, 0.0).allowed  # b still has its 0.5 s to come
+    fair.leave(BUDGET, "a")  # and a paused between batches keeps its lead (its debt)
+    assert not fair.ask(BUDGET, "a", 1, 0.0, join=True).allowed

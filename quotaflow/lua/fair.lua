@@ -21,7 +21,8 @@ ARGV[1]  op, then its arguments:
   ask      tenant, weight, budget-seconds admitted since its last ask, active ttl,
            quantum (budget-seconds / weight), join (1: a run's first ask of this budget).
            A tenant (re)joining the active set starts at the lowest virtual time of the
-           others: no credit for time it had no work, no debt from before. It may be
+           others: no credit for time it had no work, no debt from before; one back
+           after a short absence (under 5 ttl) keeps up to CREDIT_S of what it was owed. It may be
            admitted while its virtual time is within quantum of the lowest other active
            tenant's; alone, always (work-conserving).
            -> "allowed wait active_tenants others_waiting"
@@ -40,6 +41,7 @@ local clock = redis.call('TIME')
 local now = tonumber(clock[1]) + tonumber(clock[2]) / 1000000
 local fmt = '%.17g'
 local RUN_TTL_S = 30
+local CREDIT_S = 1.0
 
 local function fields(key)
   local rows, out = redis.call('HGETALL', key), {}
@@ -135,7 +137,15 @@ if #gone > 0 then redis.call('HDEL', KEYS[1], unpack(gone)) end
 local mine = num(state, 'v:' .. tenant)
 local seen = tonumber(state['s:' .. tenant])
 local running = (seen ~= nil and seen + ttl >= now) and num(state, 'n:' .. tenant) or 0
-if running <= 0 and min_v ~= nil then mine = min_v end
+if running <= 0 and min_v ~= nil then
+  -- Away a short while (its batch handed back for a waiting tenant, or between two
+  -- batches): keep up to CREDIT_S of what it is owed. Away longer: start level.
+  if seen ~= nil and seen + 5 * ttl >= now then
+    mine = math.max(mine, min_v - CREDIT_S)
+  else
+    mine = min_v
+  end
+end
 mine = mine + charge / weight
 redis.call('HSET', KEYS[1], 'v:' .. tenant, string.format(fmt, mine),
            's:' .. tenant, string.format(fmt, now), 'w:' .. tenant, weight,
