@@ -4,13 +4,14 @@ Celery takes a queue's messages in order, so a tenant that submits after another
 has queued thousands of batches would wait behind all of them. Marking the tenant as
 waiting (quotaflow/fairshare.py) makes the others' batches hand their slots back
 until a worker reaches one of its batches. Realtime batches have workers of their
-own (README, "Realtime under a bulk flood") and are not marked.
+own (README, "Realtime under a bulk flood") and are not marked; nor are a local
+deployment's (their workers take no other queue).
 """
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from quotaflow.constants import QUEUE_REALTIME
+from quotaflow.constants import QUEUE_BULK, QUEUE_STANDARD
 from quotaflow.dispatch import BatchRef, Dispatcher
 from quotaflow.errors import ServiceUnavailable
 from quotaflow.fairshare import FairShare
@@ -28,8 +29,8 @@ class MarkingDispatcher:
 
     def dispatch(self, queue: str, batches: list[BatchRef]) -> None:
         self._inner.dispatch(queue, batches)
-        if queue == QUEUE_REALTIME or not batches:
-            return
+        if queue not in (QUEUE_STANDARD, QUEUE_BULK) or not batches:
+            return  # realtime and local deployments' queues have workers of their own
         job_ids = list({ref.job_id for ref in batches})
         with self._sessions() as session:
             tenants = set(session.scalars(select(Job.tenant).where(Job.id.in_(job_ids))))
