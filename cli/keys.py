@@ -25,11 +25,14 @@ def register(cli: click.Group) -> None:
     @click.option("--max-spend", type=click.FloatRange(min=0), default=None, metavar="AMOUNT",
                   help="Set what the tenant may spend per calendar month (UTC), in the "
                        "deployments' currency (default: QUOTAFLOW_MAX_MONTHLY_SPEND).")
+    @click.option("--weight", type=click.FloatRange(min=0, min_open=True), default=None,
+                  help="Set the tenant's weight in a shared deployment's budget against "
+                       "other tenants' work (default 1: equal shares).")
     @click.option("--operator", is_flag=True,
                   help="Also allow what shows every tenant's activity: each deployment's "
                        "live usage (`quotaflow limits`, GET /limits).")
     def create(tenant: str, max_enqueued_tokens: int | None, max_spend: float | None,
-               operator: bool) -> None:
+               weight: float | None, operator: bool) -> None:
         """Create a key for TENANT and print it (shown this once only)."""
         from quotaflow import auth
         from quotaflow.db import translate_db_errors
@@ -38,7 +41,7 @@ def register(cli: click.Group) -> None:
         with translate_db_errors():
             key = auth.create_key(Runtime(get_settings()).sessions, tenant,
                                   max_enqueued_tokens, operator=operator,
-                                  max_monthly_spend=max_spend)
+                                  max_monthly_spend=max_spend, weight=weight)
         click.echo(key.secret)
         scope = " (operator)" if key.operator else ""
         click.echo(f"key {key.id} for tenant {key.tenant}{scope}: store it now, it is not "

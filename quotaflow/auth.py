@@ -47,9 +47,10 @@ def check_tenant_name(name: str) -> str:
 
 def create_key(sessions: sessionmaker[Session], tenant: str,
                max_enqueued_tokens: int | None = None, operator: bool = False,
-               max_monthly_spend: float | None = None) -> NewKey:
-    """A new key for `tenant` (created if new); sets the tenant's token quota and monthly
-    spend limit when given.
+               max_monthly_spend: float | None = None,
+               weight: float | None = None) -> NewKey:
+    """A new key for `tenant` (created if new); sets the tenant's token quota, monthly
+    spend limit and fair-share weight when given.
     An operator key also reaches the routes that show every tenant's activity."""
     check_tenant_name(tenant)
     secret = KEY_PREFIX + secrets.token_urlsafe(32)
@@ -63,6 +64,8 @@ def create_key(sessions: sessionmaker[Session], tenant: str,
             row.max_enqueued_tokens = max_enqueued_tokens
         if max_monthly_spend is not None:
             row.max_monthly_spend = max_monthly_spend
+        if weight is not None:
+            row.weight = weight
         session.flush()
         session.add(ApiKey(id=key_id, tenant=tenant, key_hash=hash_key(secret),
                            created_at=utcnow(), operator=operator))

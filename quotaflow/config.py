@@ -101,6 +101,9 @@ class Settings(BaseSettings):
     # A batch told to wait longer than this goes back to the queue with that
     # countdown instead of holding a worker.
     max_inline_wait_s: float = Field(default=5.0, ge=0)
+    # Share each deployment's budget between tenants with work by their weights
+    # (quotaflow/fairshare.py); false: whoever's batches come first take it all.
+    fair_share: bool = True
 
     # Set by `quotaflow worker --deployment NAME`: the one local deployment whose model
     # this worker process loads. A worker without it loads no model at all.

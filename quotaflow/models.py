@@ -15,6 +15,7 @@ from sqlalchemy import (
     BigInteger,
     Boolean,
     DateTime,
+    Float,
     ForeignKey,
     Index,
     Integer,
@@ -202,6 +203,9 @@ class Tenant(Base):
     max_enqueued_tokens: Mapped[int | None] = mapped_column(BigInteger)
     # What it may spend per calendar month; None: QUOTAFLOW_MAX_MONTHLY_SPEND.
     max_monthly_spend: Mapped[float | None] = mapped_column(Numeric(18, 6, asdecimal=False))
+    # Its weight in a shared deployment's budget against other tenants' bulk work
+    # (quotaflow/fairshare.py): 3 gets three times the share of a tenant of weight 1.
+    weight: Mapped[float] = mapped_column(Float, default=1.0, server_default="1")
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 

@@ -25,6 +25,8 @@ from quotaflow.deployments import Deployments
 from quotaflow.dispatch import CollectingDispatcher, Dispatcher, PlacingDispatcher
 from quotaflow.errors import ConfigError
 from quotaflow.execution import BatchExecutor
+from quotaflow.fair_dispatch import MarkingDispatcher
+from quotaflow.fairshare import FairShare, make_fair_share
 from quotaflow.limiters import LocalLimiter, make_limiter
 from quotaflow.ratelimit import Limiter
 
@@ -76,12 +78,22 @@ class Runtime:
         if not self.settings.broker_url:
             raise ConfigError("QUOTAFLOW_BROKER_URL is not set; jobs are queued on Redis, "
                               "e.g. QUOTAFLOW_BROKER_URL=redis://127.0.0.1:6379/0")
-        return PlacingDispatcher(self._transport(self.settings.broker_url), self.sessions,
-                                 self.deployments)
+        placing = PlacingDispatcher(self._transport(self.settings.broker_url), self.sessions,
+                                    self.deployments)
+        if not self.settings.fair_share:
+            return placing
+        return MarkingDispatcher(placing, self.sessions, self.fair_share)
+
+    @cached_property
+    def fair_share(self) -> FairShare:
+        """Tenants' shares of each budget (quotaflow/fairshare.py); none in process."""
+        return make_fair_share(None if self.in_process else self.settings.limiter_url,
+                               self.settings.fair_share)
 
     @cached_property
     def executor(self) -> BatchExecutor:
         """Built once per process; `quotaflow run` waits for budget in place instead of
         handing batches back to a queue."""
         return BatchExecutor(self.sessions, self.deployments, self.limiter, self.settings,
-                             breaker=self.breaker, defer=not self.in_process)
+                             breaker=self.breaker, defer=not self.in_process,
+                             fair=self.fair_share)

@@ -139,3 +139,12 @@ def test_cli_sends_quotaflow_api_key(cluster: V1Cluster, team_a_batch: tuple[str
     bad_tenant = cluster.cli("keys", "create", "--tenant", "no spaces")
     assert bad_tenant.returncode == 1 and "tenant name 'no spaces' is not allowed" in (
         bad_tenant.stderr)
+
+
+def test_keys_create_sets_the_tenants_fair_share_weight(cluster: V1Cluster, pg_url: str) -> None:
+    made = cluster.cli("keys", "create", "--tenant", "team-w", "--weight", "3")
+    assert made.returncode == 0, made.stderr
+    with get_engine(pg_url).connect() as conn:
+        weights = dict(conn.execute(text("SELECT name, weight FROM tenants")).all())
+    assert weights["team-w"] == 3 and weights["team-a"] == 1  # equal unless set
+    assert cluster.cli("keys", "create", "--tenant", "team-w", "--weight", "0").returncode == 2

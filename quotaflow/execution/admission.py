@@ -21,11 +21,12 @@ from quotaflow.errors import ServiceUnavailable
 from quotaflow.execution.admitted import Admitted
 from quotaflow.execution.attempts import LIMITER_DOWN_BACKOFF_S, MAX_ROUTE_WAIT_S, Caller, poll_time
 from quotaflow.execution.batch import BatchRun
+from quotaflow.execution.fairness import fair_sleep
 from quotaflow.execution.prepare import Preparer
 from quotaflow.leases import ClaimedItem, end_unsent, release
 from quotaflow.models import utcnow
 from quotaflow.outcomes import Failure
-from quotaflow.ratelimit import Limiter
+from quotaflow.ratelimit import Admission, Limiter
 from quotaflow.routing import Choice, Router
 
 log = logging.getLogger(__name__)
@@ -37,6 +38,9 @@ GROUP_CHUNK = 4
 # enough for an instant one's answers to come back together.
 GATHER_FRACTION = 4
 GATHER_S = 0.002
+# A batch handing its items back so that another tenant's queued batch reaches a worker
+# runs again after this long.
+YIELD_S = 1.0
 
 
 class Admitter:
@@ -96,15 +100,8 @@ class Admitter:
             asked = self._prepare_chunk(run, deployment, waiting, free)
             if not asked:
                 continue
-            try:
-                budget = asked[0].budget
-                admission = self.limiter.acquire(
-                    budget, [a.cost for a in asked], run.floor,
-                    [a.input_cost for a in asked] if budget.split else ())
-            except ServiceUnavailable as exc:
-                log.warning("%s; giving %d items back to the queue", exc, len(waiting),
-                            extra=run.context)
-                self._defer(run, waiting, LIMITER_DOWN_BACKOFF_S)
+            admission = await self._acquire(run, waiting, asked)
+            if admission is None:
                 break
             del waiting[:admission.admitted]
             if admission.admitted:
@@ -122,6 +119,32 @@ class Admitter:
             # keep polling rather than handing the batch back.
             if not await self._pause(run, waiting, admission.wait_s, admission.refunds_due):
                 break
+
+    async def _acquire(self, run: BatchRun, waiting: list[ClaimedItem],
+                       asked: list[Admitted]) -> Admission | None:
+        """The limiter's answer for the chunk, within the tenant's fair share (none
+        admitted while it is over it: the others have the refill); None: the items went
+        back to the queue."""
+        budget = asked[0].budget
+        share = run.share.before(budget)
+        if not share.allowed:
+            if await self._pause(run, waiting, fair_sleep(share), refunds_due=False):
+                return Admission(0, 0.0)
+            return None
+        try:
+            admission = self.limiter.acquire(
+                budget, [a.cost for a in asked], run.floor,
+                [a.input_cost for a in asked] if budget.split else ())
+        except ServiceUnavailable as exc:
+            log.warning("%s; giving %d items back to the queue", exc, len(waiting),
+                        extra=run.context)
+            self._defer(run, waiting, LIMITER_DOWN_BACKOFF_S)
+            return None
+        if admission.admitted:
+            admitted = asked[:admission.admitted]
+            run.share.after(budget, admission.admitted, sum(a.cost for a in admitted),
+                            sum(a.input_cost for a in admitted))
+        return admission
 
     async def _closed_off(self, run: BatchRun, waiting: list[ClaimedItem], choice: Choice,
                           calls: dict[str, set[asyncio.Task[None]]], busy: set[str]) -> bool:
@@ -173,7 +196,11 @@ class Admitter:
 
     async def _pause(self, run: BatchRun, waiting: list[ClaimedItem], wait_s: float,
                      refunds_due: bool) -> bool:
-        """Sleep through a short wait (True), or hand the items back to the queue (False)."""
+        """Sleep through a short wait (True), or hand the items back to the queue (False):
+        also when another tenant's batches wait for a worker, so they reach one."""
+        if self.max_inline_wait != float("inf") and run.share.may_yield(YIELD_S):
+            self._defer(run, waiting, YIELD_S)
+            return False
         if wait_s > self.max_inline_wait and not refunds_due:
             self._defer(run, waiting, wait_s)
             return False

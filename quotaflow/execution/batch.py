@@ -6,9 +6,11 @@ from typing import Any
 
 from quotaflow.anthropic_messages import reshape
 from quotaflow.dispatch import BatchRef
+from quotaflow.execution.fairness import TenantShare
 from quotaflow.execution.feedback import Feedback
 from quotaflow.execution.stopping import JobWatch
 from quotaflow.execution.writer import ResultWriter
+from quotaflow.fairshare import NoFairShare
 from quotaflow.leases import ClaimedItem
 from quotaflow.outcomes import Outcome, Provenance
 from quotaflow.providers.base import ProviderResponse
@@ -43,6 +45,8 @@ class BatchRun:
     started: float = field(default_factory=time.monotonic)
     # The shape the job's answers are stored in: an answer in the other is made over.
     output_format: str = "openai"
+    # The run's tenant's share of each budget against other tenants' (fairness.py).
+    share: TenantShare = field(default_factory=lambda: TenantShare(NoFairShare(), ""))
 
     def finish(self, item: ClaimedItem, outcome: Outcome,
                provenance: Provenance | None = None) -> None:

@@ -18,29 +18,32 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 
-from sqlalchemy import exists, select
+from sqlalchemy import exists, func, select
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from quotaflow.circuit import CircuitBreaker, LocalCircuitBreaker
 from quotaflow.config import Settings
-from quotaflow.constants import ENDPOINT_CHAT, QUEUE_BULK
+from quotaflow.constants import ENDPOINT_CHAT, QUEUE_BULK, QUEUE_REALTIME
 from quotaflow.deployments import Deployments, Route
 from quotaflow.dispatch import BatchRef
+from quotaflow.errors import ServiceUnavailable
 from quotaflow.execution import loops
-from quotaflow.execution.admission import Admitter
+from quotaflow.execution.admission import YIELD_S, Admitter
 from quotaflow.execution.attempts import Caller
 from quotaflow.execution.batch import BatchReport, BatchRun
+from quotaflow.execution.fairness import TenantShare
 from quotaflow.execution.feedback import Feedback
 from quotaflow.execution.leasing import keep_leases
 from quotaflow.execution.loops import PROVIDERS, ProviderPool
 from quotaflow.execution.prepare import Preparer
 from quotaflow.execution.stopping import JobWatch
 from quotaflow.execution.writer import ResultWriter
+from quotaflow.fairshare import FairShare, NoFairShare
 from quotaflow.jobs import close_if_done
 from quotaflow.leases import ClaimedItem, claim, leased_elsewhere_for
 from quotaflow.metrics import Tally
-from quotaflow.models import Item, Job
+from quotaflow.models import Item, Job, Tenant
 from quotaflow.outcomes import Failure, FailureCode
 from quotaflow.pbatch import enqueue as pbatch_enqueue
 from quotaflow.ratelimit import Limiter
@@ -70,6 +73,7 @@ class _JobFacts:
     tenant: str
     has_duplicates: bool  # some items wait for an identical line's answer
     output_format: str  # "openai" or "anthropic": the shape its answers are stored in
+    weight: float  # its tenant's weight in fair shares of a budget (quotaflow/fairshare.py)
 
 
 class BatchExecutor:
@@ -84,7 +88,7 @@ class BatchExecutor:
     def __init__(self, sessions: sessionmaker[Session], deployments: Deployments,
                  limiter: Limiter, settings: Settings, breaker: CircuitBreaker | None = None,
                  defer: bool = True, providers: ProviderPool = PROVIDERS,
-                 provider_batches: bool | None = None) -> None:
+                 provider_batches: bool | None = None, fair: FairShare | None = None) -> None:
         self.sessions = sessions
         self.deployments = deployments
         self.limiter = limiter
@@ -92,6 +96,7 @@ class BatchExecutor:
         self.settings = settings
         self.lease = timedelta(seconds=settings.lease_seconds)
         self.providers = providers
+        self.fair = fair or NoFairShare()
         self._jobs: dict[str, _JobFacts] = {}
         self._prices = {name: d.prices for name, d in deployments.deployments.items()}
         # Whether bulk lines may go to provider batch deployments: only where workers run
@@ -114,10 +119,35 @@ class BatchExecutor:
     async def run_async(self, ref: BatchRef,
                         on_item: Callable[[bool], None] | None = None) -> BatchReport:
         owner = uuid.uuid4().hex
+        job = self._facts(ref.job_id)
+        fair = job.queue != QUEUE_REALTIME
+        if fair and self._give_way(job.tenant):
+            # Another tenant's batches wait behind this one in the queue: let a worker
+            # reach them (quotaflow/fairshare.py); this one claims nothing and comes back.
+            return BatchReport(0, 0, 0, YIELD_S)
         items = claim(self.sessions, ref, owner, self.lease)
         if not items:
             return self._report(ref, BatchReport(0, 0, 0))
-        job = self._facts(ref.job_id)
+        if fair:
+            _best_effort(self.fair.start, job.tenant)
+        try:
+            return await self._run_claimed(ref, owner, job, items, fair, on_item)
+        finally:
+            if fair:
+                _best_effort(self.fair.stop, job.tenant)
+
+    def _give_way(self, tenant: str) -> bool:
+        try:
+            if self.fair.others_waiting(tenant) == 0:
+                return False
+            self.fair.queued(tenant)
+        except ServiceUnavailable:
+            return False
+        return True
+
+    async def _run_claimed(self, ref: BatchRef, owner: str, job: "_JobFacts",
+                           items: list[ClaimedItem], fair: bool,
+                           on_item: Callable[[bool], None] | None) -> BatchReport:
         policy = RetryPolicy(max_attempts=job.max_attempts
                              or self.settings.provider_max_attempts)
         run = BatchRun(ref, owner, job.url, self.settings.floor_for(job.queue), policy,
@@ -126,7 +156,9 @@ class BatchExecutor:
                        Feedback(self.limiter, self.breaker, Tally(job.queue)),
                        JobWatch(self.sessions, ref.job_id, job.tenant,
                                 self.settings.max_monthly_spend),
-                       output_format=job.output_format)
+                       output_format=job.output_format,
+                       share=TenantShare(self.fair if fair else NoFairShare(), job.tenant,
+                                         job.weight))
         reused = (earlier_answers(self.sessions, ref.job_id, job.tenant, items,
                                   job.output_format)
                   if self.settings.dedup_across_jobs else {})
@@ -147,8 +179,11 @@ class BatchExecutor:
             with contextlib.suppress(asyncio.CancelledError):
                 await flusher
             run.feedback.flush()
+            run.share.close()
             await _store_all(run)  # answers are kept, whatever ended the batch
         report = BatchReport(len(items), run.writer.succeeded, run.writer.failed, run.retry_in)
+        if fair and report.retry_in is not None:
+            _best_effort(self.fair.queued, job.tenant)  # its unstarted items wait again
         log.info("batch %s lines %d-%d: %d claimed, %d succeeded, %d failed", ref.job_id,
                  ref.first_line, ref.last_line, report.claimed, report.succeeded,
                  report.failed, extra={**run.context, "claimed": report.claimed,
@@ -165,7 +200,9 @@ class BatchExecutor:
             with self.sessions() as session:
                 row = session.execute(
                     select(Job.endpoint, Job.queue, Job.max_attempts, Job.tenant,
-                           twins.label("twins"), Job.output_format)
+                           twins.label("twins"), Job.output_format,
+                           func.coalesce(Tenant.weight, 1.0))
+                    .outerjoin(Tenant, Tenant.name == Job.tenant)
                     .where(Job.id == job_id)).one()
             if len(self._jobs) >= JOB_FACTS_KEPT:
                 self._jobs.pop(next(iter(self._jobs)))
@@ -247,6 +284,14 @@ class BatchExecutor:
                     raise
                 except Exception:  # kept for the next try; the batch's end raises it
                     await asyncio.sleep(WRITE_RETRY_S)
+
+
+def _best_effort(operation: Callable[[str], None], tenant: str) -> None:
+    """Fair shares are bookkeeping: a Redis that is down must not fail a batch."""
+    try:
+        operation(tenant)
+    except ServiceUnavailable:
+        log.warning("fair shares skipped: the limiter's Redis is unreachable")
 
 
 def _retrieve(task: "asyncio.Future[None]") -> None:
