@@ -112,7 +112,7 @@ def store_many(sessions: sessionmaker[Session], job_id: str,
     result with the identical requests waiting for it (unless `share` is False: the
     job has none); (succeeded, failed), the sharers included. `provenance`, one per
     entry where given, says which deployment answered each, after how many calls, when.
-    `billing` adds the answered calls whose rows this transaction inserted to the spend
+    `billing` adds the answered calls whose rows this transaction stored to the spend
     ledger (quotaflow/spend.py).
 
     A statement per chunk, not per result: a round trip per answer was most of a
@@ -129,12 +129,7 @@ def store_many(sessions: sessionmaker[Session], job_id: str,
                 _stamp(row, record)
     lines = [item.line_no for item, _ in entries]
     with sessions.begin() as session:
-        if billing is None or provenance is None:
-            session.execute(insert_ignore(session, RESULTS), rows)
-        else:
-            inserted = set(session.execute(
-                insert_ignore(session, RESULTS).returning(RESULTS.c.line_no), rows).scalars())
-            billing.record(session, job_id, _charges(entries, provenance, inserted), now)
+        session.execute(insert_ignore(session, RESULTS), rows)
         stored = select(RESULTS.c.error).where(RESULTS.c.job_id == ITEMS.c.job_id,
                                             RESULTS.c.line_no == ITEMS.c.line_no).scalar_subquery()
         closed = session.execute(
@@ -144,10 +139,19 @@ def store_many(sessions: sessionmaker[Session], job_id: str,
             .values(status=case((stored.is_(None), ItemStatus.SUCCEEDED),
                                 else_=ItemStatus.FAILED),
                     lease_owner=None, lease_expires_at=None)
-            .returning(ITEMS.c.status)).scalars().all()
+            .returning(ITEMS.c.line_no, ITEMS.c.status)).all()
+        if billing is not None and provenance is not None:
+            # An item is open exactly while it has no result (results and the item's
+            # closing are one transaction; retrying a line deletes its result first), so
+            # the items this statement closed are the rows this transaction inserted:
+            # those are billed, and a chunk stored twice is billed once. (Not INSERT ...
+            # RETURNING: rendering that per row doubled the write's CPU.)
+            billing.record(session, job_id,
+                           _charges(entries, provenance, {line for line, _ in closed}), now)
         shared = _share(session, job_id, lines, now) if share else []
-    succeeded = sum(status == ItemStatus.SUCCEEDED for status in [*closed, *shared])
-    return succeeded, len(closed) + len(shared) - succeeded
+    statuses = [status for _, status in closed] + shared
+    succeeded = sum(status == ItemStatus.SUCCEEDED for status in statuses)
+    return succeeded, len(statuses) - succeeded
 
 
 def _charges(entries: Sequence[tuple[ClaimedItem, Outcome]],

@@ -26,7 +26,7 @@ from quotaflow.ingest import JobSpec, create_job
 from quotaflow.job_view import job_object
 from quotaflow.leases import ClaimedItem, store_many
 from quotaflow.limiters import LocalLimiter
-from quotaflow.models import Item, Job, JobStatus, Result, Spend
+from quotaflow.models import Item, ItemStatus, Job, JobStatus, Result, Spend
 from quotaflow.outcomes import Provenance
 from quotaflow.pricing import Prices, cost_range, money
 from quotaflow.providers.base import ProviderResponse
@@ -101,6 +101,8 @@ def test_a_chunk_stored_twice_is_billed_once(pg_sessions: sessionmaker[Session])
     with pg_sessions.begin() as session:
         session.add(Job(id="batch_once", status=JobStatus.IN_PROGRESS, queue="bulk",
                         endpoint="/v1/chat/completions", total=2, tenant="t-once"))
+        session.add_all(Item(job_id="batch_once", line_no=line, custom_id=f"c{line}", body={},
+                             status=ItemStatus.RUNNING) for line in (1, 2))
     entries = [(ClaimedItem(line, f"c{line}", {}, 0),
                 ProviderResponse(200, {"ok": True}, None, prompt_tokens=10,
                                  completion_tokens=5, cached_tokens=0))
