@@ -89,9 +89,21 @@ class Billing:
         if rows:
             for row in rows.values():
                 del row["_prices"]
-            session.execute(insert_adding(session, SPEND, ("job_id", "deployment", "month"),
-                                          _ADDED, keep_null=("cost",), keep=("currency",)),
-                            list(rows.values()))
+            session.execute(_upsert(session), list(rows.values()))
+
+
+_UPSERTS: dict[str, Any] = {}
+
+
+def _upsert(session: Session) -> Any:
+    """The ledger's add-to statement, built once per dialect (it runs with every chunk)."""
+    dialect = session.get_bind().dialect.name
+    statement = _UPSERTS.get(dialect)
+    if statement is None:
+        statement = _UPSERTS[dialect] = insert_adding(
+            session, SPEND, ("job_id", "deployment", "month"), _ADDED, keep_null=("cost",),
+            keep=("currency",))
+    return statement
 
 
 def month_spent(session: Session, tenant: str, month: str | None = None) -> float:

@@ -99,6 +99,9 @@ class BatchExecutor:
         self.fair = fair or NoFairShare()
         self._jobs: dict[str, _JobFacts] = {}
         self._prices = {name: d.prices for name, d in deployments.deployments.items()}
+        # Calls cost something only where a deployment has prices: else nothing is billed
+        # and no spend limit is looked at (quotaflow/spend.py).
+        self._spending = any(prices is not None for prices in self._prices.values())
         # Whether bulk lines may go to provider batch deployments: only where workers run
         # the poll loop (Celery); the embedded runner treats them as unavailable.
         self.provider_batches = defer if provider_batches is None else provider_batches
@@ -152,10 +155,11 @@ class BatchExecutor:
                              or self.settings.provider_max_attempts)
         run = BatchRun(ref, owner, job.url, self.settings.floor_for(job.queue), policy,
                        ResultWriter(self.sessions, ref.job_id, on_item, job.has_duplicates,
-                                    billing=Billing(job.tenant, self._prices)),
+                                    billing=(Billing(job.tenant, self._prices)
+                                             if self._spending else None)),
                        Feedback(self.limiter, self.breaker, Tally(job.queue)),
                        JobWatch(self.sessions, ref.job_id, job.tenant,
-                                self.settings.max_monthly_spend),
+                                self.settings.max_monthly_spend, self._spending),
                        output_format=job.output_format,
                        share=TenantShare(self.fair if fair else NoFairShare(), job.tenant,
                                          job.weight))

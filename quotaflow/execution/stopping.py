@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from sqlalchemy import select
+from sqlalchemy import null, select
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -40,10 +40,16 @@ class JobWatch:
     job_id: str
     tenant: str = "default"
     default_spend_limit: float | None = None  # QUOTAFLOW_MAX_MONTHLY_SPEND
-    # The first read is at once: a batch claimed after its tenant's limit was reached
-    # must not send a chunk first.
-    _checked: float = float("-inf")
+    # Whether calls cost anything (some deployment has prices): else no spend limit can
+    # be reached, and the tenant's month is never read.
+    spending: bool = True
+    _checked: float = 0.0
     _ended: str | None = None
+
+    def __post_init__(self) -> None:
+        # Spending, the first read is at once: a batch claimed after its tenant's limit
+        # was reached must not send a chunk first. Else, claimed just now: it runs.
+        self._checked = float("-inf") if self.spending else time.monotonic()
 
     def ended(self) -> str | None:
         """ItemStatus.CANCELLED, EXPIRED or SPEND_LIMITED once the job is, else None."""
@@ -59,7 +65,7 @@ class JobWatch:
     def _read(self) -> str | None:
         jobs = Job.__table__.c
         own_limit = (select(Tenant.max_monthly_spend).where(Tenant.name == self.tenant)
-                     .scalar_subquery())
+                     .scalar_subquery() if self.spending else null())
         with self.sessions() as session:
             status, expires_at, stop_reason, limit = session.execute(
                 select(jobs.status, jobs.expires_at, jobs.stop_reason, own_limit)
@@ -71,6 +77,8 @@ class JobWatch:
             return ItemStatus.EXPIRED
         if status == JobStatus.IN_PROGRESS:
             limit = float(limit) if limit is not None else self.default_spend_limit
+            if not self.spending:
+                limit = None
             if stop_reason == spend.STOP_REASON or (
                     limit is not None and spend.over_limit(self.sessions, self.tenant, limit)):
                 return ItemStatus.SPEND_LIMITED
