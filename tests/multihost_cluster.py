@@ -203,7 +203,12 @@ class MultihostCluster:
         path.write_text(f'[deployments.strict]\nprovider = "openai"\n'
                         f'base_url = "http://127.0.0.1:{PORTS["provider"]}/v1"\n'
                         f'model = "strict"\nrpm = {b.rpm}\ntpm = {b.tpm}\n'
-                        f'burst_seconds = {b.burst_seconds}\n[routes]\n"*" = "strict"\n')
+                        f'burst_seconds = {b.burst_seconds}\n'
+                        # Priced, as a paid provider is: every result write then adds to
+                        # the job's row of the spend ledger, the lock a worker cut off
+                        # mid-transaction holds (tests/test_multihost.py).
+                        'input_per_mtok = 0.15\noutput_per_mtok = 0.60\n'
+                        '[routes]\n"*" = "strict"\n')
         return path
 
     def _start_api_and_provider(self) -> None:
