@@ -115,6 +115,9 @@ class Job(Base):
     # results); by default the format of its input file's lines.
     output_format: Mapped[str] = mapped_column(String(16), default="openai",
                                                server_default="openai")
+    # Sharing identical lines (quotaflow/dedup.py): None follows the rule (only lines
+    # whose answer cannot differ), True shares every identical line, False none.
+    dedup: Mapped[bool | None] = mapped_column(Boolean)
 
 
 Index("ix_jobs_tenant_created", Job.tenant, Job.created_at)
