@@ -57,6 +57,10 @@ def create_job(
     output_format: Annotated[Literal["openai", "anthropic"] | None, Form(
         description="Output lines: OpenAI batch output lines, or Anthropic Message Batches "
                     "results (default: the format of the file's lines)")] = None,
+    dedup: Annotated[bool | None, Form(
+        description="Share one answer between identical lines: true every identical line, "
+                    "false none; unset, only lines whose answer cannot differ (temperature "
+                    "0 without n or top_p sampling, embeddings, moderations)")] = None,
     dry_run: Annotated[bool, Query(
         description="Store nothing: answer 200 with the file's estimate (tokens, cost, "
                     "time at the deployments' budgets, the tenant's limits)")] = False,
@@ -73,7 +77,8 @@ def create_job(
     # Starlette has spooled the upload to a temporary file; ingest reads it once.
     spec = ingest.JobSpec(queue=queue, tenant=tenant, filename=_filename(file.filename),
                           metadata=_metadata(metadata), max_attempts=max_attempts,
-                          idempotency_key=idempotency_key, output_format=output_format)
+                          idempotency_key=idempotency_key, output_format=output_format,
+                          dedup=dedup)
     made = ingest.create_job(sessions, file.file, settings=settings,
                              deployments=deployments, dispatcher=dispatcher, spec=spec)
     if made.replayed:

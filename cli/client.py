@@ -66,6 +66,7 @@ class ApiClient:
     def create_job(self, path: Path, queue: str, metadata: str | None,
                    max_attempts: int | None = None, *, idempotency_key: str | None = None,
                    attempts: int = SUBMIT_ATTEMPTS, output_format: str | None = None,
+                   dedup: bool | None = None,
                    on_retry: Callable[[str], None] | None = None) -> dict[str, Any]:
         """Upload the file as a job. The API answers once it has stored the whole file, so
         the answer may take minutes (the submit timeout); when it does not come, or the
@@ -78,6 +79,8 @@ class ApiClient:
             data["max_attempts"] = str(max_attempts)
         if output_format is not None:
             data["output_format"] = output_format
+        if dedup is not None:
+            data["dedup"] = "true" if dedup else "false"
         timeout = httpx.Timeout(self._timeout, read=self._submit_timeout,
                                 write=self._submit_timeout)
         for attempt in range(1, attempts + 1):

@@ -27,7 +27,7 @@ def uses_only_mock(deployments: Deployments) -> bool:
 
 
 def run_file(settings: Settings, input_path: Path, output: IO[str], errors_path: Path,
-             queue: str, concurrency: int) -> dict:
+             queue: str, concurrency: int, dedup: bool | None = None) -> dict:
     """Process the file and write results and errors; returns the final job object."""
     runtime = Runtime(settings, in_process=True)
     if uses_only_mock(runtime.deployments):
@@ -40,7 +40,7 @@ def run_file(settings: Settings, input_path: Path, output: IO[str], errors_path:
     with input_path.open("rb") as handle:
         job = jobs.create_job(sessions, handle, settings=settings,
                               deployments=runtime.deployments, dispatcher=dispatcher,
-                              queue=queue, filename=input_path.name)
+                              queue=queue, filename=input_path.name, dedup=dedup)
     executor = runtime.executor
     with sessions() as session:
         pending = job_view.job_object(session, jobs.get_job(session, job.id))["request_counts"]

@@ -36,6 +36,13 @@ def client(submit_timeout: float | None = None) -> ApiClient:
                      submit_timeout=submit_timeout or settings.submit_timeout_s)
 
 
+DEDUP_OPTION = click.option(
+    "--dedup/--no-dedup", default=None,
+    help="Share one answer between identical lines: --dedup every identical line, "
+         "--no-dedup none (default: only lines whose answer cannot differ: temperature 0 "
+         "without n or top_p sampling, embeddings, moderations).")
+
+
 @click.group()
 @click.version_option(package_name="quotaflow")
 def cli() -> None:
@@ -54,15 +61,17 @@ def cli() -> None:
 @QUEUE_OPTION
 @click.option("--concurrency", default=4, show_default=True, type=click.IntRange(1, 256),
               help="Batches in flight at once.")
+@DEDUP_OPTION
 def run(input_file: Path, output: IO[str], errors_path: Path | None, queue: str,
-        concurrency: int) -> None:
+        concurrency: int, dedup: bool | None) -> None:
     """Process INPUT_FILE in this process (no broker, no server) and write the results."""
     if errors_path is None:
         base = Path(output.name) if output.name != "<stdout>" else input_file
         errors_path = base.with_name(base.stem + ".errors.jsonl")
     from cli.embedded import run_file  # the whole engine: only this command needs it
 
-    job = run_file(get_settings(), input_file, output, errors_path, queue, concurrency)
+    job = run_file(get_settings(), input_file, output, errors_path, queue, concurrency,
+                   dedup=dedup)
     counts = job["request_counts"]
     click.echo(f"job {job['id']} {job['status']}: {counts['completed']} succeeded, "
                f"{counts['failed']} failed of {counts['total']}", err=True)
@@ -87,9 +96,10 @@ def run(input_file: Path, output: IO[str], errors_path: Path | None, queue: str,
 @click.option("--output-format", type=click.Choice(["openai", "anthropic"]),
               help="Output lines: OpenAI batch output lines, or Anthropic Message Batches "
                    "results (default: the format of the file's lines).")
+@DEDUP_OPTION
 def submit(input_file: Path, queue: str, metadata: str | None, max_attempts: int | None,
            idempotency_key: str | None, timeout: float | None,
-           output_format: str | None) -> None:
+           output_format: str | None, dedup: bool | None) -> None:
     """Upload INPUT_FILE to the API as a new job and print its id.
 
     The API answers once the whole file is stored (a million lines take tens of
@@ -100,6 +110,7 @@ def submit(input_file: Path, queue: str, metadata: str | None, max_attempts: int
     api = client(submit_timeout=timeout or settings.submit_timeout_s)
     job = api.create_job(input_file, queue, metadata, max_attempts,
                          idempotency_key=idempotency_key, output_format=output_format,
+                         dedup=dedup,
                          on_retry=lambda note: click.echo(f"note: {note}", err=True))
     click.echo(job["id"])
 

@@ -27,6 +27,9 @@ from quotaflow.outcomes import FailureCode
 # Where a batch names its queue (quotaflow's extension; the X-Quotaflow-Queue header
 # takes precedence).
 QUEUE_METADATA_KEY = "quotaflow_queue"
+# A batch's choice on sharing identical lines ("true" or "false"; unset: the rule of
+# quotaflow/dedup.py), as metadata since OpenAI's request has no field for it.
+DEDUP_METADATA_KEY = "quotaflow_dedup"
 MAX_ERRORS_SHOWN = 1000
 _WINDOW = re.compile(r"^(\d{1,5})([hms])$")
 _WINDOW_SECONDS = {"h": 3600, "m": 60, "s": 1}
@@ -66,6 +69,17 @@ def choose_queue(header: str | None, metadata: dict[str, str] | None) -> str:
     return queue
 
 
+def dedup_choice(metadata: dict[str, str] | None) -> bool | None:
+    value = (metadata or {}).get(DEDUP_METADATA_KEY)
+    if value is None:
+        return None
+    if value not in ("true", "false"):
+        raise InvalidParameter(f"metadata.{DEDUP_METADATA_KEY}",
+                               f'metadata.{DEDUP_METADATA_KEY} must be "true" or "false", '
+                               f"got {value!r}")
+    return value == "true"
+
+
 def create_batch(sessions: sessionmaker[Session], request: BatchRequest, *, settings: Settings,
                  deployments: Deployments, dispatcher: jobs.Dispatcher) -> Job:
     """Ingest the stored file as a job (quotaflow/ingest.py), within the tenant's token
@@ -85,7 +99,7 @@ def create_batch(sessions: sessionmaker[Session], request: BatchRequest, *, sett
         max_lines=settings.max_batch_lines,
         completion_window_s=window_seconds(request.completion_window),
         # OpenAI's Batch API: its output file is OpenAI's, whatever shape the lines had.
-        output_format=OUTPUT_OPENAI)
+        output_format=OUTPUT_OPENAI, dedup=dedup_choice(request.metadata))
     with sessions() as session:
         upload = files.get_file(session, request.input_file_id, request.tenant)
         try:

@@ -60,7 +60,7 @@ class DuplicateCustomId(QuotaflowError):
 class RowWriter(Protocol):
     """Where ingest puts each line's rows; `close` raises DuplicateCustomId."""
 
-    def pending(self, line_no: int, custom_id: str, body: bytes, digest: bytes,
+    def pending(self, line_no: int, custom_id: str, body: bytes, digest: bytes | None,
                 route: str) -> None: ...
 
     def invalid(self, line_no: int, custom_id: str | None, request_id: str,
@@ -109,11 +109,12 @@ class _CopyWriter:
         self._copy_block = self._cursor.copy(f"COPY items ({_ITEM_COLUMNS}) FROM STDIN")
         self._sender = _Sender(self._copy_block.__enter__())
 
-    def pending(self, line_no: int, custom_id: str, body: bytes, digest: bytes,
+    def pending(self, line_no: int, custom_id: str, body: bytes, digest: bytes | None,
                 route: str) -> None:
         self._rows.append(b"%b\t%d\t%b\t%b\tpending\t0\t%b\t%b\t%b\n" % (
             self._job, line_no, _copy_text(custom_id), body.replace(b"\\", b"\\\\"),
-            self._lease, binascii.hexlify(digest), _copy_text(route)))
+            self._lease, b"\\N" if digest is None else binascii.hexlify(digest),
+            _copy_text(route)))
         if len(self._rows) >= ROWS_PER_SEND:
             self._send()
 
@@ -231,11 +232,13 @@ class _InsertWriter:
         self._rows: list[dict[str, Any]] = []
         self._errors: list[dict[str, Any]] = []
 
-    def pending(self, line_no: int, custom_id: str, body: bytes, digest: bytes,
+    def pending(self, line_no: int, custom_id: str, body: bytes, digest: bytes | None,
                 route: str) -> None:
         self._rows.append({"job_id": self._job_id, "line_no": line_no, "custom_id": custom_id,
                            "body": body.decode(), "status": ItemStatus.PENDING,
-                           "lease": self._lease, "body_hash": digest.hex(), "route": route})
+                           "lease": self._lease,
+                           "body_hash": None if digest is None else digest.hex(),
+                           "route": route})
         if len(self._rows) >= ROWS_PER_SEND:
             self._send()
 

@@ -79,7 +79,8 @@ class Settings(BaseSettings):
     # Tries per request at the provider, unless a job asks for another number.
     provider_max_attempts: int = Field(default=5, gt=0, le=20)
     # Identical requests (same endpoint and body) within a job are sent once and the
-    # answer shared. Turn off to sample one prompt several times with temperature > 0.
+    # answer shared where it cannot differ (quotaflow/dedup.py: temperature 0 without
+    # sampling, embeddings, moderations). Off: each line is sent unless its job asks.
     dedup: bool = True
     # Reuse an earlier job's successful answer to an identical request instead of
     # calling again: a cache, for deterministic requests (quotaflow/reuse.py).

@@ -1,6 +1,9 @@
 """Identical requests within a job: stored once as sent, the copies waiting for its answer.
 
-Ingest (quotaflow/ingest.py) hashes every request body as it streams past. A
+Only where the answer cannot differ (`answer_is_fixed`): five identical lines at
+temperature 1 are five samples at OpenAI and Anthropic, so they are five calls here
+too; a job may ask otherwise (`dedup=true`: share every identical line; `false`: none).
+Ingest (quotaflow/ingest.py) hashes every shareable request body as it streams past. A
 SeenFilter remembers the hashes in a fixed-size bit array instead of a dict of
 every line, so memory does not grow with the file; the few bodies it flags as
 possibly repeated are then settled exactly in the database, which marks every
@@ -9,14 +12,45 @@ the first answer with its copies (quotaflow/leases.py).
 """
 
 import struct
+from typing import Any
 
 from sqlalchemy import bindparam, func, select, update
 from sqlalchemy.orm import Session
 
+from quotaflow.constants import ANTHROPIC_PARAMS, ENDPOINT_EMBEDDINGS
 from quotaflow.dispatch import BatchRef
 from quotaflow.models import Item, ItemStatus
 
 ITEMS = Item.__table__
+# Endpoints whose answer is a function of the request: no sampling to repeat.
+_FIXED_ENDPOINTS = frozenset({ENDPOINT_EMBEDDINGS, "/v1/moderations"})
+
+
+def answer_is_fixed(url: str, body: dict[str, Any]) -> bool:
+    """Whether two identical requests must get the same answer, so one call may serve both:
+    an embeddings or moderations request, or a generation at temperature 0 that draws no
+    samples (`n` at most 1, no `top_p` below 1). Without a temperature the provider's
+    default (1 at OpenAI and Anthropic) samples, so such a line is sent every time.
+    An Anthropic line's own params decide for it."""
+    if url in _FIXED_ENDPOINTS:
+        return True
+    params = body.get(ANTHROPIC_PARAMS)
+    if isinstance(params, dict):
+        body = params
+    temperature = body.get("temperature")
+    if type(temperature) not in (int, float) or temperature != 0:
+        return False
+    n, top_p = body.get("n"), body.get("top_p")
+    return (n is None or n == 1) and (top_p is None or (type(top_p) in (int, float)
+                                                        and top_p >= 1))
+
+
+def shares(job_dedup: bool | None, default_on: bool, url: str, body: dict[str, Any]) -> bool:
+    """Whether a line of a job may share an identical line's answer: the job's own choice
+    (True every identical line, False none), else the rule where QUOTAFLOW_DEDUP is on."""
+    if job_dedup is not None:
+        return job_dedup
+    return default_on and answer_is_fixed(url, body)
 
 _three_words = struct.Struct("<3Q").unpack_from
 MAX_BITS_LOG2 = 27  # 2**27 bits: 16 MiB

@@ -69,6 +69,9 @@ class JobSpec:
     enforce_quota: bool = True  # the tenant's enqueued-token quota (not for `quotaflow run`)
     # "openai" or "anthropic" output lines; None: the format of the file's lines.
     output_format: str | None = None
+    # Sharing identical lines: True every one, False none, None where the answer cannot
+    # differ (quotaflow/dedup.py).
+    dedup: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -153,7 +156,7 @@ def insert_job(session: Session, job_id: str, spec: JobSpec, settings: Settings,
            "input_filename": spec.filename, "total": 0, "metadata": spec.metadata,
            "created_at": now, "max_attempts": spec.max_attempts, "tenant": spec.tenant,
            "expires_at": now + timedelta(seconds=window), "input_file_id": spec.input_file_id,
-           "idempotency_key": spec.idempotency_key} | values
+           "idempotency_key": spec.idempotency_key, "dedup": spec.dedup} | values
     made = session.execute(insert_ignore(session, Job.__table__).values(**row)
                            .returning(Job.__table__.c.id))
     return made.scalar() is not None
@@ -164,7 +167,8 @@ def _fill(session: Session, job_id: str, stream: IO[bytes], spec: JobSpec, setti
     """Items and error rows for every line, then the checks that need the whole file."""
     room = quotas.headroom(session, settings, spec.tenant) if spec.enforce_quota else None
     lease_until = utcnow() + timedelta(seconds=settings.queue_patience_s)
-    scan = LineScan(job_id, settings, deployments, room, spec.max_lines, spec.endpoint)
+    scan = LineScan(job_id, settings, deployments, room, spec.max_lines, spec.endpoint,
+                    dedup=spec.dedup)
     try:
         with row_writer(session, job_id, lease_until) as writer:
             scan.run(stream, writer)

@@ -45,22 +45,24 @@ def create_job(
     max_attempts: int | None = None,
     tenant: str = DEFAULT_TENANT,
     output_format: str | None = None,
+    dedup: bool | None = None,
 ) -> Job:
     """Store a JSONL file as a job and dispatch its batches, or store nothing at all.
 
     Lines that fail validation become failed items with their line number and
     reason; the job runs its good lines. A file-level problem (empty, too big,
     duplicate custom_id, no valid line) raises InputFileError and nothing of the file
-    is written. Identical requests are stored once as sent and otherwise as waiting
-    for that one's answer (QUOTAFLOW_DEDUP). The work is quotaflow.ingest's; this is
-    its entry point for `quotaflow run` and other in-process callers, which the
-    tenant token quota (an API matter) does not apply to.
+    is written. Identical requests whose answer cannot differ (or all, or none, as
+    `dedup` says) are stored once as sent and otherwise as waiting for that one's
+    answer. The work is quotaflow.ingest's; this is its entry point for `quotaflow
+    run` and other in-process callers, which the tenant token quota (an API matter)
+    does not apply to.
     """
     from quotaflow import ingest  # ingest builds on this module
 
     spec = ingest.JobSpec(queue=queue, tenant=tenant, filename=filename, metadata=metadata,
                           max_attempts=max_attempts, enforce_quota=False,
-                          output_format=output_format)
+                          output_format=output_format, dedup=dedup)
     return ingest.create_job(sessions, stream, settings=settings, deployments=deployments,
                              dispatcher=dispatcher, spec=spec).job
 

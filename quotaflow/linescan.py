@@ -22,7 +22,7 @@ from quotaflow.constants import (
     OUTPUT_ANTHROPIC,
     OUTPUT_OPENAI,
 )
-from quotaflow.dedup import SeenFilter
+from quotaflow.dedup import SeenFilter, shares
 from quotaflow.deployments import Deployments
 from quotaflow.dispatch import BatchRef
 from quotaflow.errors import InputFileError, LineProblem
@@ -55,8 +55,10 @@ class LineScan:
 
     def __init__(self, job_id: str, settings: Settings, deployments: Deployments,
                  room: quotas.Headroom | None, max_lines: int | None = None,
-                 batch_endpoint: str | None = None) -> None:
+                 batch_endpoint: str | None = None, dedup: bool | None = None) -> None:
         self.job_id = job_id
+        # The job's choice on sharing identical lines (None: dedup.answer_is_fixed's rule).
+        self.dedup = dedup
         self.settings = settings
         self.deployments = deployments
         self.room = room
@@ -74,7 +76,8 @@ class LineScan:
         self.batches: list[BatchRef] = []
         # Each batch's (requests, admission tokens): the order it is queued in (mixing.py).
         self.batch_loads: list[tuple[int, int]] = []
-        self.seen = SeenFilter(self.max_lines) if settings.dedup else None
+        in_job = dedup if dedup is not None else settings.dedup
+        self.seen = SeenFilter(self.max_lines) if in_job else None
         self.suspects: set[bytes] | None = set()
         self._routed: dict[str | None, str | None] = {}
         # Per route: what a cost or time estimate needs (spend limits, `quotaflow estimate`).
@@ -84,7 +87,7 @@ class LineScan:
         self.on_valid: Callable[[int, str, str, str], None] | None = None
 
     def run(self, stream: IO[bytes], writer: RowWriter) -> None:  # noqa: C901 (the hot loop)
-        max_lines, seen, job_id = self.max_lines, self.seen, self.job_id
+        max_lines, seen, job_id, dedup = self.max_lines, self.seen, self.job_id, self.dedup
         size = self.settings.batch_size
         budget = (self.room.limit - self.room.held
                   if self.room is not None and self.room.limit is not None else None)
@@ -115,7 +118,10 @@ class LineScan:
                 self._bad(writer, line_no, request.custom_id, reason)
                 continue
             body = canonical_body(request.body)
-            digest = body_digest(request.url, body)
+            # Hashed only where an identical line may share its answer (in this job, or a
+            # later one's with QUOTAFLOW_DEDUP_ACROSS_JOBS): a sampled line is always sent.
+            digest = (body_digest(request.url, body)
+                      if shares(dedup, True, request.url, request.body) else None)
             text = prompt_text(request.url, request.body)
             prompt = estimate_tokens(text)
             self.tokens += prompt
@@ -136,7 +142,8 @@ class LineScan:
                 self.room.refuse_if_over(self.tokens)
             writer.pending(line_no, request.custom_id, body, digest, route)
             self.valid += 1
-            if seen is not None and seen.add(digest) and self.suspects is not None:
+            if (seen is not None and digest is not None and seen.add(digest)
+                    and self.suspects is not None):
                 self.suspects.add(digest)
                 if len(self.suspects) > MAX_SUSPECTS:
                     self.suspects = None

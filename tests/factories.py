@@ -5,10 +5,14 @@ from pathlib import Path
 
 
 def chat_line(custom_id: str, prompt: str | None = None, model: str = "gpt-4o-mini",
-              max_tokens: int = 32) -> dict:
+              max_tokens: int = 32, temperature: float | None = None) -> dict:
+    """A chat batch line; with `temperature=0` identical lines share one answer."""
+    body = {"model": model, "max_tokens": max_tokens,
+            "messages": [{"role": "user", "content": prompt or f"prompt of {custom_id}"}]}
+    if temperature is not None:
+        body["temperature"] = temperature
     return {"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions",
-            "body": {"model": model, "max_tokens": max_tokens,
-                     "messages": [{"role": "user", "content": prompt or f"prompt of {custom_id}"}]}}
+            "body": body}
 
 
 def jsonl(lines: list[dict | str]) -> bytes:

@@ -1,5 +1,7 @@
-"""Identical requests within a job are sent once and share the answer; per-job retry limits."""
+"""Identical requests within a job are sent once and share the answer where it cannot
+differ (or as the job asks); per-job retry limits."""
 
+import functools
 import io
 import json
 from collections.abc import Iterator
@@ -15,8 +17,12 @@ from quotaflow.dispatch import CollectingDispatcher
 from quotaflow.execution import BatchExecutor
 from quotaflow.limiters import LocalLimiter
 from quotaflow.models import Item
-from tests.factories import chat_line, jsonl
+from tests import factories
+from tests.factories import jsonl
 from tests.harness import deployment_file, start_provider
+
+# Lines whose answer cannot differ (temperature 0): identical ones share one call.
+chat_line = functools.partial(factories.chat_line, temperature=0)
 
 
 @pytest.fixture
@@ -43,11 +49,13 @@ def failing(settings: Settings, tmp_path: Path) -> Iterator[str]:
 
 
 def submit(sessions, settings: Settings, lines: list[dict], max_attempts: int | None = None,
-           tenant: str = "default") -> tuple[str, CollectingDispatcher]:
+           tenant: str = "default", dedup: bool | None = None
+           ) -> tuple[str, CollectingDispatcher]:
     dispatcher = CollectingDispatcher()
     job = jobs.create_job(sessions, io.BytesIO(jsonl(lines)), settings=settings,
                           deployments=settings.load_deployments(), dispatcher=dispatcher,
-                          queue="realtime", max_attempts=max_attempts, tenant=tenant)
+                          queue="realtime", max_attempts=max_attempts, tenant=tenant,
+                          dedup=dedup)
     return job.id, dispatcher
 
 
@@ -94,6 +102,7 @@ def test_identical_requests_are_sent_once_and_share_the_answer(
 
 
 def test_without_dedup_every_line_is_sent(pg_sessions, settings, tmp_path, provider) -> None:
+    # QUOTAFLOW_DEDUP=false: even lines whose answer cannot differ are each sent
     settings.deployments_file = deployment_file(tmp_path, "p", provider)
     settings.dedup = False  # e.g. sampling one prompt several times at temperature 1
     job_id, dispatcher = submit(pg_sessions, settings,
@@ -101,6 +110,64 @@ def test_without_dedup_every_line_is_sent(pg_sessions, settings, tmp_path, provi
     run_all(pg_sessions, settings, dispatcher)
     assert httpx.get(f"{provider}/stats").json()["admitted"] == 4
     assert all("shared_from" not in line for line in outputs(pg_sessions, job_id).values())
+
+
+def sampled(custom_id: str, **body: object) -> dict:
+    """One prompt asked as a sampling line (the provider's default temperature unless
+    `body` says otherwise): a common way to draw several samples."""
+    line = factories.chat_line(custom_id, "write a haiku about rain")
+    line["body"].update(body)
+    return line
+
+
+@pytest.mark.parametrize(("sampling", "dedup", "calls"), [
+    ({}, None, 5),  # no temperature: the provider's default of 1 samples
+    ({"temperature": 1}, None, 5),
+    ({"temperature": 0.7}, None, 5),
+    ({"temperature": 0, "n": 3}, None, 5),
+    ({"temperature": 0, "top_p": 0.5}, None, 5),
+    ({"temperature": 0}, None, 1),  # the answer cannot differ: one call
+    ({"temperature": 0, "n": 1, "top_p": 1}, None, 1),
+    ({"temperature": 1}, True, 1),  # the job asks to share
+    ({"temperature": 0}, False, 5),  # the job asks for every line to be sent
+])
+def test_identical_lines_are_shared_only_where_the_answer_cannot_differ(
+        pg_sessions, settings, tmp_path, provider: str, sampling: dict, dedup: bool | None,
+        calls: int) -> None:
+    # Given five identical lines, sampled or not, in a job that may ask its own way
+    settings.deployments_file = deployment_file(tmp_path, "p", provider)
+    job_id, dispatcher = submit(pg_sessions, settings,
+                                [sampled(f"s{i}", **sampling) for i in range(5)],
+                                dedup=dedup)
+    run_all(pg_sessions, settings, dispatcher)
+    # Then the provider saw one call per sample drawn, and only copies say they share
+    assert httpx.get(f"{provider}/stats").json()["admitted"] == calls
+    out = outputs(pg_sessions, job_id)
+    assert len(out) == 5
+    assert sum("shared_from" in line for line in out.values()) == 5 - calls
+
+
+def test_identical_embeddings_and_anthropic_lines_at_temperature_zero_are_shared(
+        pg_sessions, settings, tmp_path, provider: str) -> None:
+    settings.deployments_file = deployment_file(tmp_path, "p", provider)
+    embed = {"method": "POST", "url": "/v1/embeddings",
+             "body": {"model": "gpt-4o-mini", "input": "the same text"}}
+    job_id, dispatcher = submit(pg_sessions, settings,
+                                [{"custom_id": f"e{i}", **embed} for i in range(3)])
+    run_all(pg_sessions, settings, dispatcher)
+    assert httpx.get(f"{provider}/stats").json()["admitted"] == 1
+    params = {"model": "gpt-4o-mini", "max_tokens": 16,
+              "messages": [{"role": "user", "content": "the same question"}]}
+    lines = [{"custom_id": "t0-a", "params": {**params, "temperature": 0}},
+             {"custom_id": "t0-b", "params": {**params, "temperature": 0}},
+             {"custom_id": "t1-a", "params": params}, {"custom_id": "t1-b", "params": params}]
+    job_id, dispatcher = submit(pg_sessions, settings, lines)
+    run_all(pg_sessions, settings, dispatcher)
+    assert httpx.get(f"{provider}/stats").json()["admitted"] == 1 + 3
+    # (Anthropic's result lines have no shared_from: a shared answer is the same Message)
+    ids = {cid: line["result"]["message"]["id"]
+           for cid, line in outputs(pg_sessions, job_id).items()}
+    assert ids["t0-a"] == ids["t0-b"] and ids["t1-a"] != ids["t1-b"]
 
 
 def test_waiting_copies_are_cancelled_with_the_job(pg_sessions, settings) -> None:

@@ -100,7 +100,8 @@ def test_identical_requests_wait_on_the_first_even_past_the_suspect_list(
     prompts = ["a", "b", "c", "d", "e", "a", "b", "c", "d", "e", "f", "a"]
     dispatcher = CollectingDispatcher()
     job = ingest.create_job(pg_sessions, io.BytesIO(jsonl(
-        [chat_line(f"x{i}", p) for i, p in enumerate(prompts, 1)])), settings=settings,
+        [chat_line(f"x{i}", p, temperature=0) for i, p in enumerate(prompts, 1)])),
+        settings=settings,
         deployments=settings.load_deployments(), dispatcher=dispatcher,
         spec=ingest.JobSpec(queue="bulk")).job
     with pg_sessions() as session:
@@ -157,7 +158,8 @@ def test_sqlite_ingest_names_a_duplicate_and_leaves_nothing(tmp_path: Path) -> N
         make(sessions, settings, jsonl(lines))
     assert row_counts(sessions) == (0, 0, 0)
     # the same file without the duplicate: every line, the invalid ones with their error rows
-    job = make(sessions, settings, jsonl([*lines[:-1], chat_line("last", "question 7")])).job
+    job = make(sessions, settings, jsonl([*lines[:-1], chat_line("last", "question 7")]),
+               dedup=True).job
     assert row_counts(sessions) == (1, 2501, 50)
     with sessions() as session:
         assert session.execute(select(Item.status, Item.duplicate_of)

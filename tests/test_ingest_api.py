@@ -179,3 +179,30 @@ def test_an_api_that_is_not_there_is_reported_at_once(cluster: V1Cluster) -> Non
     assert result.returncode == 1 and "cannot reach the quotaflow API" in result.stderr
     assert "note:" not in result.stderr  # not retried: nothing can have been made
     assert time.monotonic() - started < 30
+
+
+def waiting_lines(pg_url: str, job_id: str) -> int:
+    with get_engine(pg_url).connect() as conn:
+        return conn.execute(text("SELECT count(*) FROM items WHERE job_id = :job "
+                                 "AND status = 'waiting'"), {"job": job_id}).scalar_one()
+
+
+def test_a_job_asks_its_own_way_of_sharing_identical_lines(cluster: V1Cluster,
+                                                           pg_url: str) -> None:
+    # Four identical sampling lines: sent each by default, shared when the job asks
+    data = jsonl([chat_line(f"d{i}", "the same", temperature=1) for i in range(4)])
+    for form, waiting in (({}, 0), ({"dedup": "true"}, 3), ({"dedup": "false"}, 0)):
+        made = httpx.post(f"{cluster.api_url}/jobs", files={"file": ("in.jsonl", data)},
+                          data=form, headers=cluster.headers("team-a"), timeout=60)
+        assert made.status_code == 201, made.text
+        assert waiting_lines(pg_url, made.json()["id"]) == waiting
+    # and through /v1/batches, as metadata (OpenAI's request has no field for it)
+    client = openai.OpenAI(base_url=cluster.base_url, api_key=cluster.keys["team-a"],
+                           max_retries=0)
+    uploaded = client.files.create(file=("same.jsonl", data), purpose="batch")
+    batch = client.batches.create(input_file_id=uploaded.id, endpoint=CHAT,
+                                  completion_window="24h", metadata={"quotaflow_dedup": "true"})
+    assert waiting_lines(pg_url, batch.id) == 3
+    with pytest.raises(openai.BadRequestError, match="quotaflow_dedup"):
+        client.batches.create(input_file_id=uploaded.id, endpoint=CHAT,
+                              completion_window="24h", metadata={"quotaflow_dedup": "yes"})
