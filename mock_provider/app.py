@@ -23,7 +23,8 @@ def build_app(settings: MockProviderSettings) -> FastAPI | LeanProvider:
         missing = "RPM" if rpm is None else "TPM"
         raise ConfigError(f"{ENV_PREFIX}{missing} is not set; the mock provider needs it")
     try:
-        faults = Faults.from_fractions(settings.fault_fractions())
+        faults = Faults.from_fractions(settings.fault_fractions(),
+                                       retry_after_s=settings.fault_retry_after_s)
     except ValueError as exc:
         raise ConfigError(f"mock provider: {exc}") from exc
     return create_app(

@@ -35,6 +35,8 @@ class Faults:
     reset: float = 0.0
     hang: float = 0.0
     malformed: float = 0.0
+    # The retry-after the simulated 429 storm asks for, in seconds.
+    retry_after_s: float = 1.0
     seen: Counter[str] = field(default_factory=Counter)
     rng: random.Random = field(default_factory=random.Random)
 
@@ -59,23 +61,25 @@ class Faults:
         return None
 
     @classmethod
-    def from_fractions(cls, fractions: dict[str, float], seen: Counter[str] | None = None
-                       ) -> "Faults":
+    def from_fractions(cls, fractions: dict[str, float], seen: Counter[str] | None = None,
+                       retry_after_s: float = 1.0) -> "Faults":
         """From {"500": 0.1, "hang": 0.01, ...}, the names `--fault` and /stats use."""
         unknown = set(fractions) - set(FIELDS)
         if unknown:
             raise ValueError(f"unknown fault {sorted(unknown)}; choose from {sorted(FIELDS)}")
-        faults = cls(**{FIELDS[name]: float(value) for name, value in fractions.items()})
+        faults = cls(**{FIELDS[name]: float(value) for name, value in fractions.items()},
+                     retry_after_s=retry_after_s)
         if seen is not None:
             faults.seen = seen
         return faults
 
 
-def storm_429() -> JSONResponse:
+def storm_429(retry_after_s: float = 1.0) -> JSONResponse:
     return JSONResponse(
         {"error": {"message": "The server is overloaded (simulated 429 storm).",
                    "type": "requests", "param": None, "code": "rate_limit_exceeded"}},
-        status_code=429, headers={"retry-after": "1", "retry-after-ms": "1000"})
+        status_code=429, headers={"retry-after": str(max(1, round(retry_after_s))),
+                                  "retry-after-ms": str(round(retry_after_s * 1000))})
 
 
 def error_500() -> JSONResponse:
@@ -111,6 +115,8 @@ def malformed() -> Response:
                     media_type="application/json")
 
 
-def refusal(fault: str) -> Response:
+def refusal(fault: str, retry_after_s: float = 1.0) -> Response:
     """The answer of a fault met before admission (one of BEFORE_ADMISSION)."""
-    return {"429": storm_429, "500": error_500, "529": overloaded_529, "reset": reset}[fault]()
+    if fault == "429":
+        return storm_429(retry_after_s)
+    return {"500": error_500, "529": overloaded_529, "reset": reset}[fault]()

@@ -81,7 +81,7 @@ class Judge:
             return json_response(400, error_body(UNPARSABLE, "invalid_request_error", None))
         fault = self.faults.draw()
         if fault is not None and fault in fault_modes.BEFORE_ADMISSION:
-            return fault_modes.refusal(fault)
+            return fault_modes.refusal(fault, self.faults.retry_after_s)
         decision = self.limits.try_admit(cost)
         headers = ratelimit_headers(self.rpm, self.tpm, decision)
         if not decision.admitted:

@@ -12,7 +12,7 @@ the same errors.
 import os
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import Field, ValidationError
 from pydantic_core import ErrorDetails
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -56,6 +56,8 @@ class MockProviderSettings(BaseSettings):
     fault_reset: float = 0.0
     fault_hang: float = 0.0
     fault_malformed: float = 0.0
+    # The retry-after of the simulated 429 storm (fault 429), in seconds.
+    fault_retry_after_s: float = Field(default=1.0, gt=0)
 
     @classmethod
     def load(cls, **given: Any) -> "MockProviderSettings":

@@ -90,7 +90,8 @@ def create_app(
     async def set_faults(fractions: dict[str, float]) -> JSONResponse:
         """Change the fault fractions while running: a deployment that starts failing."""
         try:
-            judge.faults = Faults.from_fractions(fractions, judge.faults.seen)
+            judge.faults = Faults.from_fractions(fractions, judge.faults.seen,
+                                                 judge.faults.retry_after_s)
         except ValueError as exc:
             return json_response(422, error_body(str(exc), "invalid_request_error", None))
         return json_response(200, judge.faults.fractions())

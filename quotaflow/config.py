@@ -78,6 +78,9 @@ class Settings(BaseSettings):
     defer_grace_s: float = Field(default=30.0, gt=0)
     # Tries per request at the provider, unless a job asks for another number.
     provider_max_attempts: int = Field(default=5, gt=0, le=20)
+    # The longest wait a provider's Retry-After (or a rate limit's reset) is believed for:
+    # a longer one is logged and clamped; the limiter still protects the budget.
+    max_retry_after_s: float = Field(default=60.0, gt=0)
     # Identical requests (same endpoint and body) within a job are sent once and the
     # answer shared where it cannot differ (quotaflow/dedup.py: temperature 0 without
     # sampling, embeddings, moderations). Off: each line is sent unless its job asks.

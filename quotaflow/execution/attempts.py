@@ -74,6 +74,9 @@ class Caller:
                                exc.status_code, exc.body, attempt), provenance
             except ProviderError as exc:
                 provenance = _provenance(run, admitted, attempt, admitted_at, sent, exc.status_code)
+                # Retry-After or a reset past QUOTAFLOW_MAX_RETRY_AFTER_S: the retry and
+                # the deployment's pause both wait the ceiling instead.
+                exc.retry_after = run.policy.provider_wait(exc.retry_after, deployment.name)
                 last = exc
                 run.feedback.answered(admitted, None)
                 quota = run.feedback.failed(admitted, exc)

@@ -152,7 +152,8 @@ class BatchExecutor:
                            items: list[ClaimedItem], fair: bool,
                            on_item: Callable[[bool], None] | None) -> BatchReport:
         policy = RetryPolicy(max_attempts=job.max_attempts
-                             or self.settings.provider_max_attempts)
+                             or self.settings.provider_max_attempts,
+                             max_wait_s=self.settings.max_retry_after_s)
         run = BatchRun(ref, owner, job.url, self.settings.floor_for(job.queue), policy,
                        ResultWriter(self.sessions, ref.job_id, on_item, job.has_duplicates,
                                     billing=(Billing(job.tenant, self._prices)
