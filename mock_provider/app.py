@@ -38,6 +38,7 @@ def build_app(settings: MockProviderSettings) -> FastAPI | LeanProvider:
         itpm=settings.itpm,
         otpm=settings.otpm,
         batch_seconds=settings.batch_seconds,
+        record=settings.record,
     )
 
 

@@ -9,7 +9,6 @@ from pydantic import ValidationError
 from quotaflow.anthropic_messages import (
     completion_from_message,
     message_from_completion,
-    messages_request,
     reshape,
 )
 from quotaflow.deployments import Deployment
@@ -19,6 +18,7 @@ from quotaflow.output import render_anthropic
 from quotaflow.providers.anthropic import AnthropicProvider
 from quotaflow.providers.base import ProviderResponse
 from quotaflow.ratelimit import Budget
+from quotaflow.translate.to_anthropic import messages_request
 
 
 def message(stop_reason: str = "end_turn", **usage: int) -> dict[str, Any]:
@@ -34,7 +34,7 @@ def test_an_openai_chat_body_becomes_a_messages_request() -> None:
         {"role": "user", "content": [{"type": "text", "text": "hi"}]},
         {"role": "assistant", "content": "hello"}, {"role": "user", "content": "more"}],
         "max_completion_tokens": 64, "temperature": 0.2, "top_p": 0.9, "stop": "END",
-        "n": 1, "seed": 7}
+        "n": 1}
     assert messages_request(body, "claude-x", 1024) == {
         "model": "claude-x", "system": "be brief", "max_tokens": 64, "temperature": 0.2,
         "top_p": 0.9, "stop_sequences": ["END"], "messages": [
