@@ -193,3 +193,27 @@ def test_a_429_without_retry_after_waits_for_the_exhausted_limits_reset() -> Non
                                     "anthropic-ratelimit-output-tokens-reset": reset},
                               None, error("rate_limit_error"))
     assert 3 < raised.value.retry_after <= 5
+
+
+def test_thinking_becomes_reasoning_content_and_back() -> None:
+    answer = {**message("tool_use"), "content": [
+        {"type": "thinking", "thinking": "Paris is in France.", "signature": "sig"},
+        {"type": "text", "text": "Checking."},
+        {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}}]}
+    reply = completion_from_message(answer)["choices"][0]["message"]
+    assert reply["reasoning_content"] == "Paris is in France." and reply["content"] == "Checking."
+    assert reply["tool_calls"][0]["function"]["name"] == "get_weather"
+    completion = completion_from_message(answer)
+    back = message_from_completion(completion)
+    assert [block["type"] for block in back["content"]] == ["thinking", "text", "tool_use"]
+    assert back["content"][0]["thinking"] == "Paris is in France."
+    assert back["stop_reason"] == "tool_use"
+
+
+def test_an_openai_refusal_is_a_refusal_message() -> None:
+    completion = {"id": "c", "model": "gpt", "usage": {}, "choices": [{"index": 0, "message": {
+        "role": "assistant", "content": None, "refusal": "I can't help with that."},
+        "finish_reason": "stop"}]}
+    made = message_from_completion(completion)
+    assert made["stop_reason"] == "refusal"
+    assert made["content"] == [{"type": "text", "text": "I can't help with that."}]
