@@ -193,6 +193,8 @@ def register(cli: click.Group) -> None:
     @click.option("--fault", "faults", multiple=True, metavar="KIND=FRACTION",
                   help="Inject failures: 429, 500, 529, reset, hang, malformed (e.g. --fault "
                        "500=0.05).")
+    @click.option("--record", default=None, metavar="PATH",
+                  help="Test-only: append every model request's body to this JSONL file.")
     @click.option("--unlimited", is_flag=True,
                   help="Admit everything, as cheaply as possible (a raw ASGI app, no buckets, "
                        "no x-ratelimit headers): for throughput benchmarks. --rpm, --tpm, "
@@ -201,7 +203,7 @@ def register(cli: click.Group) -> None:
                       otpm: int | None, latency_ms: float,
                       burst_seconds: float, default_max_tokens: int,
                       api_key_env: str | None, reconcile: bool, faults: tuple[str, ...],
-                      unlimited: bool) -> None:
+                      record: str | None, unlimited: bool) -> None:
         """Serve a simulated OpenAI-compatible API that enforces RPM/TPM strictly (429s), or,
         with --unlimited, one that admits everything at the least CPU per request."""
         given: dict[str, Any] = {"unlimited": unlimited, "latency_ms": latency_ms}
@@ -214,7 +216,7 @@ def register(cli: click.Group) -> None:
             given |= {"rpm": rpm, "tpm": tpm, "itpm": itpm, "otpm": otpm,
                       "burst_seconds": burst_seconds,
                       "default_max_tokens": default_max_tokens, "reconcile": reconcile,
-                      **_fault_fractions(faults)}
+                      "record": record, **_fault_fractions(faults)}
         _serve_mock(host, port, given)
 
 

@@ -39,6 +39,7 @@ def build_app(settings: MockProviderSettings) -> FastAPI | LeanProvider:
         itpm=settings.itpm,
         otpm=settings.otpm,
         batch_seconds=settings.batch_seconds,
+        record=settings.record,
     )
 
 

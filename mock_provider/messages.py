@@ -29,12 +29,14 @@ from fastapi.responses import JSONResponse, Response
 
 from mock_provider import faults as fault_modes
 from mock_provider.buckets import TokenBucket
+from mock_provider.shapes import messages_problem
 from quotaflow.tokens import estimate_tokens
 
 # What Anthropic's Messages API accepts at the top level; anything else is a 400.
 KNOWN_FIELDS = frozenset({"model", "messages", "max_tokens", "system", "temperature", "top_p",
                           "top_k", "stop_sequences", "metadata", "tools", "tool_choice",
-                          "thinking", "stream", "service_tier", "container", "mcp_servers"})
+                          "thinking", "stream", "service_tier", "container", "mcp_servers",
+                          "output_config", "cache_control", "inference_geo", "speed"})
 LIMITS = ("requests", "input-tokens", "output-tokens")
 
 
@@ -147,18 +149,27 @@ def invalid(body: Any) -> str | None:
     if not isinstance(messages, list) or not messages or not all(
             isinstance(m, dict) and m.get("role") in ("user", "assistant") for m in messages):
         return "messages: a non-empty list of user and assistant messages is required"
-    return None
+    return messages_problem(body)
 
 
 def simulated_message(body: dict[str, Any], input_tokens: int) -> dict[str, Any]:
-    """A Message: 'simulated reply to: ' + the last user text, cut to max_tokens."""
+    """A Message: 'simulated reply to: ' + the last user text, cut to max_tokens; a
+    tool_use block where tool_choice forces a tool."""
     users = [m for m in body["messages"] if m.get("role") == "user"]
     text = "simulated reply to: " + (_text(users[-1].get("content")) if users else "")
     cut = len(text) > body["max_tokens"] * 4
     text = text[: body["max_tokens"] * 4]
+    content: list[dict[str, Any]] = [{"type": "text", "text": text}]
+    stop = "max_tokens" if cut else "end_turn"
+    choice = body.get("tool_choice") or {}
+    if body.get("tools") and choice.get("type") in ("any", "tool"):  # a forced tool call
+        name = choice.get("name") or body["tools"][0].get("name")
+        content = [{"type": "tool_use", "id": f"toolu_{uuid.uuid4().hex[:24]}", "name": name,
+                    "input": {"simulated": True}}]
+        stop = "tool_use"
     return {"id": f"msg_{uuid.uuid4().hex[:24]}", "type": "message", "role": "assistant",
-            "model": body["model"], "content": [{"type": "text", "text": text}],
-            "stop_reason": "max_tokens" if cut else "end_turn", "stop_sequence": None,
+            "model": body["model"], "content": content,
+            "stop_reason": stop, "stop_sequence": None,
             "usage": {"input_tokens": input_tokens, "output_tokens": estimate_tokens(text),
                       "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}}
 

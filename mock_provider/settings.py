@@ -49,6 +49,8 @@ class MockProviderSettings(BaseSettings):
     reconcile: bool = True
     # How long a Message Batch (/v1/messages/batches) stays in_progress before it ends.
     batch_seconds: float = 1.0
+    # Test-only: append every model request's body to this JSONL file (record.py).
+    record: str | None = None
     # Fractions of requests that meet each fault (mock_provider.faults).
     fault_429: float = 0.0
     fault_500: float = 0.0

@@ -8,6 +8,7 @@ provider's share") and buys validation of these controls; where a judge's
 limits are the point, its speed is not.
 """
 
+import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -19,9 +20,11 @@ from mock_provider.buckets import RateLimits
 from mock_provider.faults import Faults
 from mock_provider.judge import Judge
 from mock_provider.messages import MessagesJudge, SplitLimits
+from mock_provider.record import Recorder
+from mock_provider.shapes import chat_problem
 from mock_provider.stats import Stats
 from mock_provider.wire import error_body, json_response
-from quotaflow.constants import ENDPOINT_MESSAGES, ENDPOINTS
+from quotaflow.constants import ENDPOINT_CHAT, ENDPOINT_MESSAGES, ENDPOINTS
 from quotaflow.errors import ConfigError
 
 
@@ -57,6 +60,7 @@ def create_app(
     itpm: int | None = None,
     otpm: int | None = None,
     batch_seconds: float = 1.0,
+    record: str | None = None,
 ) -> FastAPI:
     """The mock provider app; its buckets start full. Serve it from one process.
 
@@ -64,16 +68,18 @@ def create_app(
     and then billed its real usage, the unused part refunded; without, the
     estimate is final. /v1/messages (Anthropic's) holds requests, input tokens (itpm)
     and output tokens (otpm) apart; without itpm and otpm, each is limited to tpm.
+    With `record` (a path), every model request's body is appended there (record.py).
     """
     _validate(rpm, tpm, latency_ms, burst_seconds, default_max_tokens)
     limits = RateLimits(rpm, tpm, burst_seconds)
     judge = Judge(rpm, tpm, limits, latency_ms, default_max_tokens, api_key, reconcile, faults)
     app = FastAPI(title="quotaflow mock provider (simulated)")
     app.state.judge = judge
+    recorder = Recorder(record) if record else None
     for url in ENDPOINTS:
-        app.add_api_route(url, _model_route(judge, url), methods=["POST"])
+        app.add_api_route(url, _model_route(judge, url, recorder), methods=["POST"])
     messages = MessagesJudge(judge, SplitLimits(rpm, itpm or tpm, otpm or tpm, burst_seconds))
-    app.add_api_route(ENDPOINT_MESSAGES, messages.handle, methods=["POST"])
+    app.add_api_route(ENDPOINT_MESSAGES, _recorded(messages.handle, recorder), methods=["POST"])
     message_batches.MessageBatches(api_key, batch_seconds).mount(app)
 
     # async on purpose: all state is touched from the event loop only, never a threadpool.
@@ -103,8 +109,30 @@ def create_app(
     return app
 
 
-def _model_route(judge: Judge, url: str) -> Callable[[Request], Awaitable[Response]]:
+def _model_route(judge: Judge, url: str, recorder: Recorder | None
+                 ) -> Callable[[Request], Awaitable[Response]]:
     async def model_route(request: Request) -> Response:
+        if url == ENDPOINT_CHAT:  # a body in Anthropic's shape: the 400 a real server answers
+            body = await request.body()
+            try:
+                parsed = json.loads(body)
+            except (ValueError, UnicodeDecodeError):
+                parsed = None
+            problem = chat_problem(parsed) if isinstance(parsed, dict) else None
+            if problem is not None:
+                return json_response(400, error_body(problem, "invalid_request_error", None))
         return await judge.handle(url, request)
 
-    return model_route
+    return _recorded(model_route, recorder)
+
+
+def _recorded(route: Callable[[Request], Awaitable[Response]], recorder: Recorder | None
+              ) -> Callable[[Request], Awaitable[Response]]:
+    if recorder is None:
+        return route
+
+    async def recorded(request: Request) -> Response:
+        await recorder.record(request)
+        return await route(request)
+
+    return recorded

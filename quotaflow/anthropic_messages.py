@@ -1,12 +1,10 @@
-"""Anthropic's Messages API shapes, to and from the OpenAI shapes quotaflow stores.
+"""Anthropic's Messages API answers, to and from the OpenAI shapes quotaflow stores.
 
-Requests: an Anthropic-format input line keeps its own params (formats.py stores
-them beside the OpenAI body it derives, under ANTHROPIC_PARAMS) and they go out as
-they are, only `model` set by the deployment; an OpenAI chat body is translated
-(system messages -> `system`, max_tokens required, `stop` -> `stop_sequences`).
-Answers: a Message becomes an OpenAI chat.completion for jobs whose output is
-OpenAI's, and a chat.completion becomes a Message for jobs whose output is
-Anthropic's, so a job's output lines have one shape whichever provider answered.
+A Message becomes an OpenAI chat.completion for jobs whose output is OpenAI's, and a
+chat.completion becomes a Message for jobs whose output is Anthropic's, so a job's
+output lines have one shape whichever provider answered: text, tool calls, thinking
+(OpenAI-side `reasoning_content`, the field vLLM, DeepSeek and others answer with),
+refusals and usage. (Requests are translated in quotaflow/translate/.)
 
 Plain dicts, not the `anthropic` SDK's pydantic models: this is on every answer's
 path, and validating each body would cost more than the call's own parsing.
@@ -18,12 +16,9 @@ from typing import Any
 
 import orjson
 
-from quotaflow.constants import ANTHROPIC_PARAMS, OUTPUT_ANTHROPIC
+from quotaflow.constants import OUTPUT_ANTHROPIC
 from quotaflow.providers.base import ProviderResponse
-from quotaflow.tokens import max_output_tokens
 
-# OpenAI chat keys with an Anthropic twin of the same meaning and name.
-_SAME_KEYS = ("temperature", "top_p", "top_k", "metadata", "stop_sequences")
 # Anthropic's stop_reason -> OpenAI's finish_reason, and back.
 FINISH_REASONS = {"end_turn": "stop", "stop_sequence": "stop", "max_tokens": "length",
                   "tool_use": "tool_calls", "pause_turn": "stop", "refusal": "content_filter"}
@@ -35,51 +30,12 @@ ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error",
                429: "rate_limit_error", 529: "overloaded_error"}
 
 
-def messages_request(body: dict[str, Any], model: str, default_max_tokens: int
-                     ) -> dict[str, Any]:
-    """The Messages API body for a stored request body (OpenAI chat shape, perhaps with
-    the Anthropic line's own params kept beside it)."""
-    params = body.get(ANTHROPIC_PARAMS)
-    if isinstance(params, dict):
-        return {**params, "model": model}
-    system: list[str] = []
-    messages: list[dict[str, Any]] = []
-    for message in body.get("messages", ()):
-        role, content = message.get("role"), message.get("content")
-        if role in ("system", "developer"):
-            system.append(_text_of(content))
-        else:
-            messages.append({"role": role, "content": _blocks_of(content)})
-    request: dict[str, Any] = {"model": model, "messages": messages,
-                               "max_tokens": max_output_tokens(body, default_max_tokens)}
-    if system:
-        request["system"] = "\n\n".join(system)
-    for key in _SAME_KEYS:
-        if body.get(key) is not None:
-            request[key] = body[key]
-    stop = body.get("stop")
-    if stop is not None:
-        request["stop_sequences"] = [stop] if isinstance(stop, str) else list(stop)
-    if isinstance(body.get("user"), str) and "metadata" not in request:
-        request["metadata"] = {"user_id": body["user"]}
-    return request
-
-
 def _text_of(content: Any) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
         return "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
     return "" if content is None else str(content)
-
-
-def _blocks_of(content: Any) -> Any:
-    """OpenAI content parts as Anthropic blocks; a string stays a string."""
-    if not isinstance(content, list):
-        return content
-    return [{"type": "text", "text": str(part.get("text", ""))}
-            if isinstance(part, dict) and part.get("type") == "text" else part
-            for part in content]
 
 
 def message_usage(message: dict[str, Any]) -> tuple[int, int, int, int]:
@@ -99,10 +55,13 @@ def message_usage(message: dict[str, Any]) -> tuple[int, int, int, int]:
 def completion_from_message(message: dict[str, Any]) -> dict[str, Any]:
     """An OpenAI chat.completion body carrying an Anthropic Message's answer."""
     text: list[str] = []
+    thinking: list[str] = []
     tool_calls: list[dict[str, Any]] = []
     for block in message.get("content") or ():
         if block.get("type") == "text":
             text.append(str(block.get("text", "")))
+        elif block.get("type") == "thinking":
+            thinking.append(str(block.get("thinking", "")))
         elif block.get("type") == "tool_use":
             tool_calls.append({"id": block.get("id"), "type": "function", "function": {
                 "name": block.get("name"),
@@ -112,6 +71,8 @@ def completion_from_message(message: dict[str, Any]) -> dict[str, Any]:
                              "refusal": None}
     if tool_calls:
         reply["tool_calls"] = tool_calls
+    if thinking:
+        reply["reasoning_content"] = "".join(thinking)
     return {
         "id": message.get("id"), "object": "chat.completion", "created": int(time.time()),
         "model": message.get("model"),
@@ -129,8 +90,13 @@ def message_from_completion(body: dict[str, Any]) -> dict[str, Any]:
     choice = (body.get("choices") or [{}])[0]
     reply = choice.get("message") or {}
     content: list[dict[str, Any]] = []
+    if reply.get("reasoning_content"):  # no signature: OpenAI-side reasoning has none
+        content.append({"type": "thinking", "thinking": str(reply["reasoning_content"]),
+                        "signature": ""})
     if reply.get("content"):
         content.append({"type": "text", "text": _text_of(reply["content"])})
+    elif reply.get("refusal"):
+        content.append({"type": "text", "text": str(reply["refusal"])})
     for call in reply.get("tool_calls") or ():
         function = call.get("function") or {}
         try:
@@ -145,7 +111,8 @@ def message_from_completion(body: dict[str, Any]) -> dict[str, Any]:
     return {
         "id": body.get("id"), "type": "message", "role": "assistant",
         "model": body.get("model"), "content": content,
-        "stop_reason": STOP_REASONS.get(choice.get("finish_reason") or "", "end_turn"),
+        "stop_reason": "refusal" if reply.get("refusal") and not reply.get("content")
+        else STOP_REASONS.get(choice.get("finish_reason") or "", "end_turn"),
         "stop_sequence": None,
         "usage": {"input_tokens": int(usage.get("prompt_tokens") or 0) - cached,
                   "output_tokens": int(usage.get("completion_tokens") or 0),

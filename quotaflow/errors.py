@@ -4,6 +4,7 @@
     ├── ConfigError            settings or deployments file are unusable
     ├── InvalidRequest         the request itself cannot be used as given (HTTP 400)
     │   ├── InvalidParameter   one parameter of a request is unusable (it is named)
+    │   │   └── Untranslatable one field has no equivalent at the deployment's provider family
     │   ├── InputFileError     an uploaded JSONL file is rejected as a whole
     │   ├── FileTooLarge       an upload is over QUOTAFLOW_MAX_UPLOAD_BYTES (HTTP 413)
     │   └── RequestTooLarge    a request costs more tokens than its deployment ever admits
@@ -77,6 +78,12 @@ class InvalidParameter(InvalidRequest):
     def __init__(self, param: str, message: str) -> None:
         super().__init__(message)
         self.param = param
+
+
+class Untranslatable(InvalidParameter):
+    """A request field has no faithful equivalent in the other provider family's API (an
+    OpenAI chat body going to Anthropic's Messages API, or back): the line fails naming
+    the field rather than being sent without it (quotaflow/translate/)."""
 
 
 class JobNotFound(NotFound):

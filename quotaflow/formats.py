@@ -6,9 +6,10 @@ the Anthropic Message Batches line {"custom_id", "params"}, and the shorthand
 number). Every accepted line becomes a `Request` in OpenAI's shape; every
 refused line becomes a `BadLine` naming its line number and reason. The file
 is read in 1 MiB blocks and never held whole (quotaflow/jsonlines.py reads the
-lines and their JSON). An Anthropic line keeps its params as written beside the
-OpenAI body made of them (under ANTHROPIC_PARAMS): an anthropic deployment sends
-them as they are, others get the OpenAI body. (Out: OpenAI batch output lines or
+lines and their JSON). An Anthropic line keeps its params as written (under
+ANTHROPIC_PARAMS) beside a view in OpenAI's shape that routes and counts it: an
+anthropic deployment sends the params as they are, others their translation
+(quotaflow/translate/). (Out: OpenAI batch output lines or
 Anthropic results, quotaflow/output.py.)
 """
 
@@ -28,6 +29,7 @@ from quotaflow.constants import (
     ENDPOINTS,
 )
 from quotaflow.jsonlines import load_object, read_lines
+from quotaflow.translate.view import counting_view
 
 MAX_CUSTOM_ID_CHARS = 512  # the items.custom_id column
 _DIGEST_PREFIX: dict[str, Any] = {}  # endpoint -> sha256 of '["endpoint",'
@@ -157,32 +159,42 @@ def _check_messages(messages: Any) -> None:
 
 
 def _anthropic_params(params: Any) -> dict[str, Any]:
-    """Anthropic Message Batches params -> an OpenAI chat body (text content), the params
-    kept as they are beside it for an anthropic deployment."""
+    """Anthropic Message Batches params, kept as written (an anthropic deployment sends
+    them so), beside a view in OpenAI's shape that routes and counts the line. Any content
+    block Anthropic defines is accepted: what an OpenAI-compatible deployment cannot take
+    fails the line there, when it is translated (quotaflow/translate/)."""
     if not isinstance(params, dict):
         raise LineRejected("params must be a JSON object")
-    if not isinstance(params.get("max_tokens"), int) or params["max_tokens"] <= 0:
+    max_tokens = params.get("max_tokens")
+    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens <= 0:
         raise LineRejected("params.max_tokens must be a positive integer (Anthropic requires it)")
+    if "model" in params and not isinstance(params["model"], str):
+        raise LineRejected("params.model must be a string")
     messages = params.get("messages")
-    _check_messages(messages)
-    converted = [{"role": m["role"], "content": _anthropic_text(m["content"])} for m in messages]
-    system = params.get("system")
-    if system is not None:
-        converted.insert(0, {"role": "system", "content": _anthropic_text(system)})
-    body: dict[str, Any] = {k: v for k, v in params.items() if k not in ("messages", "system")}
-    body["messages"] = converted
+    if not isinstance(messages, list) or not messages:
+        raise LineRejected("params.messages must be a non-empty list")
+    for index, message in enumerate(messages):
+        if not isinstance(message, dict) or message.get("role") not in ("user", "assistant"):
+            raise LineRejected(f"params.messages[{index}] must be an object with role "
+                               "\"user\" or \"assistant\"")
+        _check_blocks(message.get("content"), f"params.messages[{index}].content")
+    if params.get("system") is not None:
+        _check_blocks(params["system"], "params.system")
+    body = counting_view(params)
     body[ANTHROPIC_PARAMS] = params
     return body
 
 
-def _anthropic_text(content: Any) -> str:
+def _check_blocks(content: Any, path: str) -> None:
+    """A string, or a list of content blocks (objects with a string `type`)."""
     if isinstance(content, str):
-        return content
-    if isinstance(content, list) and all(
-        isinstance(block, dict) and block.get("type") == "text" for block in content
-    ):
-        return "".join(str(block.get("text", "")) for block in content)
-    raise LineRejected("only text content (a string or text blocks) is supported")
+        return
+    if not isinstance(content, list):
+        raise LineRejected(f"{path} must be a string or a list of content blocks")
+    for index, block in enumerate(content):
+        if not isinstance(block, dict) or not isinstance(block.get("type"), str):
+            raise LineRejected(f"{path}[{index}] must be a content block (an object with a "
+                               "type)")
 
 
 def _shorthand_body(obj: dict[str, Any]) -> dict[str, Any]:

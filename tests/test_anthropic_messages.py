@@ -9,7 +9,6 @@ from pydantic import ValidationError
 from quotaflow.anthropic_messages import (
     completion_from_message,
     message_from_completion,
-    messages_request,
     reshape,
 )
 from quotaflow.deployments import Deployment
@@ -19,6 +18,7 @@ from quotaflow.output import render_anthropic
 from quotaflow.providers.anthropic import AnthropicProvider
 from quotaflow.providers.base import ProviderResponse
 from quotaflow.ratelimit import Budget
+from quotaflow.translate.to_anthropic import messages_request
 
 
 def message(stop_reason: str = "end_turn", **usage: int) -> dict[str, Any]:
@@ -34,7 +34,7 @@ def test_an_openai_chat_body_becomes_a_messages_request() -> None:
         {"role": "user", "content": [{"type": "text", "text": "hi"}]},
         {"role": "assistant", "content": "hello"}, {"role": "user", "content": "more"}],
         "max_completion_tokens": 64, "temperature": 0.2, "top_p": 0.9, "stop": "END",
-        "n": 1, "seed": 7}
+        "n": 1}
     assert messages_request(body, "claude-x", 1024) == {
         "model": "claude-x", "system": "be brief", "max_tokens": 64, "temperature": 0.2,
         "top_p": 0.9, "stop_sequences": ["END"], "messages": [
@@ -193,3 +193,27 @@ def test_a_429_without_retry_after_waits_for_the_exhausted_limits_reset() -> Non
                                     "anthropic-ratelimit-output-tokens-reset": reset},
                               None, error("rate_limit_error"))
     assert 3 < raised.value.retry_after <= 5
+
+
+def test_thinking_becomes_reasoning_content_and_back() -> None:
+    answer = {**message("tool_use"), "content": [
+        {"type": "thinking", "thinking": "Paris is in France.", "signature": "sig"},
+        {"type": "text", "text": "Checking."},
+        {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}}]}
+    reply = completion_from_message(answer)["choices"][0]["message"]
+    assert reply["reasoning_content"] == "Paris is in France." and reply["content"] == "Checking."
+    assert reply["tool_calls"][0]["function"]["name"] == "get_weather"
+    completion = completion_from_message(answer)
+    back = message_from_completion(completion)
+    assert [block["type"] for block in back["content"]] == ["thinking", "text", "tool_use"]
+    assert back["content"][0]["thinking"] == "Paris is in France."
+    assert back["stop_reason"] == "tool_use"
+
+
+def test_an_openai_refusal_is_a_refusal_message() -> None:
+    completion = {"id": "c", "model": "gpt", "usage": {}, "choices": [{"index": 0, "message": {
+        "role": "assistant", "content": None, "refusal": "I can't help with that."},
+        "finish_reason": "stop"}]}
+    made = message_from_completion(completion)
+    assert made["stop_reason"] == "refusal"
+    assert made["content"] == [{"type": "text", "text": "I can't help with that."}]

@@ -1,15 +1,20 @@
-"""An item made ready for one deployment: its body as sent there and what it costs."""
+"""An item made ready for one deployment: its body as sent there and what it costs.
 
-from quotaflow.anthropic_messages import messages_request
-from quotaflow.constants import ANTHROPIC_PARAMS, ENDPOINT_CHAT
+A line goes to a deployment of its own family as written (only `model` set), and is
+translated for the other family (quotaflow/translate/); a field that has no
+equivalent there fails the line here, naming it.
+"""
+
+from quotaflow.constants import ENDPOINT_CHAT
 from quotaflow.deployments import Deployment, Deployments
-from quotaflow.errors import ConfigError, RequestTooLarge
+from quotaflow.errors import ConfigError, RequestTooLarge, Untranslatable
 from quotaflow.execution.admitted import Admitted
 from quotaflow.execution.loops import ProviderPool
 from quotaflow.leases import ClaimedItem
 from quotaflow.outcomes import Failure, FailureCode
 from quotaflow.ratelimit import Budget
 from quotaflow.tokens import admission_tokens, estimate_tokens, max_output_tokens, prompt_text
+from quotaflow.translate.body import request_body
 
 
 class Preparer:
@@ -26,16 +31,15 @@ class Preparer:
         except ConfigError as exc:  # e.g. the key's environment variable is not set
             return Failure(FailureCode.CONFIGURATION_ERROR, str(exc))
         budget = self.budgets[deployment.name]
-        if deployment.provider == "anthropic":
-            if url != ENDPOINT_CHAT:
-                return Failure(FailureCode.CONFIGURATION_ERROR, (
-                    f"deployment {deployment.name!r} is Anthropic's Messages API, which "
-                    f"answers chat requests only, not {url}; route this model elsewhere"))
-            body = messages_request(item.body, deployment.model, deployment.default_max_tokens)
-        else:
-            body = {**item.body, "model": deployment.model}
-            if ANTHROPIC_PARAMS in body:  # an Anthropic line: its OpenAI body goes
-                del body[ANTHROPIC_PARAMS]
+        if deployment.provider == "anthropic" and url != ENDPOINT_CHAT:
+            return Failure(FailureCode.CONFIGURATION_ERROR, (
+                f"deployment {deployment.name!r} is Anthropic's Messages API, which "
+                f"answers chat requests only, not {url}; route this model elsewhere"))
+        try:
+            body = request_body(item.body, deployment)
+        except Untranslatable as exc:
+            return Failure(FailureCode.INVALID_REQUEST,
+                           f"deployment {deployment.name!r}: {exc}")
         input_cost = 0
         if budget.split:  # max_tokens against OTPM, the prompt against ITPM
             cost = max_output_tokens(item.body, deployment.default_max_tokens)
@@ -47,3 +51,4 @@ class Preparer:
         except RequestTooLarge as exc:
             return Failure(FailureCode.REQUEST_TOO_LARGE, str(exc))
         return Admitted(item, deployment, provider, budget, body, cost, input_cost=input_cost)
+

@@ -19,10 +19,9 @@ from typing import Any, Protocol
 import httpx
 import orjson
 
-from quotaflow.anthropic_messages import messages_request
-from quotaflow.constants import ANTHROPIC_PARAMS
 from quotaflow.deployments import Deployment
 from quotaflow.errors import PermanentProviderError, ProviderError, RetryableProviderError
+from quotaflow.translate.body import request_body
 
 METADATA_KEY = "quotaflow_batch"
 # How far back `find` looks through the provider's batch list for our id.
@@ -58,7 +57,10 @@ class Remote:
 
 
 class BatchClient(Protocol):
-    def request_line(self, line_no: int, url: str, body: dict[str, Any]) -> dict[str, Any]: ...
+    def request_line(self, line_no: int, url: str, body: dict[str, Any]) -> dict[str, Any]:
+        """The line as the provider's batch file holds it; Untranslatable where the body
+        cannot go to this provider's family."""
+        ...
 
     def find(self, batch_id: str, since: datetime) -> str | None: ...
 
@@ -109,9 +111,8 @@ class OpenAIBatches:
                                     timeout=deployment.timeout_s, max_retries=2)
 
     def request_line(self, line_no: int, url: str, body: dict[str, Any]) -> dict[str, Any]:
-        body = {k: v for k, v in body.items() if k != ANTHROPIC_PARAMS}
         return {"custom_id": custom_id(line_no), "method": "POST", "url": url,
-                "body": {**body, "model": self.deployment.model}}
+                "body": request_body(body, self.deployment)}
 
     def find(self, batch_id: str, since: datetime) -> str | None:
         with _translated(self.deployment.name):
@@ -181,9 +182,7 @@ class AnthropicBatches:
                              "x-api-key": self.key})
 
     def request_line(self, line_no: int, url: str, body: dict[str, Any]) -> dict[str, Any]:
-        params = messages_request(body, self.deployment.model,
-                                  self.deployment.default_max_tokens)
-        return {"custom_id": custom_id(line_no), "params": params}
+        return {"custom_id": custom_id(line_no), "params": request_body(body, self.deployment)}
 
     def find(self, batch_id: str, since: datetime) -> str | None:
         return None  # Message Batches carry no metadata to find ours by

@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from quotaflow.config import Settings
 from quotaflow.deployments import Deployment, Deployments
 from quotaflow.dispatch import Dispatcher
-from quotaflow.errors import PermanentProviderError, ProviderError
+from quotaflow.errors import PermanentProviderError, ProviderError, Untranslatable
 from quotaflow.models import Job, utcnow
 from quotaflow.outcomes import Failure, FailureCode
 from quotaflow.pbatch import aware
@@ -96,8 +96,21 @@ class ProviderBatchLoop:
             self._save(batch.id, state=BatchState.SUBMITTED, provider_id=found,
                        submitted_at=utcnow())
             return
-        body = b"".join(_line(client.request_line(n, job.url, item.body))
-                        for n, item in items.items())
+        lines, refused = [], []
+        for n, item in items.items():
+            try:
+                lines.append(_line(client.request_line(n, job.url, item.body)))
+            except Untranslatable as exc:  # that line fails (or goes to realtime), not all
+                refused.append(LineResult(n, "errored", Failure(
+                    FailureCode.INVALID_REQUEST, f"deployment {batch.deployment!r}: {exc}"),
+                    False))
+        if refused:
+            self.collector.settle(job, {r.line_no: items.pop(r.line_no) for r in refused},
+                                  refused)
+            if not lines:
+                self._save(batch.id, state=BatchState.DONE, ended_at=utcnow())
+                return
+        body = b"".join(lines)
         try:
             provider_id, file_id = client.submit(batch.id, job.url, body)
         except PermanentProviderError as exc:  # refused whole: each line as a call would be

@@ -1,0 +1,51 @@
+"""The conformance set: real-world request lines and what each deployment family is sent.
+
+Each `NAME.jsonl` here holds one entry per line, a JSON object:
+
+    {"name": "o-vision-url",              unique in the set; the line's custom_id
+     "line": {...},                       the batch input line, as a user writes it
+                                          (OpenAI Batch or Anthropic {"custom_id", "params"})
+     "openai": "unchanged" | {...} | {"error": "FIELD"},
+     "anthropic": "unchanged" | {...} | {"error": "FIELD"}}
+
+`openai` is the body an OpenAI-compatible deployment must receive, `anthropic` the one
+an anthropic deployment must receive: "unchanged" means the line's own body (or
+params) as written, an object the translated request, `{"error": FIELD}` that the line
+must fail naming FIELD (e.g. "body.logit_bias") and nothing be sent. `model` is left out
+of the expected bodies: the deployment sets it. Files by endpoint and input shape:
+chat_openai.jsonl (/v1/chat/completions lines), messages_anthropic.jsonl (Anthropic
+Message Batches lines); add e.g. responses_openai.jsonl beside them in the same format.
+
+tests/test_conformance.py checks the translations in process; tests/
+test_conformance_cluster.py runs every file as jobs through Celery workers against the
+strict mock provider, which records what it received (`--record`).
+"""
+
+import json
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).parent
+UNCHANGED = "unchanged"
+
+
+def names() -> list[str]:
+    """The set's files, without .jsonl."""
+    return sorted(path.stem for path in HERE.glob("*.jsonl"))
+
+
+def lines(name: str) -> list[dict[str, Any]]:
+    """The entries of NAME.jsonl, in file order."""
+    with (HERE / f"{name}.jsonl").open(encoding="utf-8") as file:
+        return [json.loads(line) for line in file if line.strip()]
+
+
+def expected(entry: dict[str, Any], family: str) -> dict[str, Any]:
+    """The body `family` ("openai" or "anthropic") must receive, model left out, or
+    {"error": FIELD}."""
+    want = entry[family]
+    if want != UNCHANGED:
+        return want
+    line = entry["line"]
+    own = line["body"] if "body" in line else line["params"]
+    return {key: value for key, value in own.items() if key != "model"}
