@@ -1,7 +1,8 @@
 """An item made ready for one deployment: its body as sent there and what it costs."""
 
 from quotaflow.anthropic_messages import messages_request
-from quotaflow.constants import ANTHROPIC_PARAMS, ENDPOINT_CHAT
+from quotaflow.capabilities import unserved
+from quotaflow.constants import ANTHROPIC_PARAMS
 from quotaflow.deployments import Deployment, Deployments
 from quotaflow.errors import ConfigError, RequestTooLarge
 from quotaflow.execution.admitted import Admitted
@@ -21,16 +22,14 @@ class Preparer:
 
     def prepare(self, url: str, deployment: Deployment, item: ClaimedItem) -> Admitted | Failure:
         """The item as `deployment` would receive it, or why it cannot go there."""
+        if (refused := unserved(deployment, url)) is not None:  # quotaflow/capabilities.py
+            return refused
         try:
             provider = self.providers.get(deployment)
         except ConfigError as exc:  # e.g. the key's environment variable is not set
             return Failure(FailureCode.CONFIGURATION_ERROR, str(exc))
         budget = self.budgets[deployment.name]
         if deployment.provider == "anthropic":
-            if url != ENDPOINT_CHAT:
-                return Failure(FailureCode.CONFIGURATION_ERROR, (
-                    f"deployment {deployment.name!r} is Anthropic's Messages API, which "
-                    f"answers chat requests only, not {url}; route this model elsewhere"))
             body = messages_request(item.body, deployment.model, deployment.default_max_tokens)
         else:
             body = {**item.body, "model": deployment.model}
