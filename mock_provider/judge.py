@@ -101,11 +101,12 @@ class Judge:
         if fault == "malformed":
             return fault_modes.malformed()
         answer = simulated_body(url, body)
-        stats.record_usage(answer["usage"])
+        usage = answer.get("usage") or {}  # a moderation has none: its admission stands
+        stats.record_usage(usage)
         if self.reconcile:
             # Bill real usage: the admission estimate's unused part goes back to the
             # bucket, and the headers describe the buckets as they are now.
-            refund = cost - int(answer["usage"].get("total_tokens", cost))
+            refund = cost - int(usage.get("total_tokens", cost))
             stats.tokens_refunded += refund
             headers = ratelimit_headers(self.rpm, self.tpm, self.limits.settle(refund))
         return json_response(200, answer, headers)

@@ -27,7 +27,7 @@ _MODEL_PATHS = frozenset(ENDPOINTS)
 
 
 class LeanProvider:
-    """Raw ASGI app: POST /v1/chat/completions, /v1/completions, /v1/embeddings answer
+    """Raw ASGI app: POST to each of the endpoints (constants.ENDPOINTS) answers
     simulated bodies at once (or after `latency_ms`); GET /stats, POST /stats/reset,
     GET /healthz. Every request is admitted: no buckets, no faults."""
 
@@ -77,7 +77,7 @@ class LeanProvider:
             answer = None
         if answer is None:
             return 400, error_body(UNPARSABLE, "invalid_request_error", None)
-        stats.record_admitted(raw, answer["usage"])
+        stats.record_admitted(raw, answer.get("usage") or {})  # moderations have none
         if self.latency_s > 0:
             await asyncio.sleep(self.latency_s)
         return 200, answer

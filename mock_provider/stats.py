@@ -51,8 +51,10 @@ class Stats:
         self.last_admitted_at = now
 
     def record_usage(self, usage: dict[str, Any]) -> None:
-        self.prompt_tokens += int(usage.get("prompt_tokens", 0))
-        self.completion_tokens += int(usage.get("completion_tokens", 0))
+        """An answer's usage, in either shape (/v1/responses says input/output_tokens)."""
+        self.prompt_tokens += int(usage.get("prompt_tokens") or usage.get("input_tokens") or 0)
+        self.completion_tokens += int(usage.get("completion_tokens")
+                                      or usage.get("output_tokens") or 0)
 
     def as_json(self) -> dict[str, Any]:
         fields = {k: v for k, v in vars(self).items() if k != "calls_per_body"}
@@ -89,8 +91,9 @@ class LeanStats:
         if self.first_admitted_at is None:
             self.first_admitted_at = now
         self.last_admitted_at = now
-        self.prompt_tokens += usage.get("prompt_tokens", 0)
-        self.completion_tokens += usage.get("completion_tokens", 0)
+        self.prompt_tokens += usage.get("prompt_tokens") or usage.get("input_tokens") or 0
+        self.completion_tokens += (usage.get("completion_tokens")
+                                   or usage.get("output_tokens") or 0)
 
     def as_json(self) -> dict[str, Any]:
         fields = {k: v for k, v in vars(self).items() if k != "calls_per_body"}

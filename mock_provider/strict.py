@@ -1,6 +1,6 @@
 """The strict provider as a FastAPI app: the judge's routes and the test controls.
 
-Besides the three model endpoints it serves what a test needs to read and steer
+Besides the five model endpoints it serves what a test needs to read and steer
 the judge from outside its process: GET /stats and POST /stats/reset, PUT
 /faults (a deployment that starts failing mid-run) and GET /healthz. FastAPI
 costs two to three times the unlimited server's CPU per request (README, "The

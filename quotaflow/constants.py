@@ -26,11 +26,17 @@ TASK_PROCESS_BATCH: Final = "quotaflow.process_batch"
 
 REDIS_PREFIX: Final = "quotaflow"
 
-# The endpoints quotaflow accepts in a batch line, as OpenAI's Batch API names them.
+# The endpoints quotaflow accepts in a batch line, as OpenAI's Batch API names them
+# (which deployments serve which: quotaflow/capabilities.py).
+ENDPOINT_RESPONSES: Final = "/v1/responses"
 ENDPOINT_CHAT: Final = "/v1/chat/completions"
 ENDPOINT_COMPLETIONS: Final = "/v1/completions"
 ENDPOINT_EMBEDDINGS: Final = "/v1/embeddings"
-ENDPOINTS: Final = (ENDPOINT_CHAT, ENDPOINT_COMPLETIONS, ENDPOINT_EMBEDDINGS)
+ENDPOINT_MODERATIONS: Final = "/v1/moderations"
+ENDPOINTS: Final = (ENDPOINT_RESPONSES, ENDPOINT_CHAT, ENDPOINT_COMPLETIONS, ENDPOINT_EMBEDDINGS,
+                    ENDPOINT_MODERATIONS)
+# Endpoints whose answers have no output tokens: nothing but the input is admitted.
+INPUT_ONLY_ENDPOINTS: Final = frozenset({ENDPOINT_EMBEDDINGS, ENDPOINT_MODERATIONS})
 
 # Anthropic's Messages API, where provider = "anthropic" deployments send every request.
 ENDPOINT_MESSAGES: Final = "/v1/messages"

@@ -17,13 +17,13 @@ from typing import Any
 from sqlalchemy import bindparam, func, select, update
 from sqlalchemy.orm import Session
 
-from quotaflow.constants import ANTHROPIC_PARAMS, ENDPOINT_EMBEDDINGS
+from quotaflow.constants import ANTHROPIC_PARAMS, ENDPOINT_EMBEDDINGS, ENDPOINT_MODERATIONS
 from quotaflow.dispatch import BatchRef
 from quotaflow.models import Item, ItemStatus
 
 ITEMS = Item.__table__
 # Endpoints whose answer is a function of the request: no sampling to repeat.
-_FIXED_ENDPOINTS = frozenset({ENDPOINT_EMBEDDINGS, "/v1/moderations"})
+_FIXED_ENDPOINTS = frozenset({ENDPOINT_EMBEDDINGS, ENDPOINT_MODERATIONS})
 
 
 def answer_is_fixed(url: str, body: dict[str, Any]) -> bool:

@@ -65,11 +65,15 @@ class _Counts:
     ids: set[int] = field(default_factory=set)
     duplicates: list[LineProblem] = field(default_factory=list)
 
-    def __call__(self, line_no: int, route: str, custom_id: str, text: str) -> None:
+    def __call__(self, line_no: int, route: str, custom_id: str, text: str,
+                 fixed: int = 0) -> None:
+        """`fixed`: the line's images' and files' tokens (quotaflow/images.py), which no
+        tokenizer counts."""
         counter = self.counters.get(route)
         if counter is None:
             counter = self.counters[route] = counter_for(self._model(route))
-        self.prompt_tokens[route] = self.prompt_tokens.get(route, 0) + counter.count(text)
+        self.prompt_tokens[route] = (self.prompt_tokens.get(route, 0) + counter.count(text)
+                                     + fixed)
         key = int.from_bytes(hashlib.blake2b(custom_id.encode(errors="surrogatepass"),
                                              digest_size=8).digest())
         if key in self.ids:

@@ -26,13 +26,18 @@ from quotaflow.constants import (
     ENDPOINT_CHAT,
     ENDPOINT_COMPLETIONS,
     ENDPOINT_EMBEDDINGS,
+    ENDPOINT_MODERATIONS,
+    ENDPOINT_RESPONSES,
     ENDPOINTS,
 )
+from quotaflow.inputs import moderations_problem, responses_problem
 from quotaflow.jsonlines import load_object, read_lines
 from quotaflow.translate.view import counting_view
 
 MAX_CUSTOM_ID_CHARS = 512  # the items.custom_id column
 _DIGEST_PREFIX: dict[str, Any] = {}  # endpoint -> sha256 of '["endpoint",'
+# The newer endpoints' bodies, checked field by field (quotaflow/inputs.py).
+_BODY_CHECKS = {ENDPOINT_RESPONSES: responses_problem, ENDPOINT_MODERATIONS: moderations_problem}
 
 
 @dataclass(frozen=True)
@@ -141,6 +146,8 @@ def _check_body(url: str, body: dict[str, Any]) -> None:
         raise LineRejected("body.prompt is required for /v1/completions")
     elif url == ENDPOINT_EMBEDDINGS and not isinstance(body.get("input"), str | list):
         raise LineRejected("body.input is required for /v1/embeddings")
+    elif url in _BODY_CHECKS and (problem := _BODY_CHECKS[url](body)):
+        raise LineRejected(problem)
     for key in ("max_tokens", "max_completion_tokens"):
         value = body.get(key)
         if value is not None and (not isinstance(value, int) or isinstance(value, bool)

@@ -18,7 +18,7 @@ from quotaflow.bulkwrite import RowWriter
 from quotaflow.config import Settings
 from quotaflow.constants import (
     ANTHROPIC_PARAMS,
-    ENDPOINT_EMBEDDINGS,
+    INPUT_ONLY_ENDPOINTS,
     OUTPUT_ANTHROPIC,
     OUTPUT_OPENAI,
 )
@@ -31,7 +31,7 @@ from quotaflow.formats import to_request as _to_request
 from quotaflow.jobs import new_request_id
 from quotaflow.jsonlines import load_object, read_lines
 from quotaflow.outcomes import FailureCode
-from quotaflow.tokens import estimate_tokens, max_output_tokens, prompt_text
+from quotaflow.tokens import estimate_tokens, max_output_tokens, prompt_parts
 
 MAX_PROBLEMS = 1000  # line problems kept for the refusal message (as many as the API shows)
 MAX_SUSPECTS = 100_000  # past this many possibly-repeated bodies, dedup scans the whole job
@@ -82,9 +82,10 @@ class LineScan:
         self._routed: dict[str | None, str | None] = {}
         # Per route: what a cost or time estimate needs (spend limits, `quotaflow estimate`).
         self.routes: dict[str, RouteTally] = {}
-        # Called with (line number, route, custom_id, prompt text) of each valid line:
-        # what `quotaflow estimate` (quotaflow/estimate.py) counts beside the tallies.
-        self.on_valid: Callable[[int, str, str, str], None] | None = None
+        # Called with (line number, route, custom_id, prompt text, its images' and files'
+        # tokens) of each valid line: what `quotaflow estimate` (quotaflow/estimate.py)
+        # counts beside the tallies.
+        self.on_valid: Callable[[int, str, str, str, int], None] | None = None
 
     def run(self, stream: IO[bytes], writer: RowWriter) -> None:  # noqa: C901 (the hot loop)
         max_lines, seen, job_id, dedup = self.max_lines, self.seen, self.job_id, self.dedup
@@ -122,8 +123,8 @@ class LineScan:
             # later one's with QUOTAFLOW_DEDUP_ACROSS_JOBS): a sampled line is always sent.
             digest = (body_digest(request.url, body)
                       if shares(dedup, True, request.url, request.body) else None)
-            text = prompt_text(request.url, request.body)
-            prompt = estimate_tokens(text)
+            text, fixed = prompt_parts(request.url, request.body)
+            prompt = estimate_tokens(text) + fixed
             self.tokens += prompt
             tally = self.routes.get(route)
             if tally is None:
@@ -131,12 +132,12 @@ class LineScan:
                     route, self.deployments.route_max_tokens(route))
             tally.requests += 1
             tally.prompt_tokens += prompt
-            completion = (0 if request.url == ENDPOINT_EMBEDDINGS
+            completion = (0 if request.url in INPUT_ONLY_ENDPOINTS
                           else max_output_tokens(request.body, tally.default_max_tokens))
             tally.max_completion_tokens += completion
             batch_tokens += prompt + completion
             if self.on_valid is not None:
-                self.on_valid(line_no, route, request.custom_id, text)
+                self.on_valid(line_no, route, request.custom_id, text, fixed)
             if budget is not None and self.tokens > budget:
                 assert self.room is not None
                 self.room.refuse_if_over(self.tokens)

@@ -20,6 +20,8 @@ class FailureCode(StrEnum):
     NO_DEPLOYMENT = "no_deployment"
     # The deployment cannot be called as configured (e.g. its key is not set).
     CONFIGURATION_ERROR = "configuration_error"
+    # The deployments its route names cannot serve its endpoint (quotaflow/capabilities.py).
+    UNSUPPORTED_ENDPOINT = "unsupported_endpoint"
     # The request needs more tokens than the deployment's bucket can ever hold.
     REQUEST_TOO_LARGE = "request_too_large"
     # The provider refused it, or kept failing until the attempts ran out.

@@ -243,6 +243,37 @@ def test_answers_are_openai_shaped_and_simulated(serve: Serve) -> None:
     assert embedding["object"] == "list" and embedding["data"][0]["embedding"]
 
 
+def test_responses_and_moderations_are_admitted_as_quotaflow_counts_them(serve: Serve) -> None:
+    # Given a strict provider that refunds unused tokens, and its default max_tokens of 100
+    client = serve(rpm=600, tpm=100_000, default_max_tokens=100)
+    response_body = {"model": "gpt-4.1", "instructions": "Be brief.", "input": [
+        {"role": "user", "content": [{"type": "input_text", "text": "What is 2+2?"},
+                                     {"type": "input_image", "image_url": "https://x/y.png",
+                                      "detail": "low"}]}]}
+    moderation_body = {"model": "omni-moderation-latest", "input": ["fine", "hate speech"]}
+    # When a Response and a moderation are asked for
+    response = client.post("/v1/responses", json=response_body)
+    moderation = client.post("/v1/moderations", json=moderation_body)
+    # Then each is OpenAI's object, and each was admitted at quotaflow's own count: the
+    # response at its text, image (85, low) and the default ceiling; the moderation at
+    # its input alone
+    assert response.status_code == moderation.status_code == 200
+    answer = response.json()
+    assert answer["object"] == "response" and answer["output"][0]["content"][0]["text"] == (
+        "simulated reply to: What is 2+2?")
+    assert moderation.json()["id"].startswith("modr-")
+    assert [r["flagged"] for r in moderation.json()["results"]] == [False, True]
+    cost = admission_tokens("/v1/responses", response_body, 100)
+    assert cost == (len("Be brief.\nWhat is 2+2?") + 3) // 4 + 85 + 100
+    stats = client.get("/stats").json()
+    assert stats["tokens_admitted"] == cost + admission_tokens("/v1/moderations",
+                                                               moderation_body, 100)
+    # And the response's unused ceiling came back (a moderation has no usage to settle)
+    assert stats["tokens_refunded"] == cost - answer["usage"]["total_tokens"]
+    assert stats["prompt_tokens"] == answer["usage"]["input_tokens"]
+    assert stats["completion_tokens"] == answer["usage"]["output_tokens"]
+
+
 def test_stats_count_admissions_refusals_and_duplicate_bodies(serve: Serve) -> None:
     # Given room for 3 requests (180 RPM, 1 s burst)
     client = serve(rpm=180, tpm=1_000_000, burst_seconds=1)
@@ -311,7 +342,10 @@ def test_api_key_is_required_when_configured(serve: Serve) -> None:
 
 
 def _without_ids(answer: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in answer.items() if k not in ("id", "created")}
+    kept = {k: v for k, v in answer.items() if k not in ("id", "created", "created_at")}
+    if "output" in kept:  # a Response's output items have ids of their own
+        kept["output"] = [{k: v for k, v in item.items() if k != "id"} for item in kept["output"]]
+    return kept
 
 
 def test_unlimited_mode_admits_everything_with_the_same_simulated_answers(serve: Serve) -> None:
@@ -320,7 +354,9 @@ def test_unlimited_mode_admits_everything_with_the_same_simulated_answers(serve:
     strict = serve(rpm=60_000, tpm=10_000_000)
     bodies = {CHAT: chat("What is 2+2?", max_tokens=4),
               "/v1/completions": {"model": "m", "prompt": "Say hi"},
-              "/v1/embeddings": {"model": "e", "input": "Say hi"}}
+              "/v1/embeddings": {"model": "e", "input": "Say hi"},
+              "/v1/responses": {"model": "r", "input": "Say hi"},
+              "/v1/moderations": {"model": "o", "input": "Say hi"}}
 
     # When each endpoint is called, and one chat body three times more
     answers = {url: lean.post(url, json=body) for url, body in bodies.items()}
@@ -337,12 +373,14 @@ def test_unlimited_mode_admits_everything_with_the_same_simulated_answers(serve:
     assert all(r.status_code == 200 for r in repeats)
     # And /stats counts requests, usage and repeated bodies as the strict judge's does
     stats = lean.get("/stats").json()
-    usages = [a.json()["usage"] for a in [*answers.values(), *repeats]]
+    usages = [a.json().get("usage", {}) for a in [*answers.values(), *repeats]]
     assert stats["unlimited"] is True
-    assert (stats["requests_total"], stats["admitted"], stats["rejected_429"]) == (6, 6, 0)
+    assert (stats["requests_total"], stats["admitted"], stats["rejected_429"]) == (8, 8, 0)
     assert (stats["duplicate_bodies"], stats["max_calls_per_body"]) == (3, 4)
-    assert stats["prompt_tokens"] == sum(u["prompt_tokens"] for u in usages)
-    assert stats["completion_tokens"] == sum(u.get("completion_tokens", 0) for u in usages)
+    assert stats["prompt_tokens"] == sum(u.get("prompt_tokens") or u.get("input_tokens", 0)
+                                         for u in usages)
+    assert stats["completion_tokens"] == sum(u.get("completion_tokens")
+                                             or u.get("output_tokens", 0) for u in usages)
     assert 0 < stats["first_admitted_at"] <= stats["last_admitted_at"] <= time.time()
 
     # And bad bodies are 400s, unknown routes 404s, and a reset zeroes the counts

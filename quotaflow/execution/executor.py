@@ -22,9 +22,10 @@ from sqlalchemy import exists, func, select
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
+from quotaflow.capabilities import serves, serving_route, unserved_message
 from quotaflow.circuit import CircuitBreaker, LocalCircuitBreaker
 from quotaflow.config import Settings
-from quotaflow.constants import ENDPOINT_CHAT, QUEUE_BULK, QUEUE_REALTIME
+from quotaflow.constants import QUEUE_BULK, QUEUE_REALTIME
 from quotaflow.deployments import Deployments, Route
 from quotaflow.dispatch import BatchRef
 from quotaflow.errors import ServiceUnavailable
@@ -234,6 +235,16 @@ class BatchExecutor:
     async def _run_route(self, run: BatchRun, job: "_JobFacts", name: str | None,
                          items: list[ClaimedItem]) -> None:
         route = self.deployments.route_named(name)
+        if route is not None:
+            # Only deployments that serve the job's endpoint (quotaflow/capabilities.py).
+            served = serving_route(route, self.deployments, job.url)
+            if served is None:
+                failure = Failure(FailureCode.UNSUPPORTED_ENDPOINT, unserved_message(
+                    (self.deployments.deployments[n] for n in route.names), job.url))
+                for item in items:
+                    run.finish(item, failure)
+                return
+            route = served
         if route is not None and any(self.deployments.deployments[n].is_batch
                                      for n in route.names):
             items = self._to_provider_batch(run, job, route, items)
@@ -265,8 +276,8 @@ class BatchExecutor:
         target = route.batch_deployment(self.deployments)
         if target is None or job.queue != QUEUE_BULK or not self.provider_batches:
             return items
-        if target.provider == "anthropic-batch" and job.url != ENDPOINT_CHAT:
-            return items  # Message Batches answer chat requests only: realtime decides
+        if not serves(target, job.url):
+            return items  # e.g. Message Batches answer chat only: realtime decides
         back = pbatch_enqueue.fell_back(self.sessions, run.ref.job_id,
                                         [item.line_no for item in items])
         pbatch_enqueue.enqueue(self.sessions, run.ref.job_id, run.owner, job.url, target,

@@ -5,7 +5,7 @@ translated for the other family (quotaflow/translate/); a field that has no
 equivalent there fails the line here, naming it.
 """
 
-from quotaflow.constants import ENDPOINT_CHAT
+from quotaflow.capabilities import unserved
 from quotaflow.deployments import Deployment, Deployments
 from quotaflow.errors import ConfigError, RequestTooLarge, Untranslatable
 from quotaflow.execution.admitted import Admitted
@@ -13,7 +13,7 @@ from quotaflow.execution.loops import ProviderPool
 from quotaflow.leases import ClaimedItem
 from quotaflow.outcomes import Failure, FailureCode
 from quotaflow.ratelimit import Budget
-from quotaflow.tokens import admission_tokens, estimate_tokens, max_output_tokens, prompt_text
+from quotaflow.tokens import admission_tokens, max_output_tokens, prompt_tokens
 from quotaflow.translate.body import request_body
 
 
@@ -26,15 +26,13 @@ class Preparer:
 
     def prepare(self, url: str, deployment: Deployment, item: ClaimedItem) -> Admitted | Failure:
         """The item as `deployment` would receive it, or why it cannot go there."""
+        if (refused := unserved(deployment, url)) is not None:  # quotaflow/capabilities.py
+            return refused
         try:
             provider = self.providers.get(deployment)
         except ConfigError as exc:  # e.g. the key's environment variable is not set
             return Failure(FailureCode.CONFIGURATION_ERROR, str(exc))
         budget = self.budgets[deployment.name]
-        if deployment.provider == "anthropic" and url != ENDPOINT_CHAT:
-            return Failure(FailureCode.CONFIGURATION_ERROR, (
-                f"deployment {deployment.name!r} is Anthropic's Messages API, which "
-                f"answers chat requests only, not {url}; route this model elsewhere"))
         try:
             body = request_body(item.body, deployment)
         except Untranslatable as exc:
@@ -43,7 +41,7 @@ class Preparer:
         input_cost = 0
         if budget.split:  # max_tokens against OTPM, the prompt against ITPM
             cost = max_output_tokens(item.body, deployment.default_max_tokens)
-            input_cost = estimate_tokens(prompt_text(url, item.body))
+            input_cost = prompt_tokens(url, item.body)  # images by their own rule
         else:
             cost = admission_tokens(url, item.body, deployment.default_max_tokens)
         try:

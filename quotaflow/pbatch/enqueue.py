@@ -20,7 +20,7 @@ from quotaflow.leases import ITEMS, ClaimedItem
 from quotaflow.models import ItemStatus, utcnow
 from quotaflow.pbatch import OWNER
 from quotaflow.pbatch.tables import LineState, ProviderBatchLine
-from quotaflow.tokens import estimate_tokens, prompt_text
+from quotaflow.tokens import prompt_tokens
 
 LINES = ProviderBatchLine.__table__
 # Bytes a line's envelope adds to its body in the provider's file (custom_id, url, ...).
@@ -44,7 +44,7 @@ def enqueue(sessions: sessionmaker[Session], job_id: str, owner: str, url: str,
     rows = [dict(job_id=job_id, line_no=item.line_no, deployment=deployment.name,
                  state=LineState.QUEUED, provider_batch_id=None,
                  bytes=len(orjson.dumps(item.body)) + ENVELOPE_BYTES,
-                 tokens=estimate_tokens(prompt_text(url, item.body)), queued_at=now)
+                 tokens=prompt_tokens(url, item.body), queued_at=now)
             for item in items]
     lines = [item.line_no for item in items]
     with sessions.begin() as session:

@@ -12,11 +12,16 @@ import time
 import uuid
 from typing import Any
 
-from quotaflow.constants import ENDPOINT_COMPLETIONS, ENDPOINT_EMBEDDINGS
-from quotaflow.providers.base import ProviderResponse
-from quotaflow.tokens import estimate_tokens, prompt_text
+from quotaflow.constants import (
+    ENDPOINT_COMPLETIONS,
+    ENDPOINT_EMBEDDINGS,
+    ENDPOINT_MODERATIONS,
+    ENDPOINT_RESPONSES,
+)
+from quotaflow.providers.base import ProviderResponse, usage_of
+from quotaflow.providers.mock_answers import SIMULATED_FINGERPRINT, moderation_body, response_body
+from quotaflow.tokens import estimate_tokens, prompt_text, prompt_tokens
 
-SIMULATED_FINGERPRINT = "quotaflow-simulated"
 EMBEDDING_DIMENSIONS = 8
 
 
@@ -34,9 +39,14 @@ def simulated_text(url: str, body: dict[str, Any]) -> str:
 
 
 def simulated_body(url: str, body: dict[str, Any]) -> dict[str, Any]:
-    """A complete OpenAI-shaped response body for the request."""
+    """A complete OpenAI-shaped response body for the request: a chat.completion,
+    text_completion, embeddings list, Response or moderation object."""
+    if url == ENDPOINT_RESPONSES:
+        return response_body(body)
+    if url == ENDPOINT_MODERATIONS:
+        return moderation_body(body)
     model = body.get("model") or "mock"
-    prompt_tokens = estimate_tokens(prompt_text(url, body))
+    prompt = prompt_tokens(url, body)
     created = int(time.time())
     if url == ENDPOINT_EMBEDDINGS:
         digest = hashlib.sha256(prompt_text(url, body).encode()).digest()
@@ -45,14 +55,14 @@ def simulated_body(url: str, body: dict[str, Any]) -> dict[str, Any]:
             "object": "list",
             "model": model,
             "data": [{"object": "embedding", "index": 0, "embedding": vector}],
-            "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
+            "usage": {"prompt_tokens": prompt, "total_tokens": prompt},
         }
     text = simulated_text(url, body)
     completion_tokens = estimate_tokens(text)
     usage = {
-        "prompt_tokens": prompt_tokens,
+        "prompt_tokens": prompt,
         "completion_tokens": completion_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
+        "total_tokens": prompt + completion_tokens,
     }
     if url == ENDPOINT_COMPLETIONS:
         choice: dict[str, Any] = {"index": 0, "text": text, "finish_reason": "stop"}
@@ -77,13 +87,14 @@ class MockProvider:
 
     async def send(self, url: str, body: dict[str, Any]) -> ProviderResponse:
         response = simulated_body(url, body)
-        usage = response["usage"]
+        prompt, completion, cached = usage_of(response)  # responses: input/output_tokens
         return ProviderResponse(
             status_code=200,
             body=response,
             request_id=f"req_{uuid.uuid4().hex[:24]}",
-            prompt_tokens=usage["prompt_tokens"],
-            completion_tokens=usage.get("completion_tokens", 0),
+            prompt_tokens=prompt,
+            completion_tokens=completion,
+            cached_tokens=cached,
         )
 
     async def aclose(self) -> None:
