@@ -2,7 +2,8 @@
 
 `api.jobs` holds quotaflow's own job routes, `api.limits` the deployments' budgets
 (operator keys), `api.webhooks` the tenant's webhook endpoints and deliveries, `api.v1`
-OpenAI's Files and Batch APIs, `api.metrics` Prometheus's /metrics (open). The OpenAPI
+OpenAI's Files and Batch APIs, `api.messages_batches` Anthropic's Message Batches API,
+`api.metrics` Prometheus's /metrics (open). The OpenAPI
 docs are at /docs and list every status a route answers (api.openapi); errors become
 answers in one place (api.errors); every answer carries an x-request-id (api.request_id).
 """
@@ -10,7 +11,7 @@ answers in one place (api.errors); every answer carries an x-request-id (api.req
 from fastapi import FastAPI
 from sqlalchemy import text
 
-from api import errors, jobs, limits, metrics, openapi, v1, webhooks
+from api import errors, jobs, limits, messages_batches, metrics, openapi, v1, webhooks
 from api.deps import SessionDep
 from api.errors import responses
 from api.request_id import RequestIdMiddleware
@@ -32,6 +33,7 @@ def create_app() -> FastAPI:
     app.include_router(jobs.router)
     app.include_router(limits.router)
     app.include_router(v1.router)
+    app.include_router(messages_batches.router)
     app.include_router(webhooks.router)
     app.include_router(metrics.router)
     return app

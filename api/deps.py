@@ -4,7 +4,7 @@ from functools import lru_cache
 from typing import Annotated
 
 from fastapi import Depends, Header, Path, Query
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session, sessionmaker
 
 from quotaflow.auth import operator_for_key, tenant_for_key
@@ -48,22 +48,33 @@ bearer = HTTPBearer(auto_error=False, scheme_name="ApiKey",
                     description="An API key made by `quotaflow keys create --tenant NAME`.")
 
 
-def tenant(credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> str:
+# Anthropic's header for the same key: code written for Anthropic's API (its SDK, curl
+# examples) sends the key there; either header is accepted on every route.
+x_api_key = APIKeyHeader(name="x-api-key", auto_error=False, scheme_name="XApiKey",
+                         description="The same API key, in the header Anthropic's API uses.")
+
+
+def presented_key(credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
+                  header_key: Annotated[str | None, Depends(x_api_key)]) -> str | None:
+    """The key the request carries: `Authorization: Bearer` first, else `x-api-key`."""
+    return credentials.credentials if credentials else header_key
+
+
+def tenant(key: Annotated[str | None, Depends(presented_key)]) -> str:
     """The tenant the request acts for: its API key's, or "default" when QUOTAFLOW_AUTH=off."""
     if not get_settings().auth:
         return DEFAULT_TENANT
     with sessions()() as db_session:
-        return tenant_for_key(db_session, credentials.credentials if credentials else None)
+        return tenant_for_key(db_session, key)
 
 
-def operator(credentials: Annotated[HTTPAuthorizationCredentials | None,
-                                    Depends(bearer)]) -> str:
+def operator(key: Annotated[str | None, Depends(presented_key)]) -> str:
     """The tenant of an operator key: routes showing every tenant's activity need one
     (401 without a key, 403 for a tenant's key); anyone when QUOTAFLOW_AUTH=off."""
     if not get_settings().auth:
         return DEFAULT_TENANT
     with sessions()() as db_session:
-        return operator_for_key(db_session, credentials.credentials if credentials else None)
+        return operator_for_key(db_session, key)
 
 
 # Ids quotaflow hands out (batch_..., file-..., key_...): anything else cannot name an

@@ -9,6 +9,9 @@ does not parse) and an unexpected failure (500) alike. Only a parameter that doe
 not validate outside /v1 keeps FastAPI's 422 and its `detail` list; under /v1 it
 is OpenAI's 400 naming the parameter.
 
+Under /v1/messages/ (Anthropic's Message Batches API) the same answers are made over
+into Anthropic's shape by api/anthropic_errors.py.
+
 Bodies are ASCII JSON: a message may quote what the client sent, and a lone
 surrogate in it (`"\\ud800"` in a JSON body) cannot be encoded as UTF-8.
 """
@@ -186,10 +189,13 @@ async def outage_handler(request: Request, exc: Exception) -> Response:
 
 
 def install(app: FastAPI) -> None:
-    app.add_exception_handler(QuotaflowError, quotaflow_error_handler)
+    # The Anthropic-compatible routes answer the same errors in Anthropic's shape.
+    from api.anthropic_errors import in_route_shape
+
+    app.add_exception_handler(QuotaflowError, in_route_shape(quotaflow_error_handler))
     for outage in (OperationalError, psycopg.OperationalError, RedisConnectionError,
                    RedisTimeoutError):
-        app.add_exception_handler(outage, outage_handler)
-    app.add_exception_handler(RequestValidationError, validation_error_handler)
-    app.add_exception_handler(HTTPException, http_error_handler)
-    app.add_exception_handler(Exception, server_error_handler)
+        app.add_exception_handler(outage, in_route_shape(outage_handler))
+    app.add_exception_handler(RequestValidationError, in_route_shape(validation_error_handler))
+    app.add_exception_handler(HTTPException, in_route_shape(http_error_handler))
+    app.add_exception_handler(Exception, in_route_shape(server_error_handler))

@@ -104,7 +104,7 @@ def operator_for_key(session: Session, secret: str | None) -> str:
 def _key(session: Session, secret: str | None) -> tuple[str, bool]:
     if not secret:
         raise AuthenticationError(
-            "no API key given: send `Authorization: Bearer <key>`; "
+            "no API key given: send `Authorization: Bearer <key>` (or `x-api-key: <key>`); "
             "`quotaflow keys create --tenant NAME` makes one")
     row = session.execute(select(ApiKey.tenant, ApiKey.operator)
                           .where(ApiKey.key_hash == hash_key(secret),

@@ -54,6 +54,10 @@ class Settings(BaseSettings):
     # (max_batch_lines), so code written for OpenAI meets the limits it expects.
     max_lines: int = Field(default=2_000_000, gt=0)
     max_batch_lines: int = Field(default=50_000, gt=0)
+    # POST /v1/messages/batches: Anthropic's limits on a Message Batch, 100,000 requests
+    # or 256 MB of body (the body is held whole while its requests are stored).
+    max_message_batch_requests: int = Field(default=100_000, gt=0)
+    max_message_batch_bytes: int = Field(default=256 * 1024 * 1024, gt=0)
 
     # A job's completion window, as OpenAI's "24h": then unsent requests expire.
     completion_window_s: int = Field(default=24 * 3600, gt=0)

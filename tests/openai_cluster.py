@@ -61,9 +61,17 @@ class V1Cluster:
             time.sleep(0.3)
 
 
+# The model of the anthropic deployment start_cluster(anthropic=True) adds.
+CLAUDE_MODEL = "claude-sonnet-4-5"
+
+
 def start_cluster(pg_url: str, workdir: Path, tenants: tuple[str, ...] = ("team-a", "team-b"),
-                  workers: int = 2, **settings: str) -> Iterator[V1Cluster]:
-    """Generator for a module fixture: yields the running cluster, then stops every process."""
+                  workers: int = 2, anthropic: bool = False,
+                  **settings: str) -> Iterator[V1Cluster]:
+    """Generator for a module fixture: yields the running cluster, then stops every process.
+
+    anthropic: a deployment of CLAUDE_MODEL too, at the strict mock's /v1/messages (the
+    same mock process, with the same key in x-api-key)."""
     redis.Redis.from_url(REDIS_URL).flushdb()
     ports = {name: free_port() for name in ("api", "provider", "slow")}
     deployments = workdir / "deployments.toml"
@@ -88,7 +96,16 @@ max_concurrency = 2
 [routes]
 "slow" = "slow"
 "*" = "fast"
-""")
+""" + (f"""
+[deployments.claude]
+provider = "anthropic"
+base_url = "http://127.0.0.1:{ports['provider']}"
+model = "{CLAUDE_MODEL}"
+api_key_env = "QF_TEST_PROVIDER_KEY"
+rpm = 60000
+itpm = 50000000
+otpm = 50000000
+""" if anthropic else ""))
     # PYTHONPATH: child processes import this tree even when run from another directory.
     env = service_env(QF_TEST_PROVIDER_KEY=PROVIDER_KEY, PYTHONPATH=str(ROOT),
                       QUOTAFLOW_DATABASE_URL=pg_url, QUOTAFLOW_BROKER_URL=REDIS_URL,

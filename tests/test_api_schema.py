@@ -73,6 +73,12 @@ HOSTILE = [
     ("POST", "/jobs", {"files": {"file": ("a.jsonl",
                                           b'{"custom_id": "a\\u0000", "prompt": "x"}\n')}}),
     ("POST", "/v1/files", {"files": {"file": ("a.jsonl", b"{}\n")}, "data": {"purpose": "\x00"}}),
+    ("GET", "/v1/messages/batches/%00", {}),
+    ("GET", "/v1/messages/batches?after_id=%00", {}),
+    ("POST", "/v1/messages/batches", {"json": {"requests": [{"custom_id": "a\u0000",
+                                                             "params": {}}]}}),
+    ("POST", "/v1/messages/batches", {"json": {"requests": [{"custom_id": "a", "params": {
+        "model": "m\u0000", "max_tokens": 1, "messages": [{"role": "user", "content": "x"}]}}]}}),
 ]
 
 

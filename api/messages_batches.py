@@ -1,0 +1,172 @@
+"""Anthropic's Message Batches API under /v1/messages/batches, so the official Anthropic
+SDK's `client.messages.batches` runs against quotaflow unchanged.
+
+Shapes, cursors and the rest of the logic are quotaflow.message_batches'; errors are
+Anthropic's `{"type": "error", "error": {...}}` (api/anthropic_errors.py), never a 500
+for a bad request nor FastAPI's 422. The key comes as `x-api-key` (Anthropic's header)
+or `Authorization: Bearer` (api/deps.py); `anthropic-version` is accepted and ignored.
+quotaflow's one extension, as under /v1/batches: the X-Quotaflow-Queue header.
+"""
+
+import contextlib
+from collections.abc import Iterator
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Header, Query, Request
+from fastapi.responses import StreamingResponse
+from sqlalchemy.orm import Session, sessionmaker
+
+from api.anthropic_errors import responses
+from api.deps import (
+    ID_PATTERN,
+    DeploymentsDep,
+    DispatcherDep,
+    IdempotencyKey,
+    IdPath,
+    SessionsDep,
+    SettingsDep,
+    TenantDep,
+)
+from quotaflow import jobs, message_batches, retention
+from quotaflow.errors import InvalidRequest, JobStateError
+from quotaflow.message_batch_body import BatchTooLarge
+from quotaflow.models import Job
+from quotaflow.output import output_chunks
+
+
+async def anthropic_version(anthropic_version: Annotated[str | None, Header(
+        max_length=64, description="Sent by Anthropic's SDK; accepted and ignored")] = None,
+                            ) -> None:
+    """Anthropic requires the header; quotaflow serves one version and needs none."""
+
+
+router = APIRouter(prefix="/v1/messages/batches", tags=["Anthropic-compatible"],
+                   dependencies=[Depends(anthropic_version)])
+
+CursorQuery = Annotated[str | None, Query(pattern=ID_PATTERN)]
+# The schema of the create body, for the docs: the route reads the raw bytes itself
+# (quotaflow/message_batch_body.py), so a 256 MB body is never Python objects at once.
+CREATE_BODY = {"requestBody": {"required": True, "content": {"application/json": {"schema": {
+    "type": "object", "required": ["requests"], "additionalProperties": False,
+    "properties": {"requests": {"type": "array", "minItems": 1, "items": {
+        "type": "object", "required": ["custom_id", "params"],
+        "additionalProperties": False,
+        "properties": {"custom_id": {"type": "string", "pattern": "^[a-zA-Z0-9_-]{1,64}$"},
+                       "params": {"type": "object",
+                                  "description": "A Messages API request body"}}}}}}}}}}
+
+
+async def raw_body(request: Request, settings: SettingsDep) -> bytes:
+    """The body as sent, refused (Anthropic's 413 request_too_large) past
+    QUOTAFLOW_MAX_MESSAGE_BATCH_BYTES: by its Content-Length before it is read, else as
+    soon as it has grown past the limit."""
+    limit = settings.max_message_batch_bytes
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise BatchTooLarge(limit)
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise BatchTooLarge(limit)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _base_url(request: Request) -> str:
+    return str(request.base_url)
+
+
+def _object(session: Session, job: Job, request: Request) -> dict[str, Any]:
+    counts = message_batches.item_counts(session, [job.id])[job.id]
+    return message_batches.batch_object(job, counts, _base_url(request))
+
+
+def _found(sessions: sessionmaker[Session], batch_id: str, tenant: str) -> Job:
+    with sessions() as session:
+        return message_batches.get_batch(session, batch_id, tenant)
+
+
+@router.post("", openapi_extra=CREATE_BODY, responses=responses(400, 401, 413))
+def create_message_batch(
+    # The key is checked before the body is read.
+    tenant: TenantDep, request: Request, body: Annotated[bytes, Depends(raw_body)],
+    sessions: SessionsDep, settings: SettingsDep, deployments: DeploymentsDep,
+    dispatcher: DispatcherDep, idempotency_key: IdempotencyKey = None,
+    x_quotaflow_queue: Annotated[str | None, Header(
+        description="quotaflow extension: realtime, standard (default) or bulk")] = None,
+) -> dict[str, Any]:
+    """Store the requests as a job and queue them, or refuse the batch whole (400)."""
+    created = message_batches.create_batch(
+        sessions, body, tenant=tenant, settings=settings, deployments=deployments,
+        dispatcher=dispatcher, queue=x_quotaflow_queue, idempotency_key=idempotency_key)
+    if created.counts is not None:  # a new job: its counts are known
+        return message_batches.batch_object(created.job, created.counts, _base_url(request))
+    with sessions() as session:
+        return _object(session, created.job, request)
+
+
+@router.get("", responses=responses(400, 401))
+def list_message_batches(
+    request: Request, sessions: SessionsDep, tenant: TenantDep,
+    before_id: CursorQuery = None, after_id: CursorQuery = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 20,
+) -> dict[str, Any]:
+    """The tenant's Message Batches, newest first."""
+    with sessions() as session:
+        page, more = message_batches.list_batches(session, tenant, limit=limit,
+                                                  before_id=before_id, after_id=after_id)
+        return message_batches.page_object(session, page, more, _base_url(request))
+
+
+@router.get("/{message_batch_id}", responses=responses(400, 401, 404))
+def retrieve_message_batch(message_batch_id: IdPath, request: Request, sessions: SessionsDep,
+                           tenant: TenantDep) -> dict[str, Any]:
+    with sessions() as session:
+        return _object(session, message_batches.get_batch(session, message_batch_id, tenant),
+                       request)
+
+
+@router.post("/{message_batch_id}/cancel", responses=responses(400, 401, 404))
+def cancel_message_batch(message_batch_id: IdPath, request: Request, sessions: SessionsDep,
+                         tenant: TenantDep) -> dict[str, Any]:
+    """Stop new requests (canceling); those in flight finish and keep their results. A
+    batch that has already ended is returned as it is."""
+    job = _found(sessions, message_batch_id, tenant)
+    with contextlib.suppress(JobStateError):  # ended: nothing left to cancel
+        job = jobs.cancel_job(sessions, job.id)
+    with sessions() as session:
+        return _object(session, job, request)
+
+
+@router.delete("/{message_batch_id}", responses=responses(400, 401, 404))
+def delete_message_batch(message_batch_id: IdPath, sessions: SessionsDep,
+                         tenant: TenantDep) -> dict[str, str]:
+    """Delete an ended batch and its results; one still processing is refused (cancel it
+    first), as at Anthropic."""
+    job = _found(sessions, message_batch_id, tenant)
+    try:
+        retention.delete_job(sessions, job.id, tenant)
+    except JobStateError:
+        raise InvalidRequest(f"message batch {message_batch_id} is still processing; cancel "
+                             "it and delete it once it has ended") from None
+    return {"id": message_batch_id, "type": "message_batch_deleted"}
+
+
+@router.get("/{message_batch_id}/results", response_class=StreamingResponse,
+            responses={200: {"content": {"application/binary": {}},
+                             "description": "JSONL: one result per request"},
+                       **responses(400, 401, 404)})
+def message_batch_results(message_batch_id: IdPath, sessions: SessionsDep,
+                          tenant: TenantDep) -> StreamingResponse:
+    """Every request's result as JSONL, streamed, once the batch has ended (400 before)."""
+    with sessions() as session:  # refused before the stream starts
+        job = message_batches.get_batch(session, message_batch_id, tenant)
+        message_batches.check_ended(session, job)
+    return StreamingResponse(_results(sessions, job.id), media_type="application/binary")
+
+
+def _results(sessions: sessionmaker[Session], job_id: str) -> Iterator[bytes]:
+    with sessions() as session:
+        job = session.get_one(Job, job_id)
+        yield from output_chunks(message_batches.result_lines(session, job))
