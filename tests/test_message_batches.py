@@ -28,12 +28,12 @@ MAX_REQUESTS = 300
 @pytest.fixture(scope="module")
 def cluster(pg_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[V1Cluster]:
     yield from start_cluster(pg_url, tmp_path_factory.mktemp("msgbatches"), anthropic=True,
-                             tenants=("team-a", "team-b", "team-c"),
+                             tenants=("mb-a", "mb-b", "mb-c"),
                              QUOTAFLOW_MAX_MESSAGE_BATCH_BYTES=str(MAX_BYTES),
                              QUOTAFLOW_MAX_MESSAGE_BATCH_REQUESTS=str(MAX_REQUESTS))
 
 
-def sdk(cluster: V1Cluster, tenant: str = "team-a") -> anthropic.Anthropic:
+def sdk(cluster: V1Cluster, tenant: str = "mb-a") -> anthropic.Anthropic:
     return anthropic.Anthropic(base_url=cluster.api_url, api_key=cluster.keys[tenant],
                                max_retries=0)
 
@@ -53,7 +53,7 @@ def wait_ended(client: anthropic.Anthropic, batch_id: str, timeout: float = 120)
     return batch
 
 
-def raw(cluster: V1Cluster, method: str, path: str, tenant: str | None = "team-a",
+def raw(cluster: V1Cluster, method: str, path: str, tenant: str | None = "mb-a",
         **kwargs: Any) -> httpx.Response:
     """A request with Anthropic's own headers: the key in x-api-key, anthropic-version."""
     headers = {"anthropic-version": "2023-06-01"}
@@ -74,7 +74,7 @@ def test_the_anthropic_sdk_example_runs_unchanged(cluster: V1Cluster) -> None:
     # Given Anthropic's Message Batches example, pointed at quotaflow by the SDK's own
     # environment variables (its code names no URL and no key)
     env = {**cluster.env, "ANTHROPIC_BASE_URL": cluster.api_url,
-           "ANTHROPIC_API_KEY": cluster.keys["team-c"]}
+           "ANTHROPIC_API_KEY": cluster.keys["mb-c"]}
     env.pop("ANTHROPIC_AUTH_TOKEN", None)
     # When it runs in a fresh interpreter
     ran = subprocess.run([sys.executable, str(ROOT / "examples" / "message_batches.py")],
@@ -91,7 +91,7 @@ def test_the_anthropic_sdk_example_runs_unchanged(cluster: V1Cluster) -> None:
     assert out[-2] in ("cancel canceling", "cancel ended")
     assert out[-1] == "deleted message_batch_deleted"
     # And the deleted batch is gone; the first one stays
-    client = sdk(cluster, "team-c")
+    client = sdk(cluster, "mb-c")
     listed = list(client.messages.batches.list())
     assert [b.id for b in listed] == [out[0].split()[1]]
 
@@ -132,18 +132,18 @@ def test_create_poll_and_results_with_the_sdk(cluster: V1Cluster) -> None:
     assert "max_tokens" in results["bad-1"].error.error.message
     # The same job is a quotaflow job under its own id
     job = httpx.get(f"{cluster.api_url}/jobs/batch_{batch.id.removeprefix('msgbatch_')}",
-                    headers=cluster.headers("team-a")).raise_for_status().json()
+                    headers=cluster.headers("mb-a")).raise_for_status().json()
     assert job["output_format"] == "anthropic" and job["request_counts"]["completed"] == 4
 
 
 def test_lists_page_with_anthropic_cursors(cluster: V1Cluster) -> None:
-    client = sdk(cluster, "team-b")
-    # Given five batches of team-b (and an OpenAI batch of its own, which is no Message Batch)
+    client = sdk(cluster, "mb-b")
+    # Given five batches of mb-b (and an OpenAI batch of its own, which is no Message Batch)
     made = [client.messages.batches.create(requests=[request(f"l-{i}")]).id for i in range(5)]
-    upload = openai.OpenAI(base_url=cluster.base_url, api_key=cluster.keys["team-b"],
+    upload = openai.OpenAI(base_url=cluster.base_url, api_key=cluster.keys["mb-b"],
                            max_retries=0).files.create(
         file=("o.jsonl", json.dumps(chat_line("o-1")).encode()), purpose="batch")
-    openai.OpenAI(base_url=cluster.base_url, api_key=cluster.keys["team-b"]).batches.create(
+    openai.OpenAI(base_url=cluster.base_url, api_key=cluster.keys["mb-b"]).batches.create(
         input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h")
     newest_first = made[::-1]
     # Then the SDK's auto-pagination walks them all, newest first, two to a page
@@ -171,15 +171,15 @@ def test_lists_page_with_anthropic_cursors(cluster: V1Cluster) -> None:
 
 
 def test_a_tenant_sees_only_its_own_batches(cluster: V1Cluster) -> None:
-    mine = sdk(cluster, "team-a").messages.batches.create(requests=[request("t-1")])
-    other = sdk(cluster, "team-b")
+    mine = sdk(cluster, "mb-a").messages.batches.create(requests=[request("t-1")])
+    other = sdk(cluster, "mb-b")
     # Another tenant's key finds nothing by id, in lists or as a cursor
     for call in (other.messages.batches.retrieve, other.messages.batches.cancel,
                  other.messages.batches.delete):
         with pytest.raises(anthropic.NotFoundError, match="no message batch"):
             call(mine.id)
     assert mine.id not in [b.id for b in other.messages.batches.list()]
-    assert_error(raw(cluster, "GET", f"/v1/messages/batches/{mine.id}/results", "team-b"),
+    assert_error(raw(cluster, "GET", f"/v1/messages/batches/{mine.id}/results", "mb-b"),
                  404, "not_found_error", "no message batch")
     with pytest.raises(anthropic.BadRequestError, match="after_id"):
         other.messages.batches.list(after_id=mine.id)
@@ -190,7 +190,7 @@ def test_a_tenant_sees_only_its_own_batches(cluster: V1Cluster) -> None:
 
 
 def test_refusals_are_anthropic_errors_and_store_nothing(cluster: V1Cluster) -> None:
-    client = sdk(cluster, "team-a")
+    client = sdk(cluster, "mb-a")
     before = [b.id for b in client.messages.batches.list(limit=1000)]
     path = "/v1/messages/batches"
     # Duplicate custom_id, a custom_id off Anthropic's pattern, params that are no object
@@ -279,7 +279,7 @@ def test_cancel_mid_run_results_and_delete(cluster: V1Cluster) -> None:
 def test_the_x_api_key_header_works_on_every_route(cluster: V1Cluster) -> None:
     # The SDK configured to send only x-api-key, as Anthropic's API expects
     client = anthropic.Anthropic(base_url=cluster.api_url, api_key=None, max_retries=0,
-                                 default_headers={"x-api-key": cluster.keys["team-a"]})
+                                 default_headers={"x-api-key": cluster.keys["mb-a"]})
     batch = client.messages.batches.create(requests=[request("k-1")])
     assert wait_ended(client, batch.id).request_counts.succeeded == 1
     assert [r.custom_id for r in client.messages.batches.results(batch.id)] == ["k-1"]
@@ -297,7 +297,7 @@ def test_the_openai_sdk_batch_example_runs_unchanged(cluster: V1Cluster,
                 [chat_line("request-1", "tell me about tides"),
                  chat_line("request-2", "and about the moon", model=CLAUDE_MODEL)])
     env = {**cluster.env, "OPENAI_BASE_URL": cluster.base_url,
-           "OPENAI_API_KEY": cluster.keys["team-a"]}
+           "OPENAI_API_KEY": cluster.keys["mb-a"]}
     ran = subprocess.run([sys.executable, str(ROOT / "examples" / "openai_batch.py")],
                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
     assert ran.returncode == 0, ran.stderr
