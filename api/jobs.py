@@ -146,6 +146,7 @@ def job_report(job_id: IdPath, session: SessionDep, deployments: DeploymentsDep,
     admissions against each deployment's budget, outcomes, latency, errors and usage."""
     from quotaflow import report  # matplotlib loads on the first report, not at start
 
+    retention.require_results(jobs.get_job(session, job_id, tenant))  # 404 once deleted
     data = report_data.report_data(session, job_id, report_data.budgets(deployments), tenant)
     return HTMLResponse(report.render(data))
 
