@@ -26,7 +26,7 @@ from api.deps import (
 )
 from api.errors import responses
 from api.v1 import FORM_OVERHEAD_BYTES
-from quotaflow import estimate, ingest, job_view, jobs, output, report_data
+from quotaflow import estimate, ingest, job_view, jobs, output, report_data, retention
 from quotaflow.config import get_settings
 from quotaflow.constants import DEFAULT_QUEUE
 from quotaflow.errors import InvalidParameter
@@ -119,6 +119,15 @@ def retry_job(job_id: IdPath, sessions: SessionsDep, settings: SettingsDep,
         return {**job_view.job_object(session, jobs.get_job(session, job_id)),
                 "retried": retried}
 
+@router.delete("/jobs/{job_id}", responses=responses(401, 404, 409))
+def delete_job(job_id: IdPath, sessions: SessionsDep, tenant: TenantDep) -> dict[str, Any]:
+    """Delete a finished job's results and its lines' bodies; the job is kept as a
+    tombstone (`deleted: true`, its counts and usage as they were). A job still running
+    is a 409: cancel it first."""
+    job = retention.delete_job(sessions, job_id, tenant)
+    with sessions() as session:
+        return job_view.job_object(session, job)
+
 @router.get("/jobs/{job_id}/results", response_class=StreamingResponse,
          responses=responses(401, 404))
 def results(job_id: IdPath, sessions: SessionsDep, tenant: TenantDep) -> StreamingResponse:
@@ -142,6 +151,7 @@ def job_report(job_id: IdPath, session: SessionDep, deployments: DeploymentsDep,
     admissions against each deployment's budget, outcomes, latency, errors and usage."""
     from quotaflow import report  # matplotlib loads on the first report, not at start
 
+    retention.require_results(jobs.get_job(session, job_id, tenant))  # 404 once deleted
     data = report_data.report_data(session, job_id, report_data.budgets(deployments), tenant)
     return HTMLResponse(report.render(data))
 
@@ -187,8 +197,8 @@ def _storable(text: str) -> bool:
 
 
 def _stream(sessions: sessionmaker[Session], job_id: str, errors: bool) -> StreamingResponse:
-    with sessions() as session:
-        jobs.get_job(session, job_id)  # 404 before the stream starts
+    with sessions() as session:  # 404 before the stream starts
+        retention.require_results(jobs.get_job(session, job_id))
 
     def chunks() -> Iterator[bytes]:
         with sessions() as session:

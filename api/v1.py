@@ -26,7 +26,7 @@ from api.deps import (
     TenantDep,
 )
 from api.errors import responses
-from quotaflow import batches, files, jobs, output
+from quotaflow import batches, files, jobs, output, retention
 from quotaflow.config import get_settings
 
 router = APIRouter(prefix="/v1", tags=["OpenAI-compatible"])
@@ -46,6 +46,9 @@ class CreateBatch(BaseModel):
     metadata: dict[Annotated[str, Field(max_length=64, pattern=NO_NUL)],
                    Annotated[str, Field(max_length=512, pattern=NO_NUL)]] | None = Field(
         default=None, max_length=16)
+    # {"anchor": "created_at", "seconds": 3600..2592000}: checked by quotaflow.retention,
+    # whose errors name the part at fault (output_expires_after.seconds).
+    output_expires_after: dict[str, Any] | None = None
 
 
 def _page(data: list[dict[str, Any]], has_more: bool) -> dict[str, Any]:
@@ -62,10 +65,21 @@ def upload_file(
     file: Annotated[UploadFile, File(description="JSONL of batch requests")],
     purpose: Annotated[str, Form(description='"batch"')],
     sessions: SessionsDep, settings: SettingsDep, tenant: TenantDep,
+    # As the OpenAI SDK sends `expires_after` in the multipart form.
+    expires_anchor: Annotated[str | None, Form(
+        alias="expires_after[anchor]", description='"created_at"')] = None,
+    expires_seconds: Annotated[str | None, Form(
+        alias="expires_after[seconds]", description="3600 to 2592000")] = None,
 ) -> dict[str, Any]:
-    """Store an upload (streamed in chunks; refused whole over QUOTAFLOW_MAX_UPLOAD_BYTES)."""
+    """Store an upload (streamed in chunks; refused whole over QUOTAFLOW_MAX_UPLOAD_BYTES).
+    It expires `expires_after[seconds]` after its creation, else after
+    QUOTAFLOW_FILE_RETENTION_S."""
+    expires = (settings.file_retention_s or None
+               if expires_anchor is None and expires_seconds is None
+               else retention.expiry_seconds("expires_after", expires_anchor, expires_seconds))
     row = files.store_file(sessions, file.file, tenant=tenant, filename=file.filename or "",
-                           purpose=purpose, max_bytes=settings.max_upload_bytes)
+                           purpose=purpose, max_bytes=settings.max_upload_bytes,
+                           expires_after_s=expires)
     return files.file_object(row)
 
 
@@ -116,9 +130,11 @@ def _chunks(sessions: sessionmaker[Session], file_id: str) -> Iterator[bytes]:
         yield from files.iter_chunks(session, file_id)
 
 
-@router.delete("/files/{file_id}", responses=responses(400, 401, 404))
+@router.delete("/files/{file_id}", responses=responses(400, 401, 404, 409))
 def delete_file(file_id: IdPath, sessions: SessionsDep, tenant: TenantDep) -> dict[str, Any]:
-    files.delete_file(sessions, file_id, tenant)
+    """An upload and its bytes; a batch's output or error file: that batch's results (409
+    while it runs: cancel it first)."""
+    retention.delete_file(sessions, file_id, tenant)
     return {"id": file_id, "object": "file", "deleted": True}
 
 
@@ -136,7 +152,9 @@ def create_batch(
     request = batches.BatchRequest(
         input_file_id=body.input_file_id, endpoint=body.endpoint,
         completion_window=body.completion_window, metadata=body.metadata, tenant=tenant,
-        queue=x_quotaflow_queue, idempotency_key=idempotency_key)
+        queue=x_quotaflow_queue, idempotency_key=idempotency_key,
+        output_expires_after_s=retention.expires_after("output_expires_after",
+                                                       body.output_expires_after))
     job = batches.create_batch(sessions, request, settings=settings, deployments=deployments,
                                dispatcher=dispatcher)
     with sessions() as session:

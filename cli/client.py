@@ -132,6 +132,9 @@ class ApiClient:
     def cancel_job(self, job_id: str) -> dict[str, Any]:
         return self._request("POST", f"/jobs/{job_id}/cancel").json()
 
+    def delete_job(self, job_id: str) -> dict[str, Any]:
+        return self._request("DELETE", f"/jobs/{job_id}").json()
+
     def retry_job(self, job_id: str) -> dict[str, Any]:
         return self._request("POST", f"/jobs/{job_id}/retry").json()
 

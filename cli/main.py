@@ -193,6 +193,15 @@ def retry(job_id: str) -> None:
     click.echo(f"{job['id']}  {job['status']}  retrying {job['retried']} failed requests")
 
 
+@cli.command()
+@click.argument("job_id")
+def delete(job_id: str) -> None:
+    """Delete a finished job's results and its lines' bodies (cancel a running one first);
+    the job stays listed, marked deleted."""
+    job = client().delete_job(job_id)
+    click.echo(f"{job['id']}  {job['status']}  deleted")
+
+
 @cli.command("jobs")
 @click.option("--limit", default=20, show_default=True, type=click.IntRange(1, 100))
 def list_jobs(limit: int) -> None:

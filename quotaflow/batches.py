@@ -6,14 +6,23 @@ job described in OpenAI's shape. As at OpenAI, a file refused as a whole
 still gives a batch, with status `failed` and the reasons, line by line, in
 `errors.data`; a good file with some bad lines runs its good lines, and the
 bad ones are listed in `errors.data` and in the error file.
+
+The batch is `validating` while its file is read: its row is committed first, then the
+lines are stored in a second transaction that holds the row, which becomes `in_progress`
+with them, or `failed` with the reasons when the file is refused. A batch whose
+validation was cut off (the API process died) is failed by the workers' sweep
+(fail_abandoned), which skips the rows an ingest holds.
 """
 
+import contextlib
 import re
 import uuid
 from dataclasses import dataclass, replace
+from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import delete, select, update
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from quotaflow import files, ingest, job_view, jobs
@@ -47,6 +56,9 @@ class BatchRequest:
     tenant: str
     queue: str | None = None
     idempotency_key: str | None = None
+    # Seconds its output and error files are kept after it ends (OpenAI's
+    # output_expires_after, checked by retention.expires_after); None: the default.
+    output_expires_after_s: int | None = None
 
 
 def window_seconds(window: str) -> int:
@@ -87,7 +99,8 @@ def create_batch(sessions: sessionmaker[Session], request: BatchRequest, *, sett
 
     A request that cannot be a batch at all (unknown endpoint, file or queue) raises;
     a file that cannot run gives a failed batch, as OpenAI reports validation failures.
-    The same idempotency key again gives the same batch.
+    A refusal of the whole request (the tenant's quota or spend limit) raises and leaves
+    no batch. The same idempotency key again gives the same batch.
     """
     if request.endpoint not in ENDPOINTS:
         raise InvalidParameter("endpoint", f"endpoint {request.endpoint!r} is not supported; "
@@ -99,37 +112,75 @@ def create_batch(sessions: sessionmaker[Session], request: BatchRequest, *, sett
         max_lines=settings.max_batch_lines,
         completion_window_s=window_seconds(request.completion_window),
         # OpenAI's Batch API: its output file is OpenAI's, whatever shape the lines had.
-        output_format=OUTPUT_OPENAI, dedup=dedup_choice(request.metadata))
+        output_format=OUTPUT_OPENAI, dedup=dedup_choice(request.metadata),
+        output_expires_after_s=request.output_expires_after_s)
     with sessions() as session:
         upload = files.get_file(session, request.input_file_id, request.tenant)
-        try:
+        spec = replace(spec, filename=upload.filename)
+        if request.idempotency_key is not None and (
+                earlier := ingest.find_by_key(session, request.tenant,
+                                              request.idempotency_key)) is not None:
+            return earlier
+    job_id = f"batch_{uuid.uuid4().hex}"
+    with sessions.begin() as session:  # committed: `validating` is seen while it is read
+        made = ingest.insert_job(session, job_id, spec, settings, JobStatus.VALIDATING)
+    if not made:
+        return _by_key(sessions, spec)
+    try:
+        with sessions() as session:
             return ingest.create_job(
                 sessions, files.open_stored(session, upload.id), settings=settings,
-                deployments=deployments, dispatcher=dispatcher,
-                spec=replace(spec, filename=upload.filename),
+                deployments=deployments, dispatcher=dispatcher, spec=spec, job_id=job_id,
                 reopen=lambda: files.open_stored(session, upload.id)).job
-        except InputFileError as exc:
-            return _failed_batch(sessions, spec, settings, exc)
+    except InputFileError as exc:
+        return _refused(sessions, job_id, exc)
+    except BaseException:
+        # Refused as a request (quota, spend) or cut off: no batch, as before it began.
+        # With the database out of reach too, fail_abandoned fails it later.
+        with contextlib.suppress(SQLAlchemyError), sessions.begin() as session:
+            session.execute(delete(Job).where(Job.id == job_id,
+                                              Job.status == JobStatus.VALIDATING))
+        raise
 
 
-def _failed_batch(sessions: sessionmaker[Session], spec: ingest.JobSpec, settings: Settings,
-                  exc: InputFileError) -> Job:
-    """A batch whose file was refused: nothing runs; the reasons are in `errors`."""
-    data = [_error(p.line_no, p.reason) for p in exc.problems[:MAX_ERRORS_SHOWN]]
-    if not data:
-        data = [_error(None, exc.message)]
-    job_id = f"batch_{uuid.uuid4().hex}"
-    with sessions.begin() as session:
-        made = ingest.insert_job(session, job_id, spec, settings, JobStatus.FAILED,
-                                 failed_at=utcnow(), enqueued_tokens=0,
-                                 errors={"object": "list", "data": data})
+def _by_key(sessions: sessionmaker[Session], spec: ingest.JobSpec) -> Job:
+    assert spec.idempotency_key is not None
     with sessions() as session:
-        if made:
-            return session.get_one(Job, job_id)
-        assert spec.idempotency_key is not None
         earlier = ingest.find_by_key(session, spec.tenant, spec.idempotency_key)
         assert earlier is not None
         return earlier
+
+
+def _refused(sessions: sessionmaker[Session], job_id: str, exc: InputFileError) -> Job:
+    """The batch whose file was refused: `failed`, nothing runs; the reasons in `errors`."""
+    data = [_error(p.line_no, p.reason) for p in exc.problems[:MAX_ERRORS_SHOWN]]
+    if not data:
+        data = [_error(None, exc.message)]
+    with sessions.begin() as session:
+        session.execute(update(Job).where(Job.id == job_id, Job.status == JobStatus.VALIDATING)
+                        .values(status=JobStatus.FAILED, failed_at=utcnow(), enqueued_tokens=0,
+                                errors={"object": "list", "data": data}))
+    with sessions() as session:
+        return session.get_one(Job, job_id)
+
+
+def fail_abandoned(sessions: sessionmaker[Session], older_than: timedelta) -> list[str]:
+    """Fail batches left `validating` by an API process that died while reading their file
+    (its transaction rolled back; no line is stored). A batch still being read is held by
+    its ingest (ingest.lock_validating) and skipped; `older_than` covers the moment between
+    the row's commit and that lock."""
+    message = ("the batch's validation was cut off (the API stopped while reading its "
+               "file); create the batch again")
+    with sessions.begin() as session:
+        stale = session.scalars(
+            select(Job.id).where(Job.status == JobStatus.VALIDATING,
+                                 Job.created_at < utcnow() - older_than)
+            .limit(100).with_for_update(skip_locked=True, key_share=True)).all()
+        if stale:
+            session.execute(update(Job).where(Job.id.in_(stale)).values(
+                status=JobStatus.FAILED, failed_at=utcnow(), enqueued_tokens=0,
+                errors={"object": "list", "data": [_error(None, message)]}))
+    return list(stale)
 
 
 def _error(line: int | None, message: str) -> dict[str, Any]:
@@ -181,6 +232,9 @@ def batch_object(session: Session, job: Job) -> dict[str, Any]:
         "usage": {**view["usage"], "input_tokens_details": {"cached_tokens": 0},
                   "output_tokens_details": {"reasoning_tokens": 0}},
         "queue": job.queue,
+        # quotaflow's: when the output and error files go, and whether they are gone.
+        "output_expires_at": view["output_expires_at"],
+        "deleted": view["deleted"],
     }
 
 

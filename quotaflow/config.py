@@ -61,6 +61,16 @@ class Settings(BaseSettings):
 
     # A job's completion window, as OpenAI's "24h": then unsent requests expire.
     completion_window_s: int = Field(default=24 * 3600, gt=0)
+    # How long a job's output (its results and its lines' bodies) is kept after the job
+    # ends, for jobs whose submitter set no `output_expires_after`; then the worker's sweep
+    # deletes it and the job stays as a tombstone (quotaflow/retention.py). 30 days, as
+    # OpenAI keeps batch output: clients written for it download within that, and the
+    # results table stops growing without bound. Fixed on each job when it is made, so a
+    # change applies to new jobs only. 0: kept until deleted.
+    result_retention_s: int = Field(default=30 * 24 * 3600, ge=0)
+    # The same for uploads (POST /v1/files) sent without `expires_after`: OpenAI's default
+    # for batch files is 30 days too. 0: kept until deleted.
+    file_retention_s: int = Field(default=30 * 24 * 3600, ge=0)
     # A claim's lease, renewed every third of it while its batch runs: a lease that runs
     # out means a dead worker, whose items are free again within this (plus a reap).
     lease_seconds: int = Field(default=30, gt=0)

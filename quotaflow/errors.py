@@ -11,6 +11,7 @@
     ├── NotFound               no such object, or not the caller's tenant's (HTTP 404)
     │   ├── JobNotFound        no job with that id
     │   ├── FileNotFound       no file with that id
+    │   ├── ResultsDeleted     a job's results were deleted or expired (it is a tombstone)
     │   └── DeploymentNotFound no deployment with that name
     ├── AuthenticationError    no API key, or one quotaflow does not know
     ├── PermissionDenied       a known key without the operator scope a route needs
@@ -92,6 +93,11 @@ class JobNotFound(NotFound):
 
 class FileNotFound(NotFound):
     """No file has the given id, or it belongs to another tenant."""
+
+
+class ResultsDeleted(NotFound):
+    """The job exists, but its results were deleted, on request or when they expired
+    (quotaflow/retention.py): what is gone is "not found", as an expired file at OpenAI."""
 
 
 class FileTooLarge(InvalidRequest):

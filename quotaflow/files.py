@@ -5,24 +5,27 @@ transaction, so a file over the size limit leaves nothing behind and no file
 is ever held in memory whole. A batch's output and error files are not stored
 at all: they are views of its result rows (ids derived from the batch id), so
 they are always complete, in input order, and partial while the batch runs.
+
+An upload may expire (`expires_at`, from its `expires_after` or
+QUOTAFLOW_FILE_RETENTION_S); from that moment it is "not found", and the worker's sweep
+removes its bytes (quotaflow/retention.py, which also deletes on request).
 """
 
 import io
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import IO, Any
 
-from sqlalchemy import delete, insert, select
+from sqlalchemy import insert, or_, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from quotaflow import jobs, output
+from quotaflow import job_view, jobs, output
 from quotaflow.errors import (
     FileNotFound,
     FileTooLarge,
     InvalidParameter,
-    InvalidRequest,
     JobNotFound,
 )
 from quotaflow.models import File, FileChunk, Job, utcnow
@@ -38,8 +41,10 @@ JOB_PREFIX = "batch_"
 
 
 def store_file(sessions: sessionmaker[Session], stream: IO[bytes], *, tenant: str,
-               filename: str, purpose: str, max_bytes: int) -> File:
-    """Copy an upload into the database chunk by chunk; refuse it whole when too large."""
+               filename: str, purpose: str, max_bytes: int,
+               expires_after_s: int | None = None) -> File:
+    """Copy an upload into the database chunk by chunk; refuse it whole when too large.
+    It expires `expires_after_s` after its creation (None: kept until deleted)."""
     if purpose != PURPOSE_BATCH:
         raise InvalidParameter("purpose", f"purpose {purpose!r} is not supported: quotaflow "
                                           f"stores files for batches only "
@@ -48,8 +53,10 @@ def store_file(sessions: sessionmaker[Session], stream: IO[bytes], *, tenant: st
     size = 0
     with sessions.begin() as session:
         name = filename.replace("\x00", "") or "upload.jsonl"  # no NUL in a text column
+        now = utcnow()
+        expires = None if expires_after_s is None else now + timedelta(seconds=expires_after_s)
         row = File(id=file_id, tenant=tenant, filename=name[:255], purpose=purpose, bytes=0,
-                   status=STATUS_PROCESSED, created_at=utcnow())
+                   status=STATUS_PROCESSED, created_at=now, expires_at=expires)
         session.add(row)
         session.flush()
         seq = 0
@@ -65,9 +72,10 @@ def store_file(sessions: sessionmaker[Session], stream: IO[bytes], *, tenant: st
 
 
 def get_file(session: Session, file_id: str, tenant: str | None) -> File:
-    """A stored upload of `tenant` (any tenant's when None)."""
+    """A stored upload of `tenant` (any tenant's when None), unless it has expired."""
     row = session.get(File, file_id)
-    if row is None or (tenant is not None and row.tenant != tenant):
+    if (row is None or (tenant is not None and row.tenant != tenant)
+            or (row.expires_at is not None and row.expires_at <= utcnow())):
         raise FileNotFound(f"no file with id {file_id!r}")
     return row
 
@@ -77,7 +85,8 @@ def list_files(session: Session, tenant: str | None, *, limit: int, after: str |
     """A page of uploads; `after` is the id of the last file of the previous page."""
     order = (File.created_at.asc(), File.id.asc()) if ascending else (
         File.created_at.desc(), File.id.desc())
-    query = select(File).order_by(*order).limit(limit)
+    query = (select(File).order_by(*order).limit(limit)
+             .where(or_(File.expires_at.is_(None), File.expires_at > utcnow())))
     if tenant is not None:
         query = query.where(File.tenant == tenant)
     if purpose is not None:
@@ -89,16 +98,6 @@ def list_files(session: Session, tenant: str | None, *, limit: int, after: str |
         else:
             query = query.where(File.created_at <= anchor.created_at, File.id != anchor.id)
     return list(session.scalars(query))
-
-
-def delete_file(sessions: sessionmaker[Session], file_id: str, tenant: str | None) -> None:
-    if _virtual(file_id) is not None:
-        raise InvalidRequest(f"{file_id} is a batch's output; it is derived from the batch's "
-                             "results and cannot be deleted on its own")
-    with sessions.begin() as session:
-        get_file(session, file_id, tenant)
-        session.execute(delete(FileChunk).where(FileChunk.file_id == file_id))
-        session.execute(delete(File).where(File.id == file_id))
 
 
 def iter_chunks(session: Session, file_id: str) -> Iterator[bytes]:
@@ -140,7 +139,7 @@ def file_object(row: File) -> dict[str, Any]:
     return {"id": row.id, "object": "file", "bytes": row.bytes,
             "created_at": _unix(row.created_at), "filename": row.filename,
             "purpose": row.purpose, "status": row.status, "status_details": None,
-            "expires_at": None}
+            "expires_at": None if row.expires_at is None else _unix(row.expires_at)}
 
 
 # --- a batch's output and error files, derived from its results -----------------------
@@ -168,15 +167,19 @@ def _virtual(file_id: str) -> VirtualFile | None:
 def virtual_file(session: Session, file_id: str, tenant: str | None) -> VirtualFile | None:
     """The batch output file `file_id` names, None for a plain upload id.
 
-    Raises FileNotFound when it names a batch that does not exist or is another tenant's.
+    Raises FileNotFound when it names a batch that does not exist or is another tenant's,
+    or whose results were deleted or expired.
     """
     virtual = _virtual(file_id)
     if virtual is None:
         return None
     try:
-        jobs.get_job(session, virtual.job_id, tenant=tenant)
+        job = jobs.get_job(session, virtual.job_id, tenant=tenant)
     except JobNotFound as exc:
         raise FileNotFound(f"no file with id {file_id!r}") from exc
+    if job_view.results_gone(job, utcnow()):
+        raise FileNotFound(f"no file with id {file_id!r}: the results of batch {job.id} "
+                           "were deleted or expired")
     return virtual
 
 
@@ -193,7 +196,9 @@ def virtual_object(session: Session, virtual: VirtualFile) -> dict[str, Any]:
             "created_at": _unix(job.completed_at or job.cancelled_at or job.expired_at
                                 or job.created_at),
             "filename": f"{job.id}_{kind}.jsonl", "purpose": PURPOSE_BATCH_OUTPUT,
-            "status": STATUS_PROCESSED, "status_details": None, "expires_at": None}
+            "status": STATUS_PROCESSED, "status_details": None,
+            "expires_at": None if (expires := job_view.output_expires_at(job)) is None
+            else _unix(expires)}
 
 
 def _unix(moment: datetime) -> int:

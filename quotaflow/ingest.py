@@ -35,7 +35,13 @@ from quotaflow.db import insert_ignore, refresh_statistics
 from quotaflow.dedup import pending_batches, share_identical
 from quotaflow.deployments import Deployments
 from quotaflow.dispatch import Dispatcher
-from quotaflow.errors import InputFileError, InvalidParameter, LineProblem, ServiceUnavailable
+from quotaflow.errors import (
+    InputFileError,
+    InvalidParameter,
+    JobStateError,
+    LineProblem,
+    ServiceUnavailable,
+)
 from quotaflow.formats import (
     parse_line,
 )
@@ -72,6 +78,8 @@ class JobSpec:
     # Sharing identical lines: True every one, False none, None where the answer cannot
     # differ (quotaflow/dedup.py).
     dedup: bool | None = None
+    # Seconds its output is kept after it ends; None: QUOTAFLOW_RESULT_RETENTION_S.
+    output_expires_after_s: int | None = None
 
 
 @dataclass(frozen=True)
@@ -90,11 +98,15 @@ def find_by_key(session: Session, tenant: str, key: str) -> Job | None:
 
 def create_job(sessions: sessionmaker[Session], stream: IO[bytes], *, settings: Settings,
                deployments: Deployments, dispatcher: Dispatcher, spec: JobSpec,
-               reopen: Callable[[], IO[bytes]] | None = None) -> Created:
+               reopen: Callable[[], IO[bytes]] | None = None,
+               job_id: str | None = None) -> Created:
     """Store the file as a job and queue its batches, or raise and store nothing.
 
     `reopen` gives the file again from its start; it is used only to name both lines of
     a duplicate custom_id (a seekable stream is rewound when it is not given).
+    `job_id` names a job row already committed as `validating` (POST /v1/batches, so
+    that status is seen while the file is read): it is filled in place, holding the row
+    locked meanwhile; on a refusal only its lines are rolled back.
     """
     if spec.queue not in QUEUES:
         raise InvalidParameter("queue", f"unknown queue {spec.queue!r}; choose one of "
@@ -105,13 +117,16 @@ def create_job(sessions: sessionmaker[Session], stream: IO[bytes], *, settings: 
     if spec.max_attempts is not None and not 1 <= spec.max_attempts <= MAX_ATTEMPTS_LIMIT:
         raise InvalidParameter("max_attempts", f"max_attempts must be between 1 and "
                                                f"{MAX_ATTEMPTS_LIMIT}, got {spec.max_attempts}")
-    if spec.idempotency_key is not None:
+    if spec.idempotency_key is not None and job_id is None:
         with sessions() as session:
             if (earlier := find_by_key(session, spec.tenant, spec.idempotency_key)) is not None:
                 return Created(earlier, replayed=True)
-    job_id = f"batch_{uuid.uuid4().hex}"
     with sessions.begin() as session:
-        if not insert_job(session, job_id, spec, settings, JobStatus.VALIDATING):
+        if job_id is not None:
+            lock_validating(session, job_id)
+            scan = _fill(session, job_id, stream, spec, settings, deployments, reopen)
+        elif not insert_job(session, job_id := f"batch_{uuid.uuid4().hex}", spec, settings,
+                            JobStatus.VALIDATING):
             scan = None  # the same key, committed while this request waited for it
         else:
             scan = _fill(session, job_id, stream, spec, settings, deployments, reopen)
@@ -146,6 +161,18 @@ def _due_now(sessions: sessionmaker[Session], job_id: str) -> None:
                         .values(lease_expires_at=utcnow()))
 
 
+def lock_validating(session: Session, job_id: str) -> None:
+    """Hold a committed `validating` job's row for this transaction (FOR NO KEY UPDATE,
+    which leaves results' foreign key checks alone): the sweep that fails abandoned
+    validations (batches.fail_abandoned) skips a row held this way."""
+    held = session.scalar(select(Job.id).where(Job.id == job_id,
+                                               Job.status == JobStatus.VALIDATING)
+                          .with_for_update(key_share=True))
+    if held is None:
+        raise JobStateError(f"job {job_id} is no longer validating (cancelled, or failed "
+                            "as abandoned); create it again")
+
+
 def insert_job(session: Session, job_id: str, spec: JobSpec, settings: Settings, status: str,
                **values: object) -> bool:
     """The job's row; False when the tenant already has a job with this idempotency key
@@ -156,7 +183,9 @@ def insert_job(session: Session, job_id: str, spec: JobSpec, settings: Settings,
            "input_filename": spec.filename, "total": 0, "metadata": spec.metadata,
            "created_at": now, "max_attempts": spec.max_attempts, "tenant": spec.tenant,
            "expires_at": now + timedelta(seconds=window), "input_file_id": spec.input_file_id,
-           "idempotency_key": spec.idempotency_key, "dedup": spec.dedup} | values
+           "idempotency_key": spec.idempotency_key, "dedup": spec.dedup,
+           "output_expires_after_s": spec.output_expires_after_s
+           or settings.result_retention_s or None} | values
     made = session.execute(insert_ignore(session, Job.__table__).values(**row)
                            .returning(Job.__table__.c.id))
     return made.scalar() is not None

@@ -4,7 +4,7 @@ Every view of a job (REST, /v1, CLI, embedded run) is this one object, so they
 all report the same statuses and counts.
 """
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import func, select
@@ -28,6 +28,28 @@ def usage_totals(session: Session, job_id: str) -> tuple[int, int]:
     return int(prompt), int(completion)
 
 
+def ended_at(job: Job) -> datetime | None:
+    """When the job reached its final status (None while it runs)."""
+    return job.completed_at or job.cancelled_at or job.expired_at or job.failed_at
+
+
+def output_expires_at(job: Job) -> datetime | None:
+    """When its output goes: `output_expires_after_s` after the job ended, as OpenAI anchors
+    a batch's output expiry on the output file's creation (None: kept, or still running).
+    The sweep's SQL (retention.py) is the same sum."""
+    end = ended_at(job)
+    if end is None or job.output_expires_after_s is None:
+        return None
+    return end + timedelta(seconds=job.output_expires_after_s)
+
+
+def results_gone(job: Job, now: datetime) -> bool:
+    """Whether its results are gone for readers: deleted, or past their expiry (from that
+    moment, even before the sweep has marked the job and removed the rows)."""
+    expires = output_expires_at(job)
+    return job.deleted_at is not None or (expires is not None and expires <= now)
+
+
 def _unix(moment: datetime | None) -> int | None:
     return None if moment is None else int(moment.timestamp())
 
@@ -38,7 +60,11 @@ def job_object(session: Session, job: Job,
 
     `counts` (items per status) are given by ingest for a job it has just made, which
     has no usage yet: counting a million fresh rows again would take seconds."""
-    if counts is None:
+    if job.tombstone is not None:  # items and results deleted: as they were then
+        counts = job.tombstone["counts"]
+        prompt, completion = job.tombstone["usage"]
+        cost = job_cost(session, job.id)
+    elif counts is None:
         counts = item_counts(session, job.id)
         prompt, completion = usage_totals(session, job.id)
         cost = job_cost(session, job.id)
@@ -71,4 +97,9 @@ def job_object(session: Session, job: Job,
         **{name: _unix(getattr(job, name)) for name in (
             "created_at", "in_progress_at", "finalizing_at", "completed_at", "failed_at",
             "cancelling_at", "cancelled_at", "expired_at", "expires_at")},
+        # Retention (quotaflow/retention.py): when the output goes (None: kept, or the job
+        # still runs); whether it is gone (deleted on request, or expired) and when.
+        "output_expires_at": _unix(output_expires_at(job)),
+        "deleted": job.deleted_at is not None,
+        "deleted_at": _unix(job.deleted_at),
     }

@@ -111,7 +111,11 @@ def retry_failed(sessions: sessionmaker[Session], job_id: str, dispatcher: Dispa
     """Run a job's failed requests again; invalid lines are not retried (they would fail
     the same way). Returns how many requests were queued again."""
     with sessions.begin() as session:
-        job = get_job(session, job_id)
+        # Held: a retention sweep marking its results deleted waits for, or is seen by, this.
+        job = session.get(Job, job_id, with_for_update={"key_share": True}) or get_job(
+            session, job_id)
+        if job.deleted_at is not None:
+            raise JobStateError(f"job {job_id}'s results were deleted; it cannot be retried")
         if job.status not in (JobStatus.IN_PROGRESS, JobStatus.COMPLETED):
             raise JobStateError(f"job {job_id} is {job.status}; only in-progress or completed "
                                 "jobs can retry their failed requests")

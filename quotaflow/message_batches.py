@@ -18,14 +18,14 @@ from typing import Any
 from sqlalchemy import func, select, tuple_
 from sqlalchemy.orm import Session, sessionmaker
 
-from quotaflow import batches, ingest
+from quotaflow import batches, ingest, job_view, retention
 from quotaflow.config import Settings
 from quotaflow.constants import OUTPUT_ANTHROPIC
 from quotaflow.deployments import Deployments
 from quotaflow.dispatch import Dispatcher
 from quotaflow.errors import InputFileError, InvalidParameter, InvalidRequest, JobNotFound
 from quotaflow.message_batch_body import BatchBodyError, open_requests
-from quotaflow.models import Item, ItemStatus, Job, JobStatus
+from quotaflow.models import Item, ItemStatus, Job, JobStatus, utcnow
 from quotaflow.output import iter_output
 
 PREFIX = "msgbatch_"
@@ -52,9 +52,10 @@ def job_id(message_batch_id: str) -> str:
 
 
 def get_batch(session: Session, message_batch_id: str, tenant: str | None) -> Job:
-    """The tenant's job the id names, if its output is Message Batches results."""
+    """The tenant's job the id names, if its output is Message Batches results and it was
+    not deleted (a deleted job's tombstone is for quotaflow's own routes)."""
     job = session.get(Job, job_id(message_batch_id))
-    if job is None or job.output_format != OUTPUT_ANTHROPIC or (
+    if job is None or job.output_format != OUTPUT_ANTHROPIC or job.deleted_at is not None or (
             tenant is not None and job.tenant != tenant):
         raise MessageBatchNotFound(f"no message batch with id {message_batch_id!r}")
     return job
@@ -137,7 +138,9 @@ def batch_object(job: Job, counts: dict[str, int], base_url: str) -> dict[str, A
         "created_at": rfc3339(job.created_at),
         "expires_at": rfc3339(job.expires_at),
         "cancel_initiated_at": rfc3339(job.cancelling_at),
-        "archived_at": None,
+        # Anthropic's archived_at: when its results became unavailable (they expired).
+        "archived_at": (rfc3339(job_view.output_expires_at(job))
+                        if ended and job_view.results_gone(job, utcnow()) else None),
         "results_url": (f"{base_url.rstrip('/')}/v1/messages/batches/{message_batch_id}/results"
                         if ended else None),
     }
@@ -161,7 +164,8 @@ def list_batches(session: Session, tenant: str, *, limit: int, before_id: str | 
     if before_id is not None and after_id is not None:
         raise InvalidParameter("before_id", "give before_id or after_id, not both")
     order = tuple_(Job.created_at, Job.id)
-    query = select(Job).where(Job.tenant == tenant, Job.output_format == OUTPUT_ANTHROPIC)
+    query = select(Job).where(Job.tenant == tenant, Job.output_format == OUTPUT_ANTHROPIC,
+                              Job.deleted_at.is_(None))
     if before_id is not None:
         anchor = _anchor(session, before_id, tenant, "before_id")
         query = query.where(order > tuple_(anchor.created_at, anchor.id)).order_by(
@@ -199,6 +203,7 @@ def page_object(session: Session, page: list[Job], has_more: bool,
 def check_ended(session: Session, job: Job) -> None:
     """Results exist once the batch has ended, as at Anthropic (results_url is null
     before, and the SDK asks for it before it downloads)."""
+    retention.require_results(job)  # expired: gone, a 404 naming when
     processing = request_counts(item_counts(session, [job.id])[job.id])["processing"]
     status = processing_status(job, processing)
     if status != "ended":

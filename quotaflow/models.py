@@ -118,6 +118,14 @@ class Job(Base):
     # Sharing identical lines (quotaflow/dedup.py): None follows the rule (only lines
     # whose answer cannot differ), True shares every identical line, False none.
     dedup: Mapped[bool | None] = mapped_column(Boolean)
+    # Retention (quotaflow/retention.py, migration 0016): seconds the output is kept after
+    # the job ends (None: kept); when its results were deleted (on request or expiry: the
+    # job is then a tombstone), and when the sweep had removed their last row; what the
+    # tombstone still reports ({"reason", "counts", "usage"}).
+    output_expires_after_s: Mapped[int | None] = mapped_column(Integer)
+    deleted_at: Mapped[datetime | None]
+    purged_at: Mapped[datetime | None]
+    tombstone: Mapped[dict[str, Any] | None] = mapped_column(JsonType)
 
 
 Index("ix_jobs_tenant_created", Job.tenant, Job.created_at)
@@ -126,6 +134,14 @@ UNNOTIFIED = "notified_at IS NULL"
 Index("ix_jobs_unnotified", Job.status,
       postgresql_where=text(UNNOTIFIED), sqlite_where=text(UNNOTIFIED))
 Index("uq_jobs_tenant_idempotency_key", Job.tenant, Job.idempotency_key, unique=True)
+# The retention sweep's questions (migration 0016): which live outputs may expire, and
+# which deleted jobs still have rows to remove.
+RETAINED = "deleted_at IS NULL AND output_expires_after_s IS NOT NULL"
+Index("ix_jobs_retained", Job.status, postgresql_where=text(RETAINED),
+      sqlite_where=text(RETAINED))
+UNPURGED = "deleted_at IS NOT NULL AND purged_at IS NULL"
+Index("ix_jobs_unpurged", Job.deleted_at, postgresql_where=text(UNPURGED),
+      sqlite_where=text(UNPURGED))
 
 
 OPEN_ITEMS = "status IN ('pending', 'running')"
@@ -251,7 +267,10 @@ class File(Base):
     """An uploaded file (OpenAI's file object); its bytes live in file_chunks."""
 
     __tablename__ = "files"
-    __table_args__ = (Index("ix_files_tenant_created", "tenant", "created_at"),)
+    __table_args__ = (Index("ix_files_tenant_created", "tenant", "created_at"),
+                      Index("ix_files_expires_at", "expires_at",
+                            postgresql_where=text("expires_at IS NOT NULL"),
+                            sqlite_where=text("expires_at IS NOT NULL")))
 
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
     tenant: Mapped[str] = mapped_column(String(64))
@@ -260,6 +279,9 @@ class File(Base):
     bytes: Mapped[int] = mapped_column(BigInteger)
     status: Mapped[str] = mapped_column(String(16))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    # When it is gone (its `expires_after`, else QUOTAFLOW_FILE_RETENTION_S; None: kept).
+    # A DELETE sets it to now: the bytes are then removed a bounded transaction at a time.
+    expires_at: Mapped[datetime | None]
 
 
 class FileChunk(Base):

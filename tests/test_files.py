@@ -8,11 +8,11 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from quotaflow import batches, files, jobs
+from quotaflow import batches, files, jobs, retention
 from quotaflow.config import Settings
 from quotaflow.deployments import builtin_deployments
 from quotaflow.dispatch import CollectingDispatcher
-from quotaflow.errors import FileTooLarge, InvalidRequest
+from quotaflow.errors import FileNotFound, FileTooLarge
 from quotaflow.models import File, FileChunk, Item
 from tests.factories import chat_line, jsonl
 
@@ -48,10 +48,12 @@ def test_an_upload_over_the_limit_leaves_nothing(pg_sessions: sessionmaker[Sessi
         assert session.scalar(select(func.count()).select_from(File)) == before
 
 
-def test_a_batch_output_file_cannot_be_deleted(pg_sessions: sessionmaker[Session]) -> None:
+def test_a_missing_batch_output_file_is_not_found(pg_sessions: sessionmaker[Session]) -> None:
+    # A batch's output files can be deleted (its results go: tests/test_retention.py); one
+    # naming no batch of the tenant's is "not found".
     for file_id in ("file-out-batch_x", "file-err-batch_x"):
-        with pytest.raises(InvalidRequest, match="cannot be deleted on its own"):
-            files.delete_file(pg_sessions, file_id, tenant="t")
+        with pytest.raises(FileNotFound):
+            retention.delete_file(pg_sessions, file_id, tenant="t")
 
 
 def test_a_batch_from_a_multi_chunk_file_holds_every_line(pg_sessions: sessionmaker[Session],

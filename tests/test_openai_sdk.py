@@ -12,7 +12,9 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+from sqlalchemy import text
 
+from quotaflow.db import get_engine
 from tests.conftest import ROOT
 from tests.factories import chat_line, jsonl, write_jsonl
 from tests.openai_cluster import FINAL, UPLOAD_LIMIT, V1Cluster, start_cluster
@@ -245,3 +247,97 @@ def test_the_readme_snippet_runs_as_pasted(cluster: V1Cluster, tmp_path: Path) -
     # Then the batch completes and its output is read
     assert ran.returncode == 0, ran.stderr
     assert ran.stdout.split() == ["completed", "3", "''"]
+
+
+def test_expiry_policies_and_deletion_with_the_openai_sdk(cluster: V1Cluster,
+                                                         tmp_path: Path) -> None:
+    client = sdk(cluster)
+    path = write_jsonl(tmp_path / "exp.jsonl", [chat_line(f"x-{i}") for i in range(3)])
+    # An upload's expires_after, as the SDK sends it (expires_after[anchor], [seconds])
+    uploaded = client.files.create(file=path, purpose="batch",
+                                   expires_after={"anchor": "created_at", "seconds": 3600})
+    assert uploaded.expires_at == uploaded.created_at + 3600
+    assert client.files.retrieve(uploaded.id).expires_at == uploaded.expires_at
+    plain = client.files.create(file=path, purpose="batch")  # QUOTAFLOW_FILE_RETENTION_S
+    assert plain.expires_at == plain.created_at + 30 * 24 * 3600
+    with pytest.raises(openai.BadRequestError, match="between 3600") as refused:
+        client.files.create(file=path, purpose="batch",
+                            expires_after={"anchor": "created_at", "seconds": 60})
+    assert refused.value.param == "expires_after.seconds"
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
+                              completion_window="24h",
+                              output_expires_after={"anchor": "created_at", "seconds": 10**9})
+    assert refused.value.param == "output_expires_after.seconds"
+    # A batch's output_expires_after: its files expire that long after they are made
+    batch = poll(client, client.batches.create(
+        input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h",
+        output_expires_after={"anchor": "created_at", "seconds": 7200}).id)
+    assert batch.status == "completed"
+    output_file = client.files.retrieve(batch.output_file_id)
+    assert output_file.expires_at == output_file.created_at + 7200 == batch.completed_at + 7200
+    assert batch.model_extra["output_expires_at"] == output_file.expires_at
+    # Deleting its output file deletes its results; another tenant cannot
+    with pytest.raises(openai.NotFoundError):
+        sdk(cluster, "team-b").files.delete(batch.output_file_id)
+    deleted = client.files.delete(batch.output_file_id)
+    assert deleted.deleted and deleted.id == batch.output_file_id
+    with pytest.raises(openai.NotFoundError):
+        client.files.content(batch.output_file_id)
+    tombstone = client.batches.retrieve(batch.id)
+    assert tombstone.model_extra["deleted"] and tombstone.request_counts.completed == 3
+    job = httpx.get(f"{cluster.api_url}/jobs/{batch.id}", headers=cluster.headers("team-a"))
+    assert job.json()["deleted"] and job.json()["request_counts"]["completed"] == 3
+    results = httpx.get(f"{cluster.api_url}/jobs/{batch.id}/results",
+                        headers=cluster.headers("team-a"))
+    assert results.status_code == 404 and "were deleted" in results.json()["error"]["message"]
+    # And deleting the upload removes it
+    assert client.files.delete(uploaded.id).deleted
+    with pytest.raises(openai.NotFoundError):
+        client.files.retrieve(uploaded.id)
+
+
+def test_a_running_job_is_cancelled_before_it_is_deleted(cluster: V1Cluster) -> None:
+    headers = cluster.headers("team-a")
+    made = httpx.post(f"{cluster.api_url}/jobs", headers=headers, files={"file": (
+        "slow.jsonl", jsonl([chat_line(f"d-{i}", model="slow") for i in range(60)]))},
+        data={"queue": "realtime"}).raise_for_status().json()
+    job_url = f"{cluster.api_url}/jobs/{made['id']}"
+    refused = httpx.delete(job_url, headers=headers)
+    assert refused.status_code == 409 and "cancel it first" in refused.json()["error"]["message"]
+    assert httpx.delete(job_url, headers=cluster.headers("team-b")).status_code == 404
+    httpx.post(f"{job_url}/cancel", headers=headers).raise_for_status()
+    assert poll(sdk(cluster), made["id"], timeout=60).status == "cancelled"
+    # `quotaflow delete JOB`, as a user runs it
+    ran = cluster.cli("delete", made["id"],
+                      env={**cluster.env, "QUOTAFLOW_API_KEY": cluster.keys["team-a"]})
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.split() == [made["id"], "cancelled", "deleted"]
+    job = httpx.get(job_url, headers=headers).json()
+    assert job["deleted"] and job["status"] == "cancelled"
+    assert httpx.get(f"{job_url}/errors", headers=headers).status_code == 404
+
+
+def test_the_workers_sweep_deletes_an_output_once_it_expires(cluster: V1Cluster, pg_url: str,
+                                                              tmp_path: Path) -> None:
+    client = sdk(cluster)
+    path = write_jsonl(tmp_path / "sweep.jsonl", [chat_line(f"w-{i}") for i in range(4)])
+    uploaded = client.files.create(file=path, purpose="batch")
+    batch = poll(client, client.batches.create(
+        input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h",
+        output_expires_after={"anchor": "created_at", "seconds": 3600}).id)
+    assert len(client.files.content(batch.output_file_id).text.splitlines()) == 4
+    # When its output is past its expiry (it ended two hours ago)
+    with get_engine(pg_url).begin() as conn:
+        conn.execute(text("UPDATE jobs SET completed_at = completed_at - interval '2 hours' "
+                          "WHERE id = :id"), {"id": batch.id})
+    # Then a worker's reaper round deletes it (every QUOTAFLOW_REAP_INTERVAL_S, 10 s)
+    deadline = time.monotonic() + 40
+    while not client.batches.retrieve(batch.id).model_extra["deleted"]:
+        assert time.monotonic() < deadline, "no worker swept the expired output in 40 s"
+        time.sleep(0.5)
+    with get_engine(pg_url).connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM results WHERE job_id = :id"),
+                            {"id": batch.id}).scalar() == 0
+    with pytest.raises(openai.NotFoundError):
+        client.files.retrieve(batch.output_file_id)

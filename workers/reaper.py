@@ -10,7 +10,10 @@ from datetime import timedelta
 
 import redis
 from celery.signals import worker_ready, worker_shutting_down
+from sqlalchemy.orm import Session, sessionmaker
 
+from quotaflow import retention
+from quotaflow.batches import fail_abandoned
 from quotaflow.broker_watch import BrokerWatch
 from quotaflow.config import get_settings
 from quotaflow.constants import REDIS_PREFIX
@@ -21,6 +24,8 @@ from workers.dispatch import CeleryDispatcher
 
 log = logging.getLogger(__name__)
 LOCK_KEY = f"{REDIS_PREFIX}:reaper:lock"
+# A batch validating this long and not held by an ingest was left by a dead API.
+ABANDONED_AFTER = timedelta(minutes=5)
 _stop = threading.Event()
 
 
@@ -52,8 +57,22 @@ def reap_forever() -> None:
                                 requeued)
                 for job_id in expire_overdue(sessions):
                     log.warning("reaper: job %s passed its completion window: expired", job_id)
+                _lifecycle(sessions, interval)
         except Exception:  # a Redis or Postgres outage must not end the reaper
             log.exception("reaper round failed; trying again in %.0fs", interval)
+
+
+def _lifecycle(sessions: sessionmaker[Session], interval: float) -> None:
+    """Batches left validating by a dead API fail; expired outputs and uploads, and
+    deletions cut off, are purged for at most half a round (the rest next round)."""
+    for job_id in fail_abandoned(sessions, ABANDONED_AFTER):
+        log.warning("reaper: batch %s was left validating: failed", job_id)
+    swept = retention.sweep(sessions, budget_s=interval / 2)
+    for job_id in swept.expired_jobs:
+        log.info("reaper: the output of job %s expired: deleting it", job_id)
+    if swept.removed_files or swept.purged_jobs:
+        log.info("reaper: removed %d expired files and the rows of %d deleted jobs",
+                 swept.removed_files, swept.purged_jobs)
 
 
 @worker_ready.connect
