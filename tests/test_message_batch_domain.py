@@ -178,23 +178,27 @@ def test_delete_removes_an_ended_job_whole_and_only_it(pg_sessions, settings) ->
                           requests=2))
     with pytest.raises(JobNotFound):
         retention.delete_job(pg_sessions, doomed.id, "t2")
-    retention.delete_job(pg_sessions, doomed.id, "t1")
+    tombstone = retention.delete_job(pg_sessions, doomed.id, "t1")
+    assert tombstone.deleted_at is not None  # the job is kept as a tombstone
     with pg_sessions() as session:
-        for model in (Job, Item, Result):
-            column = model.id if model is Job else model.job_id
+        for model in (Item, Result):
             assert session.scalar(select(func.count()).select_from(model)
-                                  .where(column == doomed.id)) == 0
+                                  .where(model.job_id == doomed.id)) == 0
             assert session.scalar(select(func.count()).select_from(model)
-                                  .where(column == kept.id)) > 0
+                                  .where(model.job_id == kept.id)) > 0
         # the month's spend is history: it stays
         assert session.scalar(select(Spend.requests).where(Spend.job_id == doomed.id)) == 2
-    with pytest.raises(JobNotFound):
-        retention.delete_job(pg_sessions, doomed.id, "t1")
+        # and it is no Message Batch any more
+        with pytest.raises(message_batches.MessageBatchNotFound):
+            message_batches.get_batch(session, message_batches.batch_id(doomed.id), "t1")
+    # deleting it again gives the tombstone again
+    assert retention.delete_job(pg_sessions, doomed.id, "t1").deleted_at == tombstone.deleted_at
     # A job whose lines are still out (an expired job's calls in flight) is refused too
     with pg_sessions.begin() as session:
         session.execute(update(Job).where(Job.id == kept.id).values(status="expired"))
         session.execute(update(Item).where(Item.job_id == kept.id, Item.line_no == 1)
-                        .values(status="running"))
+                        .values(status="running",  # under a live lease
+                                lease_expires_at=utcnow() + timedelta(seconds=30)))
     with pytest.raises(JobStateError):
         retention.delete_job(pg_sessions, kept.id, "t1")
     with pg_sessions() as session:
