@@ -102,6 +102,9 @@ class TransformersEngine:
         # 150k, all of them would take more memory than the rest of the batch.
         accepts = inspect.signature(model.forward).parameters
         self._last_logits_only = {"logits_to_keep": 1} if "logits_to_keep" in accepts else {}
+        # The cache's keyword: `cache` since transformers 5.24 (`past_key_values` warns
+        # there, and goes in 5.40), `past_key_values` before.
+        self._cache_arg = "cache" if "cache" in accepts else "past_key_values"
         cache_accepts = inspect.signature(DynamicCache.__init__).parameters
         self._cache_options = {"config": model.config} if "config" in cache_accepts else {}
         self.eos_ids = _eos_ids(self.tokenizer, model)
@@ -167,7 +170,7 @@ class TransformersEngine:
         positions = (mask.cumsum(dim=-1) - 1).clamp(min=0)
         cache = self._new_cache()
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
-                         past_key_values=cache, use_cache=True, **self._last_logits_only)
+                         use_cache=True, **{self._cache_arg: cache}, **self._last_logits_only)
         last = positions[:, -1:]
         while True:
             chosen = next_tokens(out.logits[:, -1, :], temperatures, top_ps)
@@ -188,7 +191,7 @@ class TransformersEngine:
             mask = torch.cat([mask, mask.new_ones((len(live), 1))], dim=1)
             last = last + 1
             out = self.model(input_ids=chosen.unsqueeze(1), attention_mask=mask,
-                             position_ids=last, past_key_values=cache, use_cache=True)
+                             position_ids=last, use_cache=True, **{self._cache_arg: cache})
         return [self._finished(row) for row in tokens]
 
     def _new_cache(self) -> DynamicCache:
