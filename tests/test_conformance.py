@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from quotaflow.capabilities import unserved
 from quotaflow.deployments import Deployment
 from quotaflow.errors import Untranslatable
 from quotaflow.formats import to_request
@@ -54,6 +55,12 @@ def test_translation(name: str, entry: dict[str, Any], family: str) -> None:
     deployment = DEPLOYMENTS[family]
     request = to_request(1, entry["line"])  # ingest accepts every line of the set
     want = conformance.expected(entry, family)
+    refused = unserved(deployment, request.url)
+    if "unsupported" in want:
+        assert refused is not None and refused.code == "unsupported_endpoint"
+        assert request.url in refused.message and repr(deployment.name) in refused.message
+        return
+    assert refused is None, refused
     if "error" in want:
         with pytest.raises(Untranslatable) as caught:
             request_body(request.body, deployment)

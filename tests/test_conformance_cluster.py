@@ -72,20 +72,36 @@ def run(sessions: sessionmaker[Session], settings: Settings, lines: list[dict]
     return {line["custom_id"]: line for line in got}
 
 
+# The object an OpenAI output line's body is, by endpoint.
+OBJECTS = {"/v1/chat/completions": "chat.completion", "/v1/responses": "response",
+           "/v1/completions": "text_completion", "/v1/embeddings": "list"}
+
+
 def check_answer(line: dict[str, Any], entry: dict[str, Any]) -> None:
-    """An answer in the job's own format: OpenAI lines a chat.completion, Anthropic
-    lines a succeeded Message, whichever family answered."""
+    """An answer in the job's own format: OpenAI lines the endpoint's object (a
+    chat.completion for chat), Anthropic lines a succeeded Message, whichever family
+    answered."""
     if "params" in entry["line"]:
         assert line["result"]["type"] == "succeeded", line
         assert line["result"]["message"]["type"] == "message", line
         return
     assert line["error"] is None and line["response"]["status_code"] == 200, line
     body = line["response"]["body"]
-    assert body["object"] == "chat.completion", line
+    url = conformance.url(entry)
+    if url == "/v1/moderations":
+        assert body["id"].startswith("modr-") and body["results"], line
+        return
+    assert body["object"] == OBJECTS[url], line
     choice = body.get("choices", [{}])[0]
     if choice.get("finish_reason") == "tool_calls":  # a forced tool call, made over
         call = choice["message"]["tool_calls"][0]
         assert call["type"] == "function" and json.loads(call["function"]["arguments"])
+
+
+def check_unsupported(line: dict[str, Any], url: str) -> None:
+    """Failed before any call, naming the endpoint and the deployment."""
+    assert line["response"] is None and line["error"]["code"] == "unsupported_endpoint", line
+    assert url in line["error"]["message"] and "'claude'" in line["error"]["message"], line
 
 
 def check_refused(line: dict[str, Any], field: str) -> None:
@@ -131,6 +147,10 @@ def test_the_conformance_set_through_workers_and_the_recording_mock(
             proc.stop()
 
 
+def prompt_of(body: dict[str, Any]) -> Any:
+    return body.get("messages", body.get("input", body.get("prompt")))
+
+
 def check_file(entries: list[dict[str, Any]], output: dict[str, dict],
                received: list[dict[str, Any]]) -> list[str]:
     """What differs from the set's expectations, one sentence each."""
@@ -140,18 +160,22 @@ def check_file(entries: list[dict[str, Any]], output: dict[str, dict],
         for family, (_, model, path) in ROUTES.items():
             want = conformance.expected(entry, family)
             line = output[f"{entry['name']}>{family}"]
+            if "unsupported" in want:
+                check_unsupported(line, conformance.url(entry))
+                continue
             if "error" in want:
                 check_refused(line, want["error"])
                 continue
             sent += 1
             check_answer(line, entry)
-            # Paired by their messages, which are unique in the set.
-            target = comparable(want)["messages"]
-            bodies = [r["body"] for r in received if r["path"] == path and comparable(
-                {"messages": r["body"].get("messages")})["messages"] == target]
+            # Paired by their prompt (messages, input or prompt), unique in the set.
+            target = prompt_of(comparable(want))
+            where = conformance.url(entry) if family == "openai" else path
+            bodies = [r["body"] for r in received if r["path"] == where
+                      and prompt_of(comparable(r["body"])) == target]
             if len(bodies) != 1:
                 problems.append(f"{entry['name']} -> {family}: {len(bodies)} requests with "
-                                f"the expected messages {want['messages']!r}")
+                                f"the expected prompt {target!r}")
                 continue
             got = dict(bodies[0])
             if got.pop("model", None) != model:

@@ -5,16 +5,19 @@ Each `NAME.jsonl` here holds one entry per line, a JSON object:
     {"name": "o-vision-url",              unique in the set; the line's custom_id
      "line": {...},                       the batch input line, as a user writes it
                                           (OpenAI Batch or Anthropic {"custom_id", "params"})
-     "openai": "unchanged" | {...} | {"error": "FIELD"},
-     "anthropic": "unchanged" | {...} | {"error": "FIELD"}}
+     "openai": "unchanged" | {...} | {"error": "FIELD"} | {"unsupported": true},
+     "anthropic": "unchanged" | {...} | {"error": "FIELD"} | {"unsupported": true}}
 
 `openai` is the body an OpenAI-compatible deployment must receive, `anthropic` the one
 an anthropic deployment must receive: "unchanged" means the line's own body (or
 params) as written, an object the translated request, `{"error": FIELD}` that the line
-must fail naming FIELD (e.g. "body.logit_bias") and nothing be sent. `model` is left out
-of the expected bodies: the deployment sets it. Files by endpoint and input shape:
-chat_openai.jsonl (/v1/chat/completions lines), messages_anthropic.jsonl (Anthropic
-Message Batches lines); add e.g. responses_openai.jsonl beside them in the same format.
+must fail naming FIELD (e.g. "body.logit_bias") and nothing be sent, `{"unsupported":
+true}` that the family does not serve the line's endpoint (it fails with
+`unsupported_endpoint`, naming the endpoint and the deployment). `model` is left out of
+the expected bodies: the deployment sets it. Files by endpoint and input shape, one
+endpoint a file (as in a batch): chat_openai.jsonl (/v1/chat/completions lines),
+messages_anthropic.jsonl (Anthropic Message Batches lines), responses_openai.jsonl,
+embeddings_openai.jsonl, moderations_openai.jsonl and completions_openai.jsonl.
 
 tests/test_conformance.py checks the translations in process; tests/
 test_conformance_cluster.py runs every file as jobs through Celery workers against the
@@ -40,9 +43,14 @@ def lines(name: str) -> list[dict[str, Any]]:
         return [json.loads(line) for line in file if line.strip()]
 
 
+def url(entry: dict[str, Any]) -> str:
+    """The entry's endpoint (an Anthropic line's is chat's)."""
+    return entry["line"].get("url", "/v1/chat/completions")
+
+
 def expected(entry: dict[str, Any], family: str) -> dict[str, Any]:
     """The body `family` ("openai" or "anthropic") must receive, model left out, or
-    {"error": FIELD}."""
+    {"error": FIELD}, or {"unsupported": True}."""
     want = entry[family]
     if want != UNCHANGED:
         return want
