@@ -1,9 +1,13 @@
-"""Tiny random-weight causal LMs with a word-level tokenizer, saved like a real checkpoint.
+"""Tiny random-weight causal LMs with a word-level or byte-level tokenizer, saved like a
+real checkpoint.
 
 No model hub is reachable here, so tests and bench/local_batching.py build
 their models: a tokenizer trained on a few sentences (with a chat template),
 a GPT-2, Llama or Qwen2 config of the size asked for, and random weights,
 written with save_pretrained so the real loading code reads them back.
+A server (vLLM, tests/vllm_server.py) gets any text, so its model takes the
+byte-level tokenizer: every byte is a token (no merges, no unknown token), and
+every token decodes.
 In the GPT-2 models the final layer norm's bias carries a fixed per-token
 logit offset: special tokens are never generated, and `eos_bias` sets how
 soon replies end (Llama and Qwen2 norms have no bias; their EOS comes when
@@ -18,7 +22,7 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 from pathlib import Path
 
 import torch
-from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import (
     AutoModelForCausalLM,
     GPT2Config,
@@ -59,6 +63,20 @@ def build_tokenizer(extra_words: int = 0) -> PreTrainedTokenizerFast:
     return wrapped
 
 
+def build_byte_tokenizer() -> PreTrainedTokenizerFast:
+    """A byte-level BPE with an empty merge list: the special tokens, then the 256 bytes."""
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    vocab = {token: index for index, token in enumerate([*SPECIALS, *alphabet])}
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.add_special_tokens(SPECIALS)
+    wrapped = PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token="<pad>",
+                                      unk_token="<unk>", bos_token="<bos>", eos_token="<eos>")
+    wrapped.chat_template = CHAT_TEMPLATE
+    return wrapped
+
+
 def model_config(arch: str, vocab_size: int, hidden: int, layers: int, heads: int,
                  kv_heads: int | None, intermediate: int, context: int,
                  special_ids: dict[str, int]) -> PretrainedConfig:
@@ -77,10 +95,11 @@ def save_tiny_model(path: Path, *, arch: str = "gpt2", hidden: int = 32, layers:
                     heads: int = 2, kv_heads: int | None = None,
                     intermediate: int | None = None, context: int = 256,
                     vocab_size: int | None = None, eos_bias: float = -100.0, seed: int = 0,
-                    extra_words: int = 0) -> Path:
-    """Write tokenizer + random model to `path`; returns it. eos_bias -100: never EOS."""
+                    extra_words: int = 0, byte_level: bool = False) -> Path:
+    """Write tokenizer + random model to `path`; returns it. eos_bias -100: never EOS.
+    byte_level: the byte-level tokenizer instead of the word-level one."""
     torch.manual_seed(seed)
-    tokenizer = build_tokenizer(extra_words)
+    tokenizer = build_byte_tokenizer() if byte_level else build_tokenizer(extra_words)
     special = {"pad_token_id": tokenizer.pad_token_id, "bos_token_id": tokenizer.bos_token_id,
                "eos_token_id": tokenizer.eos_token_id}
     vocab = vocab_size or len(tokenizer)
