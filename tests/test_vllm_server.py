@@ -5,8 +5,9 @@ x-request-id as the answer's request_id, and the requests vLLM refuses (a prompt
 context, bad sampling parameters) failed with vLLM's own message, nothing else touched.
 
 One server for the module (tests/vllm_server.py; about 30 s to start on 2 cores) and one
-job per endpoint, read by each test. The lines come from `lines()`: the shared
-conformance set can take its place; the checks (tests/openai_answers.py) read what to
+job per endpoint, read by each test. The lines are `lines()` (what real files send,
+and the endpoint's edge cases) and the shared conformance set's OpenAI lines of the
+endpoints vLLM serves (`conformance_lines()`); the checks (tests/openai_answers.py) read what to
 expect from each line.
 """
 
@@ -29,6 +30,7 @@ from quotaflow.db import session_factory
 from quotaflow.limiters import RedisLimiter, bucket_key
 from quotaflow.models import Result
 from quotaflow.ratelimit import Budget, Settlement
+from tests import conformance
 from tests.conftest import REDIS_URL, service_env
 from tests.factories import jsonl
 from tests.harness import start_workers
@@ -98,6 +100,48 @@ def lines() -> list[dict]:
             _line("response-instructions", ENDPOINT_RESPONSES, max_output_tokens=12,
                   instructions="Answer briefly.", input=asked)]
     return found
+
+
+# The conformance set's OpenAI-format files of the endpoints this server serves
+# (embeddings need an embedding model, moderations a classifier: neither is this one).
+CONFORMANCE_FILES = ("chat_openai", "completions_openai", "responses_openai")
+# The output ceiling of a conformance line here: a random-weight model rarely says EOS,
+# and each token is a decoding step on the CPU.
+CONFORMANCE_MAX_TOKENS = 16
+_CEILINGS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
+
+
+def conformance_lines() -> list[dict]:
+    """The conformance set's OpenAI lines for this server's endpoints, as written but for
+    the model and a lower output ceiling. Lines with images or files are left out: the
+    tiny model reads text only (a vision model's server answers them)."""
+    found = []
+    for name in CONFORMANCE_FILES:
+        for entry in conformance.lines(name):
+            line = json.loads(json.dumps(entry["line"]))
+            if _has_media(line["body"]):
+                continue
+            body = line["body"]
+            body["model"] = MODEL
+            ceiling = next((key for key in _CEILINGS if key in body),
+                           "max_output_tokens" if line["url"] == ENDPOINT_RESPONSES
+                           else "max_tokens")
+            body[ceiling] = min(int(body.get(ceiling, CONFORMANCE_MAX_TOKENS)),
+                                CONFORMANCE_MAX_TOKENS)
+            line["custom_id"] = f"conformance-{entry['name']}"
+            found.append(line)
+    return found
+
+
+def _has_media(value: object) -> bool:
+    if isinstance(value, dict):
+        return value.get("type") in ("image_url", "input_image", "file", "input_file") or any(
+            _has_media(v) for v in value.values())
+    return isinstance(value, list) and any(_has_media(v) for v in value)
+
+
+def answered_lines() -> list[dict]:
+    return lines() + conformance_lines()
 
 
 def refused_lines() -> list[tuple[dict, int, str]]:
@@ -193,7 +237,8 @@ def finished(pg_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         before = _bucket(client, budget)
         limiter.close()
         sessions = session_factory(pg_url)
-        views = run_jobs(sessions, settings, lines() + [line for line, *_ in refused_lines()])
+        views = run_jobs(sessions, settings,
+                         answered_lines() + [line for line, *_ in refused_lines()])
         after = _bucket(client, budget)
         with sessions() as session:
             found = [json.loads(row) for view in views for errors in (False, True)
@@ -213,7 +258,7 @@ def finished(pg_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
 def test_every_line_is_answered_in_openai_shape(finished: Finished) -> None:
     # Given the job of representative lines and the lines vLLM refuses, run on Celery
     # workers against the vLLM server
-    good, refused = lines(), refused_lines()
+    good, refused = answered_lines(), refused_lines()
     # Then each good line's answer is what it asked for, with vLLM's usage stored for it
     for line in good:
         counted = check_answered(line, finished.outputs[line["custom_id"]], MODEL)
@@ -249,7 +294,7 @@ def test_the_limiter_holds_what_vllm_counted(finished: Finished) -> None:
     before, after = finished.bucket_before, finished.bucket_after
     refill = TPM / 60 * (after["ts"] - before["ts"])
     assert before["t"] + refill < TPM, "the bucket refilled to its ceiling: job too slow"
-    counted = sum(sum(finished.usage[line["custom_id"]]) for line in lines())
+    counted = sum(sum(finished.usage[line["custom_id"]]) for line in answered_lines())
     assert before["t"] + refill - after["t"] == pytest.approx(counted, abs=0.01)
     # and the estimates admitted were not that: the settlements made the difference
     assert after["a"] - before["a"] != pytest.approx(counted, abs=0.01)
