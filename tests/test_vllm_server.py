@@ -109,20 +109,24 @@ CONFORMANCE_FILES = ("chat_openai", "completions_openai", "responses_openai")
 # and each token is a decoding step on the CPU.
 CONFORMANCE_MAX_TOKENS = 16
 _CEILINGS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
+# Conformance lines this model refuses, with vLLM's status and words: the set's
+# logit_bias names token ids of OpenAI's tokenizers, past the tiny model's byte vocabulary.
+CONFORMANCE_REFUSED = {"o-logit-bias": (400, "token_id(s)")}
 
 
-def conformance_lines() -> list[dict]:
+def conformance_lines(refused: bool = False) -> list[dict]:
     """The conformance set's OpenAI lines for this server's endpoints, as written but for
-    the model and a lower output ceiling. Lines with images or files are left out: the
-    tiny model reads text only (a vision model's server answers them)."""
+    the model and a lower output ceiling: those it answers, or (`refused`) those it
+    refuses, which go to the refusals' deployment. Lines with images or files are left
+    out: the tiny model reads text only (a vision model's server answers them)."""
     found = []
     for name in CONFORMANCE_FILES:
         for entry in conformance.lines(name):
             line = json.loads(json.dumps(entry["line"]))
-            if _has_media(line["body"]):
+            if _has_media(line["body"]) or (entry["name"] in CONFORMANCE_REFUSED) != refused:
                 continue
             body = line["body"]
-            body["model"] = MODEL
+            body["model"] = REFUSED if refused else MODEL
             ceiling = next((key for key in _CEILINGS if key in body),
                            "max_output_tokens" if line["url"] == ENDPOINT_RESPONSES
                            else "max_tokens")
@@ -151,7 +155,9 @@ def refused_lines() -> list[tuple[dict, int, str]]:
         line["body"]["model"] = REFUSED
         return line
     too_long = "x" * (MAX_MODEL_LEN + 100)  # a token a byte
-    return [
+    from_the_set = [(line, *CONFORMANCE_REFUSED[line["custom_id"].removeprefix(
+        "conformance-")]) for line in conformance_lines(refused=True)]
+    return [*from_the_set,
         (refused("too-long", ENDPOINT_CHAT, max_tokens=8,
                  messages=[{"role": "user", "content": too_long}]),
          400, f"maximum context length is {MAX_MODEL_LEN} tokens"),
@@ -260,9 +266,14 @@ def test_every_line_is_answered_in_openai_shape(finished: Finished) -> None:
     # workers against the vLLM server
     good, refused = answered_lines(), refused_lines()
     # Then each good line's answer is what it asked for, with vLLM's usage stored for it
+    problems = []
     for line in good:
-        counted = check_answered(line, finished.outputs[line["custom_id"]], MODEL)
-        assert finished.usage[line["custom_id"]] == counted, line["custom_id"]
+        try:
+            counted = check_answered(line, finished.outputs[line["custom_id"]], MODEL)
+            assert finished.usage[line["custom_id"]] == counted, line["custom_id"]
+        except AssertionError as exc:
+            problems.append(f"{line['custom_id']}: {str(exc)[:300]}")
+    assert problems == [], "\n".join(problems)
     # and the jobs completed, every refused line failed and nothing else
     assert [view["status"] for view in finished.views] == ["completed"] * len(finished.views)
     counts = [view["request_counts"] for view in finished.views]
