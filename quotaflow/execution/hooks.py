@@ -30,9 +30,9 @@ bound methods of the hooks that override it, so a point no hook of the run
 uses costs the loop one empty iteration and no call.
 """
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from sqlalchemy.orm import Session
 
@@ -185,5 +185,5 @@ class Hooks:
     def __repr__(self) -> str:
         return f"Hooks({', '.join(type(hook).__name__ for hook in self.hooks)})"
 
-    def __iter__(self) -> Any:
+    def __iter__(self) -> Iterator[BatchHook]:
         return iter(self.hooks)
