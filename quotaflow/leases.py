@@ -21,7 +21,7 @@ from quotaflow.jsoncodec import RawJson
 from quotaflow.models import Item, ItemStatus, Job, JobStatus, Result, utcnow
 from quotaflow.outcomes import Failure, Outcome, Provenance, Shared
 from quotaflow.providers.base import ProviderResponse
-from quotaflow.spend import Billing, Charge
+from quotaflow.spend import Charge, Ledger
 
 # Core tables, not ORM entities: an ORM-enabled UPDATE costs several times the CPU of
 # the same statement on the table, and these run for every batch and chunk.
@@ -107,13 +107,13 @@ def store_many(sessions: sessionmaker[Session], job_id: str,
                entries: Sequence[tuple[ClaimedItem, Outcome]],
                share: bool = True,
                provenance: Sequence[Provenance | None] | None = None,
-               billing: Billing | None = None) -> tuple[int, int]:
+               billing: Ledger | None = None) -> tuple[int, int]:
     """Write a chunk of results in one transaction, close their items, and share each
     result with the identical requests waiting for it (unless `share` is False: the
     job has none); (succeeded, failed), the sharers included. `provenance`, one per
     entry where given, says which deployment answered each, after how many calls, when.
-    `billing` adds the answered calls whose rows this transaction stored to the spend
-    ledger (quotaflow/spend.py).
+    `billing` is given the answered calls whose rows this transaction stored (a
+    spend.Billing adds them to the spend ledger; a run's hooks, their `before_store`).
 
     A statement per chunk, not per result: a round trip per answer was most of a
     worker's time. Results are insert-or-ignore, and an item's status follows the

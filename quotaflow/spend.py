@@ -20,7 +20,7 @@ cost nothing quotaflow can count and never stop a job.
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session, sessionmaker
@@ -50,6 +50,14 @@ class Charge:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int = 0
+
+
+class Ledger(Protocol):
+    """What stores a chunk of answers' charges in the transaction storing them
+    (leases.store_many): a Billing, or a run's hooks (execution/hooks.py)."""
+
+    def record(self, session: Session, job_id: str, charges: Sequence[Charge],
+               now: datetime) -> None: ...
 
 
 @dataclass(frozen=True)

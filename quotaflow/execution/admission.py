@@ -21,7 +21,6 @@ from quotaflow.errors import ServiceUnavailable
 from quotaflow.execution.admitted import Admitted
 from quotaflow.execution.attempts import LIMITER_DOWN_BACKOFF_S, MAX_ROUTE_WAIT_S, Caller, poll_time
 from quotaflow.execution.batch import BatchRun
-from quotaflow.execution.fairness import fair_sleep
 from quotaflow.execution.prepare import Preparer
 from quotaflow.leases import ClaimedItem, end_unsent, release
 from quotaflow.models import utcnow
@@ -104,11 +103,6 @@ class Admitter:
             if admission is None:
                 break
             del waiting[:admission.admitted]
-            if admission.admitted:
-                run.feedback.tally.admitted(
-                    deployment.name, admission.admitted,
-                    sum(a.cost for a in asked[:admission.admitted]),
-                    time.monotonic() - run.started)
             flying = calls.setdefault(deployment.name, flying)
             for entry in asked[:admission.admitted]:
                 entry.paid(admission)
@@ -122,13 +116,12 @@ class Admitter:
 
     async def _acquire(self, run: BatchRun, waiting: list[ClaimedItem],
                        asked: list[Admitted]) -> Admission | None:
-        """The limiter's answer for the chunk, within the tenant's fair share (none
-        admitted while it is over it: the others have the refill); None: the items went
-        back to the queue."""
+        """The limiter's answer for the chunk, once the run's hooks let it ask (none
+        admitted while a hook has it wait: the fair share's, while the tenant is ahead of
+        the others); None: the items went back to the queue."""
         budget = asked[0].budget
-        share = run.share.before(budget)
-        if not share.allowed:
-            if await self._pause(run, waiting, fair_sleep(share), refunds_due=False):
+        if run.hooks.before_acquire and (wait_s := run.hooks.wait_first(budget)) is not None:
+            if await self._pause(run, waiting, wait_s, refunds_due=False):
                 return Admission(0, 0.0)
             return None
         try:
@@ -141,9 +134,9 @@ class Admitter:
             self._defer(run, waiting, LIMITER_DOWN_BACKOFF_S)
             return None
         if admission.admitted:
-            admitted = asked[:admission.admitted]
-            run.share.after(budget, admission.admitted, sum(a.cost for a in admitted),
-                            sum(a.input_cost for a in admitted))
+            admitted, waited_s = asked[:admission.admitted], time.monotonic() - run.started
+            for hook in run.hooks.chunk_admitted:
+                hook(admitted, waited_s)
         return admission
 
     async def _closed_off(self, run: BatchRun, waiting: list[ClaimedItem], choice: Choice,
@@ -197,8 +190,9 @@ class Admitter:
     async def _pause(self, run: BatchRun, waiting: list[ClaimedItem], wait_s: float,
                      refunds_due: bool) -> bool:
         """Sleep through a short wait (True), or hand the items back to the queue (False):
-        also when another tenant's batches wait for a worker, so they reach one."""
-        if self.max_inline_wait != float("inf") and run.share.may_yield(YIELD_S):
+        also when a hook gives way (another tenant's batches wait for a worker: so they
+        reach one)."""
+        if self.max_inline_wait != float("inf") and run.hooks.gives_way():
             self._defer(run, waiting, YIELD_S)
             return False
         if wait_s > self.max_inline_wait and not refunds_due:

@@ -95,17 +95,23 @@ class Caller:
 
     @staticmethod
     async def _send(run: BatchRun, admitted: Admitted) -> ProviderResponse:
-        """The call, timed and counted for the metrics (quotaflow/metrics.py)."""
+        """The call, timed and told to the hooks that count calls (the metrics')."""
+        ended = run.hooks.call_ended
+        if not ended:
+            return await admitted.provider.send(run.url, admitted.body)
         name = admitted.deployment.name
         started = time.perf_counter()
         try:
             response = await admitted.provider.send(run.url, admitted.body)
         except ProviderError as exc:
-            run.feedback.tally.answered(name, error_code(exc), time.perf_counter() - started)
+            code, latency_s = error_code(exc), time.perf_counter() - started
+            for hook in ended:
+                hook(name, code, latency_s)
             raise
-        run.feedback.tally.answered(name, str(response.status_code),
-                                    time.perf_counter() - started, response.prompt_tokens,
-                                    response.completion_tokens)
+        latency_s = time.perf_counter() - started
+        for hook in ended:
+            hook(name, str(response.status_code), latency_s, response.prompt_tokens,
+                 response.completion_tokens)
         return response
 
     async def _readmit(self, run: BatchRun, route: Route, item: ClaimedItem,
@@ -134,8 +140,9 @@ class Caller:
                 continue
             if admission.admitted:
                 prepared.paid(admission)
-                run.feedback.tally.admitted(prepared.deployment.name, 1, prepared.cost,
-                                            time.monotonic() - asked)
+                waited_s = time.monotonic() - asked
+                for hook in run.hooks.retry_admitted:
+                    hook(prepared, waited_s)
                 return prepared
             await asyncio.sleep(min(poll_time(admission.refunds_due, admission.wait_s),
                                     MAX_ROUTE_WAIT_S))

@@ -6,11 +6,10 @@ from typing import Any
 
 from quotaflow.anthropic_messages import reshape
 from quotaflow.dispatch import BatchRef
-from quotaflow.execution.fairness import TenantShare
 from quotaflow.execution.feedback import Feedback
+from quotaflow.execution.hooks import Hooks
 from quotaflow.execution.stopping import JobWatch
 from quotaflow.execution.writer import ResultWriter
-from quotaflow.fairshare import NoFairShare
 from quotaflow.leases import ClaimedItem
 from quotaflow.outcomes import Outcome, Provenance
 from quotaflow.providers.base import ProviderResponse
@@ -30,7 +29,8 @@ class BatchReport:
 @dataclass
 class BatchRun:
     """One run of a batch: its job, claim owner, endpoint, queue floor and retry policy;
-    where its outcomes and provider feedback go; and when to run it again."""
+    where its outcomes and provider feedback go; its policies' hooks; and when to run it
+    again."""
 
     ref: BatchRef
     owner: str
@@ -45,8 +45,8 @@ class BatchRun:
     started: float = field(default_factory=time.monotonic)
     # The shape the job's answers are stored in: an answer in the other is made over.
     output_format: str = "openai"
-    # The run's tenant's share of each budget against other tenants' (fairness.py).
-    share: TenantShare = field(default_factory=lambda: TenantShare(NoFairShare(), ""))
+    # The policies this run follows, in order (hooks.py; policies/ makes them).
+    hooks: Hooks = field(default_factory=Hooks)
 
     def finish(self, item: ClaimedItem, outcome: Outcome,
                provenance: Provenance | None = None) -> None:

@@ -24,7 +24,6 @@ from quotaflow.circuit import CircuitBreaker
 from quotaflow.deployments import Deployment
 from quotaflow.errors import ProviderError, ServiceUnavailable
 from quotaflow.execution.admitted import Admitted
-from quotaflow.metrics import Tally
 from quotaflow.providers import ProviderResponse
 from quotaflow.ratelimit import Budget, Limiter, Settlement
 
@@ -61,8 +60,6 @@ class _Pending:
 class Feedback:
     limiter: Limiter
     breaker: CircuitBreaker
-    # The run's counts for Prometheus, written with each flush (quotaflow/metrics.py).
-    tally: Tally = field(default_factory=Tally)
     _pending: dict[str, _Pending] = field(default_factory=dict)
     _succeeded: dict[str, Deployment] = field(default_factory=dict)
     _count: int = 0
@@ -130,7 +127,6 @@ class Feedback:
 
     def flush(self) -> None:
         """One settle (and at most one clamp) per budget, one success per deployment."""
-        self.tally.flush()
         if not self._count and not self._succeeded:
             return
         pending, self._pending = self._pending, {}

@@ -51,6 +51,12 @@ class JobWatch:
         # was reached must not send a chunk first. Else, claimed just now: it runs.
         self._checked = float("-inf") if self.spending else time.monotonic()
 
+    def count_spend(self, default_limit: float | None) -> None:
+        """Stop on the tenant's spend limit too (its own, else `default_limit`), reading
+        at once: the spend hook's switch (policies/spend.py)."""
+        self.spending, self.default_spend_limit = True, default_limit
+        self._checked = float("-inf")
+
     def ended(self) -> str | None:
         """ItemStatus.CANCELLED, EXPIRED or SPEND_LIMITED once the job is, else None."""
         now = time.monotonic()

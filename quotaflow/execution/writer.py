@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from quotaflow.leases import ClaimedItem, store_many
 from quotaflow.outcomes import Outcome, Provenance
-from quotaflow.spend import Billing
+from quotaflow.spend import Ledger
 
 # Write once this many answers wait, or once the oldest has waited this long.
 FLUSH_SIZE = 64
@@ -31,8 +31,9 @@ class ResultWriter:
     on_item: Callable[[bool], None] | None = None
     # Whether identical requests of the job wait for these answers (shared on store).
     share: bool = True
-    # Whose calls these are and their prices: answered calls are billed as they are stored.
-    billing: Billing | None = None
+    # Given the answered calls of each chunk in the transaction storing it: the spend
+    # hook bills them there (execution/hooks.py, `before_store`).
+    billing: Ledger | None = None
     succeeded: int = 0
     failed: int = 0
     _buffer: list[tuple[ClaimedItem, Outcome]] = field(default_factory=list)
