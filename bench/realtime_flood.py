@@ -20,8 +20,8 @@ from pathlib import Path
 import redis
 
 from quotaflow.db import upgrade
-from tests.conftest import _recreate_database
-from tests.realtime_flood import LATENCY_MS, LAYOUTS, FloodCluster, FloodResult
+from tests.harness.realtime_flood import LATENCY_MS, LAYOUTS, FloodCluster, FloodResult
+from tests.harness.servers import recreate_database
 
 REDIS_URL = os.environ.get("QUOTAFLOW_BENCH_REDIS_URL", "redis://127.0.0.1:6379/14")
 PG_URL = os.environ.get("QUOTAFLOW_BENCH_DATABASE_URL",
@@ -29,7 +29,7 @@ PG_URL = os.environ.get("QUOTAFLOW_BENCH_DATABASE_URL",
 
 
 def run(layout: str) -> FloodResult:
-    _recreate_database(PG_URL)
+    recreate_database(PG_URL)
     upgrade(PG_URL)
     redis.Redis.from_url(REDIS_URL).flushdb()
     cluster = FloodCluster(Path(tempfile.mkdtemp(prefix="qf-flood-")), PG_URL, REDIS_URL,

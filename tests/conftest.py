@@ -4,7 +4,6 @@ The tests use their own database (quotaflow_test) and Redis db 15 and never
 touch anything else on the servers.
 """
 
-import os
 import shutil
 import subprocess
 import sys
@@ -14,40 +13,15 @@ import types
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import psycopg
 import pytest
 import redis
 from sqlalchemy import text
-from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
 from quotaflow.config import Settings
 from quotaflow.db import get_engine, session_factory, upgrade
-from tests.procs import Proc, free_port
-
-# Under pytest-xdist (scripts/test runs two processes) each process has a database and a
-# Redis db of its own: gw0 the names given, gw1 "<database>_gw1" and the Redis db below.
-XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
-_WORKER_INDEX = int(XDIST_WORKER[2:]) if XDIST_WORKER.startswith("gw") else 0
-
-
-def _own_database(url: str) -> str:
-    if not _WORKER_INDEX:
-        return url
-    parsed = make_url(url)
-    return parsed.set(database=f"{parsed.database}_{XDIST_WORKER}").render_as_string(
-        hide_password=False)
-
-
-def _own_redis_db(url: str) -> str:
-    base, _, db = url.rpartition("/")
-    return f"{base}/{(int(db or 0) - _WORKER_INDEX) % 16}" if _WORKER_INDEX else url
-
-
-PG_URL = _own_database(os.environ.get(
-    "QUOTAFLOW_TEST_DATABASE_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/quotaflow_test"))
-REDIS_URL = _own_redis_db(os.environ.get("QUOTAFLOW_TEST_REDIS_URL", "redis://127.0.0.1:6379/15"))
-ROOT = Path(__file__).resolve().parent.parent
+from tests.harness.procs import Proc, free_port
+from tests.harness.servers import PG_URL, REDIS_URL, recreate_database, service_env
 
 
 @pytest.fixture(autouse=True)
@@ -67,7 +41,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         proc.stop(timeout=5)
     workeroutput = getattr(session.config, "workeroutput", None)
     if workeroutput is not None:
-        from tests import chaos_cluster, multihost_jobs
+        from tests.harness import chaos_cluster, multihost_jobs
         workeroutput["chaos_rows"] = [list(row) for row in chaos_cluster.ROWS]
         workeroutput["multihost_rows"] = [list(row.cells()) for row in multihost_jobs.ROWS]
 
@@ -79,25 +53,16 @@ _MULTIHOST_CELLS: list[tuple[str, ...]] = []
 @pytest.hookimpl(optionalhook=True)
 def pytest_testnodedown(node, error) -> None:
     """xdist's controller: a worker's rows of the reliability tables, for the summary."""
-    from tests import chaos_cluster
+    from tests.harness import chaos_cluster
     output = getattr(node, "workeroutput", {})
     chaos_cluster.ROWS.extend(tuple(row) for row in output.get("chaos_rows", []))
     _MULTIHOST_CELLS.extend(tuple(row) for row in output.get("multihost_rows", []))
 
 
-def _recreate_database(url: str) -> None:
-    parsed = make_url(url)
-    admin = parsed.set(drivername="postgresql", database="postgres")
-    dsn = admin.render_as_string(hide_password=False)
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{parsed.database}" WITH (FORCE)')
-        conn.execute(f'CREATE DATABASE "{parsed.database}"')
-
-
 @pytest.fixture(scope="session")
 def pg_url() -> str:
     """A fresh quotaflow_test database, migrated with the same Alembic script production uses."""
-    _recreate_database(PG_URL)
+    recreate_database(PG_URL)
     upgrade(PG_URL)
     return PG_URL
 
@@ -193,7 +158,7 @@ def throwaway_postgres() -> Iterator[tuple[str, Callable[[], None], Callable[[],
 @pytest.fixture
 def slow_provider(tmp_path: Path) -> Iterator[str]:
     """A mock provider answering in 100 ms, with no limit worth the name."""
-    from tests.procs import quotaflow
+    from tests.harness.procs import quotaflow
 
     port = free_port()
     proc = Proc("provider", quotaflow("mock-provider", "--port", str(port), "--rpm", "600000",
@@ -206,21 +171,14 @@ def slow_provider(tmp_path: Path) -> Iterator[str]:
         proc.stop()
 
 
-def service_env(**extra: str) -> dict[str, str]:
-    """The environment for a child process: ours, minus any QUOTAFLOW_* of the developer's."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("QUOTAFLOW_")}
-    env["PYTHONUNBUFFERED"] = "1"
-    env.update(extra)
-    return env
-
-
 # Tests that need servers are marked `cluster`, so that `pytest -m "not cluster"` runs
 # the unit tests alone, in seconds, with no PostgreSQL or Redis: a test is one when its
 # module uses these helpers or modules (it starts processes of its own)...
-PROCESS_STARTERS = frozenset({"tests.procs", "tests.harness", "tests.limiter_cluster",
-                              "tests.anthropic_cluster",
-                              "tests.openai_cluster", "tests.chaos_cluster", "subprocess",
-                              "tests.multihost_cluster", "tests.multihost_jobs"})
+PROCESS_STARTERS = frozenset({
+    "tests.harness.procs", "tests.harness.cluster", "tests.harness.limiter_cluster",
+    "tests.harness.anthropic_cluster", "tests.harness.openai_cluster",
+    "tests.harness.chaos_cluster", "subprocess", "tests.harness.multihost_cluster",
+    "tests.harness.multihost_jobs"})
 # ...or it asks for a server: the shared PostgreSQL or Redis, or one of its own.
 SERVER_FIXTURES = frozenset({"pg_url", "redis_url", "throwaway_redis", "throwaway_postgres",
                              "slow_provider"})
@@ -239,7 +197,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def pytest_terminal_summary(terminalreporter) -> None:
     """The reliability tables, when fault tests ran (tests/chaos_cluster.py,
     tests/multihost_jobs.py)."""
-    from tests import chaos_cluster, multihost_jobs
+    from tests.harness import chaos_cluster, multihost_jobs
     if chaos_cluster.ROWS:
         terminalreporter.write_sep("=", "reliability: faults during a job")
         terminalreporter.write_line(chaos_cluster.table())

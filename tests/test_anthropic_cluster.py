@@ -24,9 +24,9 @@ from quotaflow.dispatch import CollectingDispatcher
 from quotaflow.execution import BatchExecutor
 from quotaflow.limiters import RedisLimiter
 from quotaflow.output import iter_output
-from tests.anthropic_cluster import SCENARIOS, AnthropicCluster, Scenario
-from tests.conftest import REDIS_URL, service_env
-from tests.procs import Proc, free_port, quotaflow
+from tests.harness.anthropic_cluster import SCENARIOS, AnthropicCluster, Scenario
+from tests.harness.procs import Proc, free_port, quotaflow
+from tests.harness.servers import REDIS_URL, service_env
 
 KEY_ENV = "QF_TEST_ANTHROPIC_KEY"
 BY_NAME = {scenario.name: scenario for scenario in SCENARIOS}

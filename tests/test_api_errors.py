@@ -12,8 +12,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from api.app import create_app
-from tests.factories import chat_line, jsonl
-from tests.openai_cluster import V1Cluster, start_cluster
+from tests.harness.factories import chat_line, jsonl
+from tests.harness.openai_cluster import V1Cluster, start_cluster
 
 CHAT = "/v1/chat/completions"
 REQUEST_ID = re.compile(r"^req_[0-9a-f]{32}$")

@@ -17,7 +17,7 @@ from schemathesis.checks import (
     status_code_conformance,
 )
 
-from tests.openai_cluster import V1Cluster, start_cluster
+from tests.harness.openai_cluster import V1Cluster, start_cluster
 
 
 @pytest.fixture(scope="module")

@@ -4,16 +4,12 @@ Redis out of reach is a 503 that says what to check, under /v1 and elsewhere, ne
 from collections.abc import Iterator
 
 import httpx
-import psycopg
 import pytest
-import redis
 from fastapi.testclient import TestClient
 
-from api import deps
-from api.app import create_app
 from api.errors import status_of
 from cli.client import _raise_for_error
-from quotaflow.config import Settings, get_settings
+from quotaflow.config import Settings
 from quotaflow.errors import (
     AuthenticationError,
     DeploymentNotFound,
@@ -32,7 +28,7 @@ from quotaflow.errors import (
     RequestTooLarge,
     ServiceUnavailable,
 )
-from quotaflow.limiters import make_limiter
+from tests.harness.api_app import app_client
 
 # Ports where nothing listens.
 NO_POSTGRES = "postgresql+psycopg://postgres@127.0.0.1:1/nothing"
@@ -62,37 +58,16 @@ def test_the_cli_reads_a_status_as_its_error_class(status: int, kind: type) -> N
         _raise_for_error(httpx.Response(status, json={"error": {"message": "the message"}}))
 
 
-def _app(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> Iterator[TestClient]:
-    monkeypatch.setattr(deps, "get_settings", lambda: settings)
-    app = create_app()
-    app.dependency_overrides[get_settings] = lambda: settings
-    app.dependency_overrides[deps.deployments] = settings.load_deployments
-    app.dependency_overrides[deps.limiter] = lambda: make_limiter(settings.limiter_url)
-
-    @app.get("/v1/copy")
-    @app.get("/copy")
-    def copy() -> None:  # the driver's own error, as a COPY on the raw connection raises it
-        raise psycopg.OperationalError("server closed the connection unexpectedly")
-
-    @app.get("/v1/queue")
-    @app.get("/queue")
-    def queue() -> None:
-        raise redis.ConnectionError("Error 111 connecting to 127.0.0.1:1. Connection refused.")
-
-    with TestClient(app, raise_server_exceptions=False) as client:
-        yield client
-
-
 @pytest.fixture
 def no_database(monkeypatch: pytest.MonkeyPatch) -> Iterator[TestClient]:
-    yield from _app(Settings(database_url=NO_POSTGRES, broker_url=NO_REDIS, _env_file=None),
-                    monkeypatch)
+    yield from app_client(Settings(database_url=NO_POSTGRES, broker_url=NO_REDIS, _env_file=None),
+                          monkeypatch)
 
 
 @pytest.fixture
 def no_redis(monkeypatch: pytest.MonkeyPatch) -> Iterator[TestClient]:
-    yield from _app(Settings(database_url=NO_POSTGRES, broker_url=NO_REDIS, auth=False,
-                             _env_file=None), monkeypatch)
+    yield from app_client(Settings(database_url=NO_POSTGRES, broker_url=NO_REDIS, auth=False,
+                                   _env_file=None), monkeypatch)
 
 
 def unavailable(answer: httpx.Response) -> str:

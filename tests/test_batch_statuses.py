@@ -18,7 +18,7 @@ from quotaflow.deployments import builtin_deployments
 from quotaflow.dispatch import CollectingDispatcher
 from quotaflow.errors import EnqueuedTokenLimit
 from quotaflow.models import Job, JobStatus, utcnow
-from tests.factories import chat_line, jsonl
+from tests.harness.factories import chat_line, jsonl
 
 
 def stored(sessions: sessionmaker[Session], data: bytes, tenant: str) -> str:

@@ -18,15 +18,15 @@ import pytest
 from quotaflow import jobs, output
 from quotaflow.config import Settings
 from quotaflow.models import JobStatus
-from tests.conftest import REDIS_URL, service_env
-from tests.factories import chat_line, jsonl
-from tests.harness import (
+from tests.harness.cluster import (
     deployment_file,
     job_status,
     results_stored,
     start_provider,
     start_workers,
 )
+from tests.harness.factories import chat_line, jsonl
+from tests.harness.servers import REDIS_URL, service_env
 from workers.dispatch import CeleryDispatcher
 
 LINES = 600

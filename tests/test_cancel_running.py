@@ -17,7 +17,7 @@ from quotaflow.dispatch import BatchRef
 from quotaflow.execution import BatchExecutor
 from quotaflow.limiters import LocalLimiter
 from quotaflow.models import Job, JobStatus
-from tests.factories import chat_line, jsonl
+from tests.harness.factories import chat_line, jsonl
 
 LINES = 200
 

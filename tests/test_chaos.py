@@ -15,9 +15,7 @@ from quotaflow import jobs
 from quotaflow.config import Settings
 from quotaflow.db import session_factory
 from quotaflow.models import Item
-from tests.conftest import REDIS_URL, service_env
-from tests.factories import chat_line, jsonl
-from tests.harness import (
+from tests.harness.cluster import (
     deployment_file,
     one_result_per_line,
     output_ids,
@@ -25,6 +23,8 @@ from tests.harness import (
     start_workers,
     wait_until_finished,
 )
+from tests.harness.factories import chat_line, jsonl
+from tests.harness.servers import REDIS_URL, service_env
 from workers.dispatch import CeleryDispatcher
 
 

@@ -17,10 +17,10 @@ import pytest
 from sqlalchemy import text
 
 from quotaflow.db import get_engine
-from tests.chaos_cluster import ROWS
-from tests.conftest import REDIS_URL, service_env
-from tests.factories import chat_line, jsonl
-from tests.procs import Proc, free_port, quotaflow
+from tests.harness.chaos_cluster import ROWS
+from tests.harness.factories import chat_line, jsonl
+from tests.harness.procs import Proc, free_port, quotaflow
+from tests.harness.servers import REDIS_URL, service_env
 
 LINES = 150_000
 

@@ -10,9 +10,7 @@ import pytest
 from quotaflow import jobs
 from quotaflow.config import Settings
 from quotaflow.db import session_factory
-from tests.conftest import service_env
-from tests.factories import chat_line, jsonl
-from tests.harness import (
+from tests.harness.cluster import (
     deployment_file,
     one_result_per_line,
     output_ids,
@@ -21,6 +19,8 @@ from tests.harness import (
     start_workers,
     wait_until_finished,
 )
+from tests.harness.factories import chat_line, jsonl
+from tests.harness.servers import service_env
 from workers.dispatch import CeleryDispatcher
 
 pytestmark = pytest.mark.timeout(240)

@@ -19,8 +19,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests import chaos_cluster
-from tests.chaos_cluster import (
+from tests.harness import chaos_cluster
+from tests.harness.chaos_cluster import (
     IN_FLIGHT_BOUND,
     LINES,
     RESUME_ALLOWANCE_S,
@@ -29,7 +29,7 @@ from tests.chaos_cluster import (
     ChaosCluster,
     Progress,
 )
-from tests.harness import job_status, one_result_per_line, output_ids
+from tests.harness.cluster import job_status, one_result_per_line, output_ids
 
 pytestmark = pytest.mark.timeout(300)
 

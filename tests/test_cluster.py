@@ -14,9 +14,9 @@ import redis
 from sqlalchemy import text
 
 from quotaflow.db import get_engine
-from tests.conftest import REDIS_URL, service_env
-from tests.factories import chat_line, write_jsonl
-from tests.procs import Proc, free_port, quotaflow
+from tests.harness.factories import chat_line, write_jsonl
+from tests.harness.procs import Proc, free_port, quotaflow
+from tests.harness.servers import REDIS_URL, service_env
 
 PROVIDER_KEY = "sk-quotaflow-test-0123456789abcdef"
 FLOWER_AUTH = ("flower-user", "flower-pass-123")

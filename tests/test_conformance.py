@@ -3,7 +3,6 @@ into the body each deployment family receives, compared field by field with the 
 expectations (the same checks run through Celery workers and the strict mock provider
 in tests/test_conformance_cluster.py)."""
 
-import json
 from typing import Any
 
 import pytest
@@ -13,7 +12,8 @@ from quotaflow.deployments import Deployment
 from quotaflow.errors import Untranslatable
 from quotaflow.formats import to_request
 from quotaflow.translate.body import request_body
-from tests import conformance
+from tests.harness import conformance
+from tests.harness.conformance import field_diff
 
 DEPLOYMENTS = {
     "openai": Deployment(name="gpt", provider="openai", base_url="http://127.0.0.1:1/v1",
@@ -22,25 +22,6 @@ DEPLOYMENTS = {
                             model="claude-conf", rpm=1000, tpm=1000000)}
 CASES = [(name, entry, family) for name in conformance.names()
          for entry in conformance.lines(name) for family in DEPLOYMENTS]
-
-
-def field_diff(want: dict[str, Any], got: dict[str, Any]) -> list[str]:
-    """The top-level fields that differ, each with both values."""
-    want, got = comparable(want), comparable(got)
-    return [f"{key}: expected {want.get(key)!r}, sent {got.get(key)!r}"
-            for key in sorted(set(want) | set(got)) if want.get(key) != got.get(key)]
-
-
-def comparable(body: dict[str, Any]) -> dict[str, Any]:
-    """Tool calls' `arguments` (JSON text) as the JSON they hold: the store keeps a line's
-    JSON objects, not the order of their keys (PostgreSQL's jsonb), on either side."""
-    body = json.loads(json.dumps(body))
-    for message in body.get("messages") or ():
-        for call in message.get("tool_calls") or () if isinstance(message, dict) else ():
-            function = call.get("function") or {}
-            if isinstance(function.get("arguments"), str):
-                function["arguments"] = json.loads(function["arguments"])
-    return body
 
 
 def test_the_set_is_big_enough_and_its_names_unique() -> None:

@@ -20,11 +20,11 @@ from sqlalchemy.orm import Session, sessionmaker
 from quotaflow import jobs
 from quotaflow.config import Settings
 from quotaflow.output import iter_output
-from tests import conformance
-from tests.conftest import REDIS_URL, service_env
-from tests.factories import jsonl
-from tests.harness import start_provider, start_workers
-from tests.test_conformance import comparable, field_diff
+from tests.harness import conformance
+from tests.harness.cluster import start_provider, start_workers
+from tests.harness.conformance import comparable, field_diff
+from tests.harness.factories import jsonl
+from tests.harness.servers import REDIS_URL, service_env
 from workers.dispatch import CeleryDispatcher
 
 KEY_ENV = "QF_TEST_CONFORMANCE_KEY"

@@ -6,14 +6,14 @@ from pathlib import Path
 import pytest
 from sqlalchemy.engine import make_url
 
-from tests.conftest import PG_URL, _recreate_database, service_env
-from tests.procs import quotaflow
+from tests.harness.procs import quotaflow
+from tests.harness.servers import PG_URL, recreate_database, service_env
 
 
 def _empty_postgres() -> str:
     url = make_url(PG_URL).set(database=f"{make_url(PG_URL).database}_empty")
     text = url.render_as_string(hide_password=False)
-    _recreate_database(text)
+    recreate_database(text)
     return text
 
 

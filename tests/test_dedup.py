@@ -17,9 +17,9 @@ from quotaflow.dispatch import CollectingDispatcher
 from quotaflow.execution import BatchExecutor
 from quotaflow.limiters import LocalLimiter
 from quotaflow.models import Item
-from tests import factories
-from tests.factories import jsonl
-from tests.harness import deployment_file, start_provider
+from tests.harness import factories
+from tests.harness.cluster import deployment_file, start_provider
+from tests.harness.factories import jsonl
 
 # Lines whose answer cannot differ (temperature 0): identical ones share one call.
 chat_line = functools.partial(factories.chat_line, temperature=0)

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from cli.main import cli
 from quotaflow.deployments import load_deployments
-from tests.conftest import ROOT
+from tests.harness.servers import ROOT
 
 SERVICES = {"redis", "postgres", "migrate", "api", "worker-realtime", "worker-bulk", "flower"}
 

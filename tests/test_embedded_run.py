@@ -6,9 +6,9 @@ from pathlib import Path
 
 import httpx
 
-from tests.conftest import ROOT, service_env
-from tests.factories import HOSTILE_LINES, chat_line, write_jsonl
-from tests.procs import Proc, free_port, quotaflow
+from tests.harness.factories import HOSTILE_LINES, chat_line, write_jsonl
+from tests.harness.procs import Proc, free_port, quotaflow
+from tests.harness.servers import ROOT, service_env
 
 
 def run_cli(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:

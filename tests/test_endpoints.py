@@ -27,7 +27,7 @@ from quotaflow.pbatch.results import read_line
 from quotaflow.providers.base import ProviderResponse
 from quotaflow.providers.mock import MockProvider
 from quotaflow.tokens import admission_tokens, max_output_tokens, prompt_parts, prompt_tokens
-from tests.factories import jsonl
+from tests.harness.factories import jsonl
 
 RESPONSES, MODERATIONS, CHAT = "/v1/responses", "/v1/moderations", "/v1/chat/completions"
 

@@ -29,9 +29,9 @@ from quotaflow import job_view, jobs, output
 from quotaflow.config import Settings
 from quotaflow.db import session_factory
 from quotaflow.tokens import admission_tokens, prompt_tokens
-from tests.conftest import REDIS_URL, ROOT, service_env
-from tests.factories import jsonl, write_jsonl
-from tests.procs import Proc, free_port, quotaflow
+from tests.harness.factories import jsonl, write_jsonl
+from tests.harness.procs import Proc, free_port, quotaflow
+from tests.harness.servers import REDIS_URL, ROOT, service_env
 from workers.dispatch import CeleryDispatcher
 
 RESPONSES, MODERATIONS, CHAT = "/v1/responses", "/v1/moderations", "/v1/chat/completions"

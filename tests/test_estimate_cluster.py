@@ -37,9 +37,9 @@ from sqlalchemy import text
 
 from quotaflow.db import get_engine
 from quotaflow.tokenizers import counter_for
-from tests.conftest import REDIS_URL, ROOT, service_env
-from tests.factories import chat_line, jsonl
-from tests.procs import Proc, free_port, quotaflow
+from tests.harness.factories import chat_line, jsonl
+from tests.harness.procs import Proc, free_port, quotaflow
+from tests.harness.servers import REDIS_URL, ROOT, service_env
 
 LATENCY_MS = 20
 ENQUEUED_LIMIT = 1_000_000

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from tests.conftest import REDIS_URL
-from tests.fair_cluster import FairCluster, Submission, window_shares
+from tests.harness.fair_cluster import FairCluster, Submission, window_shares
+from tests.harness.servers import REDIS_URL
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(180)]
 

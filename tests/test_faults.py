@@ -11,9 +11,9 @@ from sqlalchemy import func, select
 from quotaflow import output as downloads
 from quotaflow.config import Settings
 from quotaflow.models import Result
-from tests.conftest import REDIS_URL, service_env
-from tests.factories import chat_line
-from tests.harness import deployment_file, start_provider, start_workers, submit_and_finish
+from tests.harness.cluster import deployment_file, start_provider, start_workers, submit_and_finish
+from tests.harness.factories import chat_line
+from tests.harness.servers import REDIS_URL, service_env
 
 ITEMS = 2000
 ATTEMPTS = 5

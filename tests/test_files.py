@@ -14,7 +14,7 @@ from quotaflow.deployments import builtin_deployments
 from quotaflow.dispatch import CollectingDispatcher
 from quotaflow.errors import FileNotFound, FileTooLarge
 from quotaflow.models import File, FileChunk, Item
-from tests.factories import chat_line, jsonl
+from tests.harness.factories import chat_line, jsonl
 
 
 def big_file(count: int) -> bytes:

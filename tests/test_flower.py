@@ -6,8 +6,8 @@ from pathlib import Path
 
 import httpx
 
-from tests.conftest import REDIS_URL, service_env
-from tests.procs import Proc, free_port, quotaflow
+from tests.harness.procs import Proc, free_port, quotaflow
+from tests.harness.servers import REDIS_URL, service_env
 
 AUTH = ("watcher", "flower-secret-42")
 

@@ -9,7 +9,7 @@ from quotaflow import jsonlines
 from quotaflow.formats import BadLine, Request, parse_stream
 from quotaflow.jsonlines import MAX_DEPTH, MAX_INTEGER_DIGITS
 from quotaflow.output import output_line
-from tests.factories import HOSTILE_LINES
+from tests.harness.factories import HOSTILE_LINES
 
 LIMIT = 4096
 

@@ -18,7 +18,7 @@ from quotaflow.dispatch import BatchRef
 from quotaflow.execution import BatchExecutor
 from quotaflow.limiters import RedisLimiter
 from quotaflow.ratelimit import Budget, Settlement
-from tests.factories import chat_line, jsonl
+from tests.harness.factories import chat_line, jsonl
 
 ANSWER = (b'{"id":"chatcmpl-1","object":"chat.completion","created":1,"model":"m",'
           b'"choices":[{"index":0,"message":{"role":"assistant","content":"hi"},'

@@ -20,7 +20,7 @@ from quotaflow.db import session_factory, upgrade
 from quotaflow.dispatch import BatchRef, CollectingDispatcher
 from quotaflow.errors import EnqueuedTokenLimit, InputFileError
 from quotaflow.models import Item, Job, Result
-from tests.factories import HOSTILE_LINES, chat_line, jsonl
+from tests.harness.factories import HOSTILE_LINES, chat_line, jsonl
 from workers.dispatch import CeleryDispatcher
 
 

@@ -16,9 +16,9 @@ from sqlalchemy.engine import make_url
 
 from quotaflow.db import get_engine
 from quotaflow.quotas import tenant_lock_key
-from tests.factories import HOSTILE_LINES, chat_line, jsonl, write_jsonl
-from tests.openai_cluster import V1Cluster, start_cluster
-from tests.procs import quotaflow
+from tests.harness.factories import HOSTILE_LINES, chat_line, jsonl, write_jsonl
+from tests.harness.openai_cluster import V1Cluster, start_cluster
+from tests.harness.procs import quotaflow
 
 CHAT = "/v1/chat/completions"
 

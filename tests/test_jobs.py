@@ -20,7 +20,7 @@ from quotaflow.limiters import LocalLimiter, RedisLimiter
 from quotaflow.models import Item, Job, JobStatus, Result, utcnow
 from quotaflow.providers.mock import MockProvider
 from quotaflow.reaper import reap
-from tests.factories import chat_line, jsonl
+from tests.harness.factories import chat_line, jsonl
 
 HOUR = timedelta(hours=1)
 

@@ -6,8 +6,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.conftest import REDIS_URL
-from tests.limiter_cluster import AUTO_SCENARIOS, SCENARIOS, LimiterCluster, Scenario
+from tests.harness.limiter_cluster import AUTO_SCENARIOS, SCENARIOS, LimiterCluster, Scenario
+from tests.harness.servers import REDIS_URL
 
 BY_NAME = {scenario.name: scenario for scenario in SCENARIOS}
 

@@ -21,8 +21,8 @@ from quotaflow.errors import ConfigError, PermanentProviderError
 from quotaflow.providers import local, make_provider
 from quotaflow.providers.local.engine import TransformersEngine, next_tokens
 from quotaflow.providers.local.requests import GenerationRequest
-from tests.conftest import ROOT
-from tests.tiny_model import SENTENCES, save_tiny_model
+from tests.harness.servers import ROOT
+from tests.harness.tiny_model import SENTENCES, save_tiny_model
 
 # With this offset about half of the greedy replies below end at EOS, the rest at max_tokens.
 MIXED_EOS_BIAS = 0.1

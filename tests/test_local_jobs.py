@@ -19,10 +19,10 @@ import pytest
 import redis
 from transformers import AutoTokenizer
 
-from tests.conftest import REDIS_URL, ROOT, service_env
-from tests.factories import chat_line, write_jsonl
-from tests.procs import Proc, free_port, quotaflow
-from tests.tiny_model import SENTENCES, save_tiny_model
+from tests.harness.factories import chat_line, write_jsonl
+from tests.harness.procs import Proc, free_port, quotaflow
+from tests.harness.servers import REDIS_URL, ROOT, service_env
+from tests.harness.tiny_model import SENTENCES, save_tiny_model
 
 LOCAL_LINES = 40
 TINY_DEPLOYMENT = """

@@ -17,9 +17,9 @@ import openai
 import pytest
 from anthropic.types.messages import MessageBatch
 
-from tests.conftest import ROOT
-from tests.factories import chat_line, write_jsonl
-from tests.openai_cluster import CLAUDE_MODEL, V1Cluster, start_cluster
+from tests.harness.factories import chat_line, write_jsonl
+from tests.harness.openai_cluster import CLAUDE_MODEL, V1Cluster, start_cluster
+from tests.harness.servers import ROOT
 
 MAX_BYTES = 200_000
 MAX_REQUESTS = 300

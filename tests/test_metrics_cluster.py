@@ -22,10 +22,10 @@ from sqlalchemy.orm import Session, sessionmaker
 from quotaflow import jobs
 from quotaflow.config import Settings
 from quotaflow.dispatch import BatchRef
-from tests.conftest import service_env
-from tests.factories import chat_line, jsonl
-from tests.harness import deployment_file, job_status, start_provider
-from tests.procs import Proc, free_port, quotaflow
+from tests.harness.cluster import deployment_file, job_status, start_provider
+from tests.harness.factories import chat_line, jsonl
+from tests.harness.procs import Proc, free_port, quotaflow
+from tests.harness.servers import service_env
 from workers.dispatch import CeleryDispatcher
 
 WORKERS = 4

@@ -9,8 +9,8 @@ import pytest
 
 from mock_provider.messages import SplitLimits, invalid, prompt_of
 from quotaflow.tokens import estimate_tokens
-from tests.conftest import service_env
-from tests.procs import Proc, free_port, quotaflow
+from tests.harness.procs import Proc, free_port, quotaflow
+from tests.harness.servers import service_env
 
 
 class Clock:

@@ -18,8 +18,8 @@ from click.testing import CliRunner
 from cli import services
 from cli.main import cli
 from quotaflow.dispatch import BatchRef
-from tests.conftest import ROOT
-from tests.promtool import promtool
+from tests.harness.promtool import promtool
+from tests.harness.servers import ROOT
 from workers.dispatch import CeleryDispatcher
 
 MONITORING = ROOT / "deploy" / "monitoring"

@@ -17,9 +17,9 @@ import pytest
 from sqlalchemy import func, select
 
 from quotaflow.models import Item, ItemStatus
-from tests.multihost_cluster import Budget, MultihostCluster
-from tests.multihost_jobs import ROWS, Row, cut_b, in_turn, run_job, table, wait_for_results
-from tests.netns import NetnsUnavailable, check_available
+from tests.harness.multihost_cluster import Budget, MultihostCluster
+from tests.harness.multihost_jobs import ROWS, Row, cut_b, in_turn, run_job, table, wait_for_results
+from tests.harness.netns import NetnsUnavailable, check_available
 
 pytestmark = [pytest.mark.multihost, pytest.mark.cluster, pytest.mark.timeout(420)]
 

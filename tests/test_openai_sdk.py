@@ -15,9 +15,9 @@ import pytest
 from sqlalchemy import text
 
 from quotaflow.db import get_engine
-from tests.conftest import ROOT
-from tests.factories import chat_line, jsonl, write_jsonl
-from tests.openai_cluster import FINAL, UPLOAD_LIMIT, V1Cluster, start_cluster
+from tests.harness.factories import chat_line, jsonl, write_jsonl
+from tests.harness.openai_cluster import FINAL, UPLOAD_LIMIT, V1Cluster, start_cluster
+from tests.harness.servers import ROOT
 
 
 @pytest.fixture(scope="module")

@@ -25,7 +25,7 @@ from quotaflow.pbatch.clients import Remote, custom_id
 from quotaflow.pbatch.loop import ProviderBatchLoop
 from quotaflow.pbatch.results import read_line
 from quotaflow.pbatch.tables import ProviderBatch, ProviderBatchLine
-from tests.factories import jsonl
+from tests.harness.factories import jsonl
 
 TOML = """
 [deployments.ob]

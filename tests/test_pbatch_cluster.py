@@ -14,8 +14,8 @@ from sqlalchemy.orm import Session, sessionmaker
 from quotaflow import jobs, output
 from quotaflow.models import Item, Job, Result, Spend
 from quotaflow.pbatch.clients import OpenAIBatches
-from tests.harness import one_result_per_line
-from tests.pbatch_cluster import (
+from tests.harness.cluster import one_result_per_line
+from tests.harness.pbatch_cluster import (
     BATCH_IN,
     BATCH_OUT,
     REALTIME_IN,

@@ -14,7 +14,7 @@ from quotaflow.deployments import Deployments, load_deployments
 from quotaflow.dispatch import BatchRef, PlacingDispatcher
 from quotaflow.models import Item
 from quotaflow.reaper import reap
-from tests.factories import chat_line, jsonl
+from tests.harness.factories import chat_line, jsonl
 
 DEPLOYMENTS = """
 [deployments.gpu0]

@@ -17,9 +17,9 @@ from quotaflow.dispatch import CollectingDispatcher
 from quotaflow.execution import BatchExecutor
 from quotaflow.limiters import LocalLimiter
 from quotaflow.models import Job, Result
-from tests.conftest import service_env
-from tests.factories import chat_line, jsonl
-from tests.procs import Proc, free_port, quotaflow
+from tests.harness.factories import chat_line, jsonl
+from tests.harness.procs import Proc, free_port, quotaflow
+from tests.harness.servers import service_env
 
 
 @pytest.fixture

@@ -14,8 +14,8 @@ from quotaflow import jobs
 from quotaflow.execution import BatchExecutor
 from quotaflow.limiters import LocalLimiter
 from quotaflow.ratelimit import Budget
-from tests.factories import chat_line, jsonl
-from tests.harness import start_provider
+from tests.harness.cluster import start_provider
+from tests.harness.factories import chat_line, jsonl
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ import redis
 from quotaflow.errors import RequestTooLarge, ServiceUnavailable
 from quotaflow.limiters import LocalLimiter, RedisLimiter, bucket_key
 from quotaflow.ratelimit import Budget, Refunds, Settlement, sleep_time
-from tests.conftest import REDIS_URL
+from tests.harness.servers import REDIS_URL
 
 
 @pytest.fixture(params=[pytest.param("redis", marks=pytest.mark.cluster), "local"])

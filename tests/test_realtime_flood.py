@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from tests.conftest import REDIS_URL
-from tests.realtime_flood import LATENCY_MS, REALTIME_LINES, FloodCluster
+from tests.harness.realtime_flood import LATENCY_MS, REALTIME_LINES, FloodCluster
+from tests.harness.servers import REDIS_URL
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -26,7 +26,7 @@ from quotaflow.errors import (
 )
 from quotaflow.leases import claim
 from quotaflow.models import File, FileChunk, Item, ItemStatus, Job, JobStatus, Result, utcnow
-from tests.factories import chat_line, jsonl
+from tests.harness.factories import chat_line, jsonl
 
 
 @pytest.fixture

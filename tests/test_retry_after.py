@@ -16,10 +16,10 @@ from quotaflow.dispatch import CollectingDispatcher
 from quotaflow.execution import BatchExecutor
 from quotaflow.limiters import LocalLimiter
 from quotaflow.retries import RetryPolicy
-from tests.conftest import service_env
-from tests.factories import chat_line, jsonl
-from tests.harness import deployment_file
-from tests.procs import Proc, free_port, quotaflow
+from tests.harness.cluster import deployment_file
+from tests.harness.factories import chat_line, jsonl
+from tests.harness.procs import Proc, free_port, quotaflow
+from tests.harness.servers import service_env
 
 
 def test_a_long_wait_is_clamped_and_logged(caplog: pytest.LogCaptureFixture) -> None:

@@ -10,14 +10,14 @@ import pytest
 
 from quotaflow.circuit import CircuitState, RedisCircuitBreaker
 from quotaflow.config import Settings
-from tests.conftest import REDIS_URL, service_env
-from tests.factories import chat_line
-from tests.harness import (
+from tests.harness.cluster import (
     one_result_per_line,
     start_provider,
     start_workers,
     submit_and_finish,
 )
+from tests.harness.factories import chat_line
+from tests.harness.servers import REDIS_URL, service_env
 
 # Per-minute windows hold a whole minute's budget, more than these jobs ask for: the
 # providers are never saturated, so the split is the router's doing alone (saturated

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from tests.conftest import REDIS_URL
-from tests.long_ratio import MixCluster, job_lines
+from tests.harness.long_ratio import MixCluster, job_lines
+from tests.harness.servers import REDIS_URL
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -31,8 +31,8 @@ from quotaflow.outcomes import Provenance
 from quotaflow.pricing import Prices, cost_range, money
 from quotaflow.providers.base import ProviderResponse
 from quotaflow.runtime import Runtime
-from tests.factories import chat_line, jsonl
-from tests.test_api_status import _app
+from tests.harness.api_app import app_client
+from tests.harness.factories import chat_line, jsonl
 
 # A cent a token either way, so a small job costs amounts that are easy to read.
 PRICE = 10_000.0
@@ -193,7 +193,7 @@ def test_the_api_refuses_it_with_a_400_naming_the_numbers(
         update={"auth": True, "max_monthly_spend": 5.0})  # the default limit, no own one
     key = auth.create_key(pg_sessions, "t-api")
     lines = jsonl([chat_line(f"c{i:03}", max_tokens=MAX_TOKENS) for i in range(LINES)])
-    for client in _app(settings, monkeypatch):
+    for client in app_client(settings, monkeypatch):
         answer = client.post("/jobs", files={"file": ("in.jsonl", lines)},
                              headers={"Authorization": f"Bearer {key.secret}"})
         assert answer.status_code == 400, answer.text

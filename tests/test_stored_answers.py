@@ -8,7 +8,7 @@ from datetime import timedelta
 from quotaflow import jobs, leases, output
 from quotaflow.dispatch import BatchRef
 from quotaflow.providers.base import ProviderResponse
-from tests.factories import chat_line, jsonl
+from tests.harness.factories import chat_line, jsonl
 
 
 def test_a_nul_in_an_answer_does_not_fail_its_chunk(pg_sessions, settings) -> None:

@@ -12,8 +12,8 @@ import pytest
 from sqlalchemy import text
 
 from quotaflow.db import get_engine
-from tests.factories import chat_line, jsonl
-from tests.openai_cluster import V1Cluster, start_cluster
+from tests.harness.factories import chat_line, jsonl
+from tests.harness.openai_cluster import V1Cluster, start_cluster
 
 CHAT = "/v1/chat/completions"
 

@@ -30,12 +30,12 @@ from quotaflow.db import session_factory
 from quotaflow.limiters import RedisLimiter, bucket_key
 from quotaflow.models import Result
 from quotaflow.ratelimit import Budget, Settlement
-from tests import conformance
-from tests.conftest import REDIS_URL, service_env
-from tests.factories import jsonl
-from tests.harness import start_workers
-from tests.openai_answers import ENDPOINT_RESPONSES, check_answered, check_refused
-from tests.vllm_server import MAX_MODEL_LEN, start_vllm
+from tests.harness import conformance
+from tests.harness.cluster import start_workers
+from tests.harness.factories import jsonl
+from tests.harness.openai_answers import ENDPOINT_RESPONSES, check_answered, check_refused
+from tests.harness.servers import REDIS_URL, service_env
+from tests.harness.vllm_server import MAX_MODEL_LEN, start_vllm
 from workers.dispatch import CeleryDispatcher
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(400)]

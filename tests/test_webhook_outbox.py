@@ -17,7 +17,7 @@ from quotaflow.models import Job, utcnow
 from quotaflow.webhooks import endpoints
 from quotaflow.webhooks.loop import DeliveryLoop
 from quotaflow.webhooks.tables import WebhookDelivery
-from tests.webhook_receiver import Receiver
+from tests.harness.webhook_receiver import Receiver
 
 KEY = "test-webhook-master-key-0123456789abcdef"
 JOBS = 30

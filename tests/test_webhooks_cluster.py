@@ -14,9 +14,9 @@ from standardwebhooks import Webhook
 from standardwebhooks.webhooks import WebhookVerificationError
 
 from quotaflow.db import get_engine
-from tests.factories import chat_line, jsonl
-from tests.openai_cluster import FINAL, V1Cluster, start_cluster
-from tests.webhook_receiver import Receiver
+from tests.harness.factories import chat_line, jsonl
+from tests.harness.openai_cluster import FINAL, V1Cluster, start_cluster
+from tests.harness.webhook_receiver import Receiver
 
 KEY = "test-webhook-master-key-0123456789abcdef"
 SCHEDULE = "0,0.3,0.3,0.3,0.3"

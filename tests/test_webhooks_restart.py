@@ -19,11 +19,11 @@ from quotaflow.db import get_engine
 from quotaflow.models import Job
 from quotaflow.webhooks import endpoints
 from quotaflow.webhooks.tables import WebhookDelivery
-from tests.conftest import REDIS_URL, service_env
-from tests.factories import chat_line, jsonl
-from tests.harness import deployment_file, job_status, start_provider, start_workers
-from tests.procs import Proc
-from tests.webhook_receiver import Receiver
+from tests.harness.cluster import deployment_file, job_status, start_provider, start_workers
+from tests.harness.factories import chat_line, jsonl
+from tests.harness.procs import Proc
+from tests.harness.servers import REDIS_URL, service_env
+from tests.harness.webhook_receiver import Receiver
 from workers.dispatch import CeleryDispatcher
 
 KEY = "test-webhook-master-key-0123456789abcdef"

@@ -28,10 +28,10 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from quotaflow.db import session_factory
 from quotaflow.models import Job, Result
-from tests.conftest import service_env
-from tests.factories import chat_line, jsonl
-from tests.harness import deployment_file, start_provider
-from tests.procs import Proc, free_port, quotaflow
+from tests.harness.cluster import deployment_file, start_provider
+from tests.harness.factories import chat_line, jsonl
+from tests.harness.procs import Proc, free_port, quotaflow
+from tests.harness.servers import service_env
 
 RPM = 1200
 BURST_S = 10

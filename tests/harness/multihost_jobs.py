@@ -14,9 +14,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from tests.factories import chat_line, jsonl
-from tests.harness import one_result_per_line, output_ids, results_stored, wait_until_finished
-from tests.multihost_cluster import MultihostCluster
+from tests.harness.cluster import (
+    one_result_per_line,
+    output_ids,
+    results_stored,
+    wait_until_finished,
+)
+from tests.harness.factories import chat_line, jsonl
+from tests.harness.multihost_cluster import MultihostCluster
 
 HEADER = ("scenario", "429s", "of max", "lost", "duplicated", "minutes")
 ROWS: list["Row"] = []  # every job of the session, for the table at its end

@@ -21,7 +21,7 @@ forwards still crosses a real link (which `tests/netns.py` can take down).
 Routes listed with --pass are not shaped: they let the test, in the machine's own
 namespace, reach a host's server through a Unix socket.
 
-    python -m tests.netproxy --control /tmp/x/b.sock \\
+    python -m tests.harness.netproxy --control /tmp/x/b.sock \\
         --route redis=127.0.0.1:6379=10.213.7.1:6379 --pass api=unix:/tmp/x/api=127.0.0.1:8000
 
 Control: one JSON object per line on the control socket, e.g. {"delay_ms": 4,

@@ -57,3 +57,22 @@ def expected(entry: dict[str, Any], family: str) -> dict[str, Any]:
     line = entry["line"]
     own = line["body"] if "body" in line else line["params"]
     return {key: value for key, value in own.items() if key != "model"}
+
+
+def field_diff(want: dict[str, Any], got: dict[str, Any]) -> list[str]:
+    """The top-level fields that differ, each with both values."""
+    want, got = comparable(want), comparable(got)
+    return [f"{key}: expected {want.get(key)!r}, sent {got.get(key)!r}"
+            for key in sorted(set(want) | set(got)) if want.get(key) != got.get(key)]
+
+
+def comparable(body: dict[str, Any]) -> dict[str, Any]:
+    """Tool calls' `arguments` (JSON text) as the JSON they hold: the store keeps a line's
+    JSON objects, not the order of their keys (PostgreSQL's jsonb), on either side."""
+    body = json.loads(json.dumps(body))
+    for message in body.get("messages") or ():
+        for call in message.get("tool_calls") or () if isinstance(message, dict) else ():
+            function = call.get("function") or {}
+            if isinstance(function.get("arguments"), str):
+                function["arguments"] = json.loads(function["arguments"])
+    return body

@@ -23,10 +23,10 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from quotaflow.db import session_factory
 from quotaflow.models import Job, Result
-from tests.conftest import service_env
-from tests.factories import jsonl
-from tests.harness import start_provider
-from tests.procs import Proc, free_port, quotaflow
+from tests.harness.cluster import start_provider
+from tests.harness.factories import jsonl
+from tests.harness.procs import Proc, free_port, quotaflow
+from tests.harness.servers import service_env
 
 RPM = 2400
 SHORT = (10, 10)  # (prompt tokens, max_tokens)

@@ -27,9 +27,9 @@ from quotaflow.config import Settings
 from quotaflow.db import session_factory, upgrade
 from quotaflow.models import Job
 from quotaflow.pbatch.tables import ProviderBatch
-from tests.conftest import PG_URL, REDIS_URL, ROOT, _recreate_database, service_env
-from tests.factories import jsonl
-from tests.procs import Proc, free_port, quotaflow
+from tests.harness.factories import jsonl
+from tests.harness.procs import Proc, free_port, quotaflow
+from tests.harness.servers import PG_URL, REDIS_URL, ROOT, recreate_database, service_env
 from workers.dispatch import CeleryDispatcher
 
 UP_DB = make_url(PG_URL).set(database="qf_pbatch_up").render_as_string(hide_password=False)
@@ -154,7 +154,7 @@ def start(pg_url: str, workdir: Path) -> Iterator[Cluster]:
     """Generator for a module fixture: the upstream, the mocks and one downstream worker."""
     redis.Redis.from_url(REDIS_URL).flushdb()
     redis.Redis.from_url(UP_REDIS).flushdb()
-    _recreate_database(UP_DB)
+    recreate_database(UP_DB)
     upgrade(UP_DB)
     procs: dict[str, Proc] = {}
     base_env = service_env(PYTHONPATH=str(ROOT), QF_PROVIDER_KEY=PROVIDER_KEY)

@@ -15,9 +15,9 @@ from sqlalchemy.orm import Session, sessionmaker
 from quotaflow import job_view, jobs, output
 from quotaflow.config import Settings
 from quotaflow.models import Result
-from tests.conftest import service_env
-from tests.factories import jsonl
-from tests.procs import Proc, free_port, quotaflow
+from tests.harness.factories import jsonl
+from tests.harness.procs import Proc, free_port, quotaflow
+from tests.harness.servers import service_env
 from workers.dispatch import CeleryDispatcher
 
 T = TypeVar("T")

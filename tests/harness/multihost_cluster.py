@@ -29,9 +29,9 @@ from sqlalchemy import text
 from sqlalchemy.orm import Session, sessionmaker
 
 from quotaflow.db import session_factory, upgrade
-from tests.conftest import service_env
-from tests.netns import Network
-from tests.procs import Proc, quotaflow
+from tests.harness.netns import Network
+from tests.harness.procs import Proc, quotaflow
+from tests.harness.servers import ROOT, service_env
 
 HOSTS = ("a", "b", "c", "d")
 WORKER_HOSTS = ("b", "c")
@@ -174,8 +174,8 @@ class MultihostCluster:
         raise TimeoutError("host A's redis did not start")
 
     def _start_proxies(self) -> None:
-        proxy = [*quotaflow()[:1], "-m", "tests.netproxy"]
-        env = service_env(PYTHONPATH=str(Path(__file__).resolve().parent.parent))
+        proxy = [*quotaflow()[:1], "-m", "tests.harness.netproxy"]
+        env = service_env(PYTHONPATH=str(ROOT))
         a, d = self.net.address("a"), self.net.address("d")
         for host in WORKER_HOSTS:
             routes = [f"--route={name}=127.0.0.1:{PORTS[name]}={address}:{PORTS[name]}"

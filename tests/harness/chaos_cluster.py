@@ -16,10 +16,10 @@ import httpx
 import redis
 
 from quotaflow.db import session_factory
-from tests.conftest import service_env
-from tests.factories import chat_line, jsonl
-from tests.harness import deployment_file, results_stored, start_provider, start_workers
-from tests.procs import Proc, free_port, quotaflow
+from tests.harness.cluster import deployment_file, results_stored, start_provider, start_workers
+from tests.harness.factories import chat_line, jsonl
+from tests.harness.procs import Proc, free_port, quotaflow
+from tests.harness.servers import service_env
 
 LINES = 1000
 RPM = 1200  # the provider's and the deployment's: the job needs 50 s of budget

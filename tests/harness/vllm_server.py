@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import service_env
-from tests.procs import Proc, free_port
-from tests.tiny_model import save_tiny_model
+from tests.harness.procs import Proc, free_port
+from tests.harness.servers import service_env
+from tests.harness.tiny_model import save_tiny_model
 
 PYTHON_ENV = "QUOTAFLOW_TEST_VLLM_PYTHON"
 MAX_MODEL_LEN = 2048

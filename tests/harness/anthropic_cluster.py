@@ -22,8 +22,8 @@ from quotaflow.config import Settings
 from quotaflow.constants import ENDPOINT_CHAT
 from quotaflow.db import session_factory
 from quotaflow.tokens import estimate_tokens
-from tests.conftest import service_env
-from tests.procs import Proc, free_port, quotaflow
+from tests.harness.procs import Proc, free_port, quotaflow
+from tests.harness.servers import service_env
 from workers.dispatch import CeleryDispatcher
 
 WORKERS = 3

@@ -13,8 +13,8 @@ from pathlib import Path
 import httpx
 import redis
 
-from tests.conftest import REDIS_URL, ROOT, service_env
-from tests.procs import Proc, free_port, quotaflow
+from tests.harness.procs import Proc, free_port, quotaflow
+from tests.harness.servers import REDIS_URL, ROOT, service_env
 
 PROVIDER_KEY = "sk-quotaflow-v1-test-0123456789abcdef"
 UPLOAD_LIMIT = 2_000_000
