@@ -1,6 +1,6 @@
 """Fair shares between tenants, fair policy against FIFO; prints a table.
 
-Each policy runs on a cluster of its own (tests/fair_cluster.py: a strict mock provider
+Each policy runs on a cluster of its own (tests/harness/fair_cluster.py: a strict mock provider
 at 1,200 RPM enforced per second, 200 ms a call, the API, three workers with
 --concurrency 2 on `standard,bulk`), through three scenarios in turn:
 

@@ -1,6 +1,6 @@
 """Limiter benchmark: (a) acquire throughput against one local Redis, next to the
 `limits` library's moving-window limiter and a bare EVALSHA of a no-op script (the
-ceiling); (b) utilisation and 429s of the four-worker runs of tests/limiter_cluster.py, at
+ceiling); (b) utilisation and 429s of the four-worker runs of tests/harness/limiter_cluster.py, at
 providers that keep and that give back unused max_tokens; (c) a bulk job's throughput with
 and without 5% of its requests refused 429 at random.
 

@@ -1,5 +1,5 @@
-"""Across hosts, full length: the table of tests/test_multihost.py's scenarios at the sizes
-issue 19 asks for, on four hosts in network namespaces (tests/multihost_cluster.py).
+"""Across hosts, full length: the table of tests/cluster/test_multihost.py's scenarios at the sizes
+issue 19 asks for, on four hosts in network namespaces (tests/harness/multihost_cluster.py).
 
     python -m bench.multihost                       # every scenario, about 7 minutes
     python -m bench.multihost --scenario exact --partition-s 30

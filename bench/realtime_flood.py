@@ -1,6 +1,6 @@
 """Realtime latency under a bulk flood, by worker layout; prints a table.
 
-Each layout runs on a cluster of its own (tests/realtime_flood.py: a strict mock
+Each layout runs on a cluster of its own (tests/harness/realtime_flood.py: a strict mock
 provider at 1,200 RPM over 10 s and 200 ms a call, the API, three workers with
 --concurrency 2): two 2,000-line bulk jobs saturate the budget and the bulk slots
 for 8 s, then a 10-line realtime job is timed from its creation to each line's answer.

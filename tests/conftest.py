@@ -1,7 +1,9 @@
-"""Shared fixtures: a real, migrated PostgreSQL database and a private Redis db index.
+"""Shared fixtures of tests/unit/ and tests/cluster/: a real, migrated PostgreSQL database,
+a private Redis db index, servers of a test's own; the `cluster` marker by folder; the
+reliability tables at the end of a run.
 
-The tests use their own database (quotaflow_test) and Redis db 15 and never
-touch anything else on the servers.
+The tests use their own database (quotaflow_test) and Redis db 15 and never touch
+anything else on the servers (tests/harness/servers.py).
 """
 
 import shutil
@@ -171,37 +173,49 @@ def slow_provider(tmp_path: Path) -> Iterator[str]:
         proc.stop()
 
 
-# Tests that need servers are marked `cluster`, so that `pytest -m "not cluster"` runs
-# the unit tests alone, in seconds, with no PostgreSQL or Redis: a test is one when its
-# module uses these helpers or modules (it starts processes of its own)...
-PROCESS_STARTERS = frozenset({
-    "tests.harness.procs", "tests.harness.cluster", "tests.harness.limiter_cluster",
-    "tests.harness.anthropic_cluster", "tests.harness.openai_cluster",
-    "tests.harness.chaos_cluster", "subprocess", "tests.harness.multihost_cluster",
-    "tests.harness.multihost_jobs"})
-# ...or it asks for a server: the shared PostgreSQL or Redis, or one of its own.
+# A test's folder says what it needs: tests/cluster/ is marked `cluster`, so that
+# `pytest -m "not cluster"` runs tests/unit/ alone, in seconds, with no PostgreSQL or Redis.
+# A unit test that asks for a server, or whose module starts processes, is refused at
+# collection, naming the folder it belongs in.
+TESTS = Path(__file__).resolve().parent
+UNIT, CLUSTER = TESTS / "unit", TESTS / "cluster"
 SERVER_FIXTURES = frozenset({"pg_url", "redis_url", "throwaway_redis", "throwaway_postgres",
                              "slow_provider"})
+PROCESS_STARTERS = frozenset({"subprocess", "multiprocessing", "tests.harness.procs"})
+
+
+def _needs_a_server(item: pytest.Item) -> list[str]:
+    """The server fixtures `item` asks for and the process starters its module uses."""
+    module = getattr(item, "module", None)
+    names = vars(module).values() if module is not None else ()
+    uses = ({getattr(value, "__module__", None) for value in names}
+            | {value.__name__ for value in names if isinstance(value, types.ModuleType)})
+    return sorted(SERVER_FIXTURES & set(getattr(item, "fixturenames", ()))) + sorted(
+        PROCESS_STARTERS & uses)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        module = getattr(item, "module", None)
-        names = vars(module).values() if module is not None else ()
-        uses = ({getattr(value, "__module__", None) for value in names}
-                | {value.__name__ for value in names if isinstance(value, types.ModuleType)})
-        if uses & PROCESS_STARTERS or SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
+        if item.path.is_relative_to(CLUSTER):
             item.add_marker(pytest.mark.cluster)
+        elif item.path.is_relative_to(UNIT):
+            if needs := _needs_a_server(item):
+                raise pytest.UsageError(
+                    f"{item.nodeid} uses {', '.join(needs)}: a test that needs a server or "
+                    "starts processes belongs in tests/cluster/")
+        elif item.path.is_relative_to(TESTS):
+            raise pytest.UsageError(f"{item.nodeid}: a test lives in tests/unit/ (no server) "
+                                    "or tests/cluster/")
 
 
 def pytest_terminal_summary(terminalreporter) -> None:
-    """The reliability tables, when fault tests ran (tests/chaos_cluster.py,
-    tests/multihost_jobs.py)."""
+    """The reliability tables, when fault tests ran (tests/harness/chaos_cluster.py,
+    tests/harness/multihost_jobs.py)."""
     from tests.harness import chaos_cluster, multihost_jobs
     if chaos_cluster.ROWS:
         terminalreporter.write_sep("=", "reliability: faults during a job")
         terminalreporter.write_line(chaos_cluster.table())
     cells = [row.cells() for row in multihost_jobs.ROWS] + _MULTIHOST_CELLS
     if cells:
-        terminalreporter.write_sep("=", "across hosts (tests/test_multihost.py)")
+        terminalreporter.write_sep("=", "across hosts (tests/cluster/test_multihost.py)")
         terminalreporter.write_line(multihost_jobs.table_of_cells(cells))

@@ -1,8 +1,8 @@
 """Celery workers sharing anthropic deployments at strict mocks of the Messages API, each
 scenario binding a different one of Anthropic's three limits (RPM, ITPM, OTPM).
 
-Used by tests/test_anthropic_cluster.py. utilisation = the binding limit's share, as
-tests/limiter_cluster.py counts it: what the provider kept of requests, input tokens or
+Used by tests/cluster/test_anthropic_cluster.py. utilisation = the binding limit's share, as
+tests/harness/limiter_cluster.py counts it: what the provider kept of requests, input tokens or
 output tokens (net of refunds) over capacity + limit x minutes from its first
 admission to its last, whichever is highest.
 """

@@ -1,5 +1,5 @@
 """Fair shares between tenants: the cluster, the submissions and the measurement that
-tests/test_fair_share.py asserts on and bench/fair_share.py prints.
+tests/cluster/test_fair_share.py asserts on and bench/fair_share.py prints.
 
 A strict mock provider admits 20 requests a second (1,200 RPM enforced per second:
 burst_seconds 1), 200 ms a call; three workers of two slots consume `standard,bulk`.

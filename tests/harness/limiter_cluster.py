@@ -1,7 +1,7 @@
 """Four real Celery workers, one strict mock provider per scenario, and the figures that
 prove the limiter: 429s, repeated requests, and utilisation.
 
-Used by tests/test_limiter_cluster.py (the proof) and bench/limiter.py (the table).
+Used by tests/cluster/test_limiter_cluster.py (the proof) and bench/limiter.py (the table).
 utilisation = the provider's binding limit's share: tokens it kept / (bucket capacity +
 TPM x minutes from the first admission to the last), or the same for requests and RPM,
 whichever is higher: the share of the most the job could have had. A standard or bulk

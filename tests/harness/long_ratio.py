@@ -1,5 +1,5 @@
 """Short and long requests against RPM and TPM together: the cluster and the measurement
-that tests/test_size_aware.py asserts on and bench/long_ratio.py sweeps.
+that tests/cluster/test_size_aware.py asserts on and bench/long_ratio.py sweeps.
 
 A strict mock provider enforces 2,400 RPM and TPM per second (burst 1 s, so a job's
 first second is no head start) and gives nothing back (--no-reconcile: a request

@@ -1,5 +1,5 @@
-"""Four hosts as network namespaces (tests/netns.py), with the network between them played
-by proxies (tests/netproxy.py):
+"""Four hosts as network namespaces (tests/harness/netns.py), with the network between them played
+by proxies (tests/harness/netproxy.py):
 
 - host A: a PostgreSQL and a Redis of its own (listening on A's address), and the API;
 - hosts B and C: two Celery workers each, C's with its clock `skew_s` ahead (faketime);
@@ -206,7 +206,7 @@ class MultihostCluster:
                         f'burst_seconds = {b.burst_seconds}\n'
                         # Priced, as a paid provider is: every result write then adds to
                         # the job's row of the spend ledger, the lock a worker cut off
-                        # mid-transaction holds (tests/test_multihost.py).
+                        # mid-transaction holds (tests/cluster/test_multihost.py).
                         'input_per_mtok = 0.15\noutput_per_mtok = 0.60\n'
                         '[routes]\n"*" = "strict"\n')
         return path

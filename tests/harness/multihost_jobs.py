@@ -1,4 +1,4 @@
-"""Jobs on the multi-host cluster (tests/multihost_cluster.py), faults during them, and the
+"""Jobs on the multi-host cluster (tests/harness/multihost_cluster.py), faults during them, and the
 row each leaves in the table: scenario, 429s, of max, lost, duplicated, minutes.
 
 - 429s: what the strict provider refused; any one means the shared budget was exceeded.

@@ -3,7 +3,7 @@
 This kernel has no netem qdisc, so a host's connections to another host's servers go
 through one of these, run inside the client host's namespace: it listens on 127.0.0.1
 there and connects across the veth and the bridge to the server's address, so what it
-forwards still crosses a real link (which `tests/netns.py` can take down).
+forwards still crosses a real link (which `tests/harness/netns.py` can take down).
 
 - delay: every chunk is held `delay_ms` in each direction, in order (a round trip costs
   twice that, plus the proxy's own time);

@@ -1,5 +1,5 @@
 """What an OpenAI-compatible server's answer to a batch line must look like, judged from
-the line itself, so the same checks hold for any set of lines (tests/test_vllm_server.py's
+the line itself, so the same checks hold for any set of lines (tests/cluster/test_vllm_server.py's
 own, or the shared conformance set's): the output line's shape, the answer's object and
 its choices, usage as the server counted it, and what the request asked of the reply
 (n, max_tokens, stop sequences, a JSON schema, a named tool).

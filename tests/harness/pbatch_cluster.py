@@ -1,4 +1,4 @@
-"""Provider batch APIs against real upstreams, for tests/test_pbatch_cluster.py.
+"""Provider batch APIs against real upstreams, for tests/cluster/test_pbatch_cluster.py.
 
 Upstream: a second quotaflow (its own API, a Celery worker, a strict mock provider, its
 own database qf_pbatch_up and Redis db 10) whose /v1/files + /v1/batches an

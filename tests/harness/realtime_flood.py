@@ -1,5 +1,5 @@
 """Realtime under a bulk flood: the cluster, the flood and the measurement that
-tests/test_realtime_flood.py asserts on and bench/realtime_flood.py prints.
+tests/cluster/test_realtime_flood.py asserts on and bench/realtime_flood.py prints.
 
 A strict mock provider admits 20 requests a second (1,200 RPM enforced over 10 s),
 200 ms a call. Bulk jobs far larger than that budget are queued first and left to

@@ -5,7 +5,7 @@ No model hub is reachable here, so tests and bench/local_batching.py build
 their models: a tokenizer trained on a few sentences (with a chat template),
 a GPT-2, Llama or Qwen2 config of the size asked for, and random weights,
 written with save_pretrained so the real loading code reads them back.
-A server (vLLM, tests/vllm_server.py) gets any text, so its model takes the
+A server (vLLM, tests/harness/vllm_server.py) gets any text, so its model takes the
 byte-level tokenizer: every byte is a token (no merges, no unknown token), and
 every token decodes.
 In the GPT-2 models the final layer norm's bias carries a fixed per-token

@@ -3,7 +3,7 @@
 vLLM lives in a venv of its own (scripts/vllm-venv: the CPU build, pinned, kept apart
 from the project's torch and transformers); QUOTAFLOW_TEST_VLLM_PYTHON names another
 interpreter that has it. The model is a random-weight Llama with the byte-level
-tokenizer (tests/tiny_model.py): any text is a prompt, every reply decodes, and its
+tokenizer (tests/harness/tiny_model.py): any text is a prompt, every reply decodes, and its
 CPU attention takes its head size (64; vLLM's CPU kernels refuse 16).
 """
 

@@ -1,7 +1,7 @@
 """Realtime stays fast under a bulk flood (issue 18, part 3): with bulk jobs saturating
 the budget and every bulk worker slot, a 10-line realtime job's lines are answered
 within 2 s plus the provider's latency (p95), in the layout compose.yml ships: a worker
-of its own for the realtime queue (tests/realtime_flood.py).
+of its own for the realtime queue (tests/harness/realtime_flood.py).
 
 With the layout replaced by workers that all consume every queue (the "shared" layout
 of bench/realtime_flood.py), the same job's p95 was 10-20 s and this test fails."""

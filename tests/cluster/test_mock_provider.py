@@ -24,10 +24,10 @@ from mock_provider.buckets import RateLimits, TokenBucket
 from mock_provider.wire import format_reset
 from quotaflow.errors import ConfigError
 from quotaflow.tokens import admission_tokens
+from tests.harness.servers import ROOT
 
 pytestmark = pytest.mark.timeout(30)
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 CHAT = "/v1/chat/completions"
 STARTUP_TIMEOUT_S = 15.0
 KEY_VAR = "QUOTAFLOW_TEST_MOCK_KEY"
@@ -90,7 +90,7 @@ def serve(tmp_path: Path) -> Iterator[Serve]:
         with log.open("wb") as out:
             proc = subprocess.Popen(
                 command,
-                cwd=REPO_ROOT,
+                cwd=ROOT,
                 env=_server_env(settings),
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -402,7 +402,7 @@ def test_unlimited_mode_served_by_the_cli_and_checks_the_key(tmp_path: Path) -> 
                "--unlimited", "--latency-ms", "0", "--port", str(port),
                "--api-key-env", KEY_VAR]
     with log.open("wb") as out:
-        proc = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=out,
+        proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=out,
                                 stderr=subprocess.STDOUT)
     try:
         _wait_healthy(proc, f"http://127.0.0.1:{port}", log)

@@ -49,7 +49,7 @@ def test_an_upload_over_the_limit_leaves_nothing(pg_sessions: sessionmaker[Sessi
 
 
 def test_a_missing_batch_output_file_is_not_found(pg_sessions: sessionmaker[Session]) -> None:
-    # A batch's output files can be deleted (its results go: tests/test_retention.py); one
+    # A batch's output files can be deleted (its results go: tests/cluster/test_retention.py); one
     # naming no batch of the tenant's is "not found".
     for file_id in ("file-out-batch_x", "file-err-batch_x"):
         with pytest.raises(FileNotFound):

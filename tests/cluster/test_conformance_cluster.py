@@ -1,4 +1,4 @@
-"""The conformance set (tests/conformance/) as jobs through real Celery workers, against
+"""The conformance set (tests/harness/conformance/) as jobs through real Celery workers, against
 the strict mock provider recording every request body it receives (`--record`).
 
 Each file is one job holding every entry twice: once routed to an OpenAI-compatible

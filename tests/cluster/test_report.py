@@ -22,7 +22,7 @@ from quotaflow import auth, report, report_data
 from quotaflow.config import get_settings
 from quotaflow.limiters import make_limiter
 from quotaflow.models import Result
-from tests.test_provenance import mock_deployments, run_job  # noqa: F401  (a fixture)
+from tests.cluster.test_provenance import mock_deployments, run_job  # noqa: F401  (a fixture)
 
 PLOTS = ("requests", "tokens", "outcomes", "latency", "split")
 

@@ -2,27 +2,24 @@
 
 The tokens bucket holds output tokens (max_tokens, refunded as the budget's refund
 mode says) and the input bucket the prompt's estimate, corrected both ways at
-settle. Same suite against the Redis Lua limiter and its in-process twin.
+settle. Same suite against the Redis Lua limiter (tests/cluster/test_split_budget.py) and
+its in-process twin (here).
 """
 
 import uuid
-from collections.abc import Iterator
 
 import pytest
 
 from quotaflow.errors import RequestTooLarge
-from quotaflow.limiters import LocalLimiter, RedisLimiter
+from quotaflow.limiters import LocalLimiter
 from quotaflow.ratelimit import Budget, Refunds, Settlement
 
 
-@pytest.fixture(params=[pytest.param("redis", marks=pytest.mark.cluster), "local"])
-def limiter(request: pytest.FixtureRequest) -> Iterator[object]:
-    if request.param == "local":
-        yield LocalLimiter()
-        return
-    shared = RedisLimiter(request.getfixturevalue("redis_url"))
-    yield shared
-    shared.close()
+@pytest.fixture(params=["local"])
+def limiter() -> LocalLimiter:
+    """The in-process limiter; tests/cluster/test_split_budget.py runs this suite against
+    the Redis one, under the id [redis]."""
+    return LocalLimiter()
 
 
 def split(rpm: float = 60_000, itpm: float = 600, otpm: float = 600,

@@ -2,7 +2,7 @@
 partitions, packet loss, and a worker host whose clock runs 5 s ahead.
 
 Host A holds PostgreSQL, Redis and the API; B and C two workers each; D the strict mock
-provider (tests/multihost_cluster.py). The cluster is started once for the module, and
+provider (tests/harness/multihost_cluster.py). The cluster is started once for the module, and
 host C's workers run 5 s ahead for all of it, so every job here is also the clock-skew
 proof: the limiter (Redis's clock), the leases and the reaper (which runs, every second,
 on whichever worker takes its lock) must hold with it. The jobs are short; the full-length

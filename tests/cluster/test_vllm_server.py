@@ -4,11 +4,11 @@ output-line shape with usage as vLLM counted it, the limiter charged exactly tha
 x-request-id as the answer's request_id, and the requests vLLM refuses (a prompt past the
 context, bad sampling parameters) failed with vLLM's own message, nothing else touched.
 
-One server for the module (tests/vllm_server.py; about 30 s to start on 2 cores) and one
+One server for the module (tests/harness/vllm_server.py; about 30 s to start on 2 cores) and one
 job per endpoint, read by each test. The lines are `lines()` (what real files send,
 and the endpoint's edge cases) and the shared conformance set's OpenAI lines of the
-endpoints vLLM serves (`conformance_lines()`); the checks (tests/openai_answers.py) read what to
-expect from each line.
+endpoints vLLM serves (`conformance_lines()`); the checks
+(tests/harness/openai_answers.py) read what to expect from each line.
 """
 
 import io

@@ -1,6 +1,6 @@
 """Fair shares between tenants (issue 18, part 2), on a real cluster: three Celery
 workers, the strict mock provider at 20 requests a second enforced per second, real
-Redis and PostgreSQL (tests/fair_cluster.py).
+Redis and PostgreSQL (tests/harness/fair_cluster.py).
 
 Tenant A (weight 3) queues a big bulk job first, B (weight 1) one 3 s later, C (weight
 1) a small one 14 s in. Once both run, A's share of what A and B are admitted stays

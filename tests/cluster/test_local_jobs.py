@@ -59,7 +59,7 @@ tpm = 10000000
 """)
     redis.Redis.from_url(REDIS_URL).flushdb()
     port = free_port()
-    env = service_env(QUOTAFLOW_AUTH="off",  # keys are tests/test_tenants.py's
+    env = service_env(QUOTAFLOW_AUTH="off",  # keys are tests/cluster/test_tenants.py's
                       QUOTAFLOW_DATABASE_URL=pg_url, QUOTAFLOW_BROKER_URL=REDIS_URL,
                       QUOTAFLOW_DEPLOYMENTS_FILE=str(deployments), QUOTAFLOW_BATCH_SIZE="10",
                       HF_HUB_OFFLINE="1")

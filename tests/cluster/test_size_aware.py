@@ -1,6 +1,6 @@
 """Size-aware dispatch packs RPM and TPM together (issue 18, part 1): a clustered file
 (its 300 short requests first, then 300 long ones) on four workers against a strict
-provider whose RPM and TPM that file needs alike (tests/long_ratio.py).
+provider whose RPM and TPM that file needs alike (tests/harness/long_ratio.py).
 
 In line order ("fifo") the shorts spend RPM with TPM to spare, then the longs spend
 TPM with RPM to spare: about 1.45 x the lower bound max(requests / RPM, tokens / TPM).

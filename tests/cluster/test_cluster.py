@@ -83,7 +83,7 @@ tpm = 50000000
                QUOTAFLOW_API_URL=f"http://127.0.0.1:{ports['api']}",
                QUOTAFLOW_FLOWER_BASIC_AUTH=":".join(FLOWER_AUTH),
                # These tests are about /jobs and the CLI; keys and tenants have their own
-               # (tests/test_tenants.py), so this cluster runs as a development server.
+               # (tests/cluster/test_tenants.py), so this cluster runs as a development server.
                QUOTAFLOW_AUTH="off")
     try:
         for name, latency in (("provider", "5"), ("slow", "400")):

@@ -3,7 +3,8 @@ profile) and the worker's --autoscale: what operators deploy must be coherent.
 
 Prometheus's config, alerts and every dashboard query are checked by promtool, the alerts
 by its unit tests (deploy/monitoring/tests/); the KEDA example by the lists a real Celery
-producer fills. Docker does not run on the test machines: compose is checked as YAML.
+producer fills (tests/cluster/test_monitoring_config.py). Docker does not run on the test
+machines: compose is checked as YAML.
 """
 
 import json
@@ -11,16 +12,13 @@ import re
 from pathlib import Path
 from typing import Any
 
-import redis
 import yaml
 from click.testing import CliRunner
 
 from cli import services
 from cli.main import cli
-from quotaflow.dispatch import BatchRef
 from tests.harness.promtool import promtool
 from tests.harness.servers import ROOT
-from workers.dispatch import CeleryDispatcher
 
 MONITORING = ROOT / "deploy" / "monitoring"
 KEDA = ROOT / "deploy" / "keda"
@@ -153,7 +151,7 @@ def _keda(name: str) -> list[dict[str, Any]]:
     return list(yaml.safe_load_all((KEDA / name).read_text()))
 
 
-def _redis_lists() -> list[str]:
+def keda_redis_lists() -> list[str]:
     [scaled] = _keda("scaledobject-redis.yaml")
     return [t["metadata"]["listName"] for t in scaled["spec"]["triggers"]
             if t["type"] == "redis"]
@@ -176,28 +174,10 @@ def test_keda_example_scales_the_worker_deployment_on_its_queues() -> None:
         assert scaled["spec"]["scaleTargetRef"]["name"] == deployment["metadata"]["name"]
         assert scaled["spec"]["minReplicaCount"] >= 1  # running batches keep a worker
     # The lists watched are the queues the worker consumes, no more, no fewer.
-    assert sorted(_redis_lists()) == sorted(consumed)
+    assert sorted(keda_redis_lists()) == sorted(consumed)
     [prom] = _keda("scaledobject-prometheus.yaml")[0]["spec"]["triggers"]
     assert _metric_names(prom["metadata"]["query"]) == {"quotaflow_queue_depth"}
     assert all(q in prom["metadata"]["query"] for q in consumed)
-
-
-def test_keda_redis_lists_are_the_keys_celery_fills(redis_url: str) -> None:
-    """The real producer path (what the API runs for a job) on a Redis db of the test's own:
-    the key each ScaledObject trigger names holds every message sent to its queue."""
-    client = redis.Redis.from_url(redis_url)
-    dispatcher = CeleryDispatcher(redis_url)
-    for queue in _redis_lists():
-        # The first batch goes through Celery's send_task, the rest through the pipeline.
-        dispatcher.dispatch(queue, [BatchRef("job-1", i * 10, i * 10 + 9) for i in range(3)])
-    for queue in _redis_lists():
-        assert client.type(queue) == b"list", queue
-        assert client.llen(queue) == 3, queue
-        messages = [json.loads(m) for m in client.lrange(queue, 0, -1)]
-        assert {m["properties"]["delivery_info"]["routing_key"] for m in messages} == {queue}
-    # No other list got any of them (Celery's priority lists would be named QUEUE\x06\x16N).
-    lists = {k.decode() for k in client.keys("*") if client.type(k) == b"list"}
-    assert lists == set(_redis_lists())
 
 
 def _celery_argv(monkeypatch, *args: str) -> tuple[int, list[str], str]:

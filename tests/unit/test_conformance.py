@@ -1,7 +1,7 @@
-"""The conformance set's translations, in process: every line of tests/conformance/ made
+"""The conformance set's translations, in process: every line of tests/harness/conformance/ made
 into the body each deployment family receives, compared field by field with the set's
 expectations (the same checks run through Celery workers and the strict mock provider
-in tests/test_conformance_cluster.py)."""
+in tests/cluster/test_conformance_cluster.py)."""
 
 from typing import Any
 

@@ -33,7 +33,7 @@ def test_a_job_under_mixed_faults_loses_nothing(pg_url: str, pg_sessions, tmp_pa
                                                 "100000000", "--latency-ms", "5", *fault_args)
         procs.append(provider)
         # (a run of 10 failures in a row, which would open the circuit, is not among
-        # the faults studied here; tests/test_routing_cluster.py covers circuits)
+        # the faults studied here; tests/cluster/test_routing_cluster.py covers circuits)
         deployments = deployment_file(tmp_path, "flaky", provider_url,
                                       "timeout_s = 1\nmax_concurrency = 100\n"
                                       "circuit_failures = 10\n")

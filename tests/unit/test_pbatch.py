@@ -1,7 +1,7 @@
 """Provider batches without servers: the executor queues bulk lines, the loop cuts them
 within the provider's limits, survives its crash windows (an upload whose id was never
 stored, results downloaded twice) and moves lines to realtime when the window closes.
-SQLite and a fake provider client; tests/test_pbatch_cluster.py runs the real ones."""
+SQLite and a fake provider client; tests/cluster/test_pbatch_cluster.py runs the real ones."""
 
 import io
 from datetime import datetime, timedelta

@@ -1,7 +1,7 @@
 """Schemathesis against the OpenAPI schema of the running API: whatever it sends to any
 route, with a valid key or without, the answer is never a server error (5xx), its status
 is one the schema documents for that route, with the documented content type and body.
-(That no key gives 401 is tests/test_tenants.py's job; the generator also sends other
+(That no key gives 401 is tests/cluster/test_tenants.py's job; the generator also sends other
 methods.)"""
 
 from collections.abc import Iterator

@@ -1,7 +1,6 @@
 """The circuit breaker, one suite over the Redis breaker and its in-process twin."""
 
 import time
-import uuid
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -12,10 +11,7 @@ from quotaflow.circuit import (
     LocalCircuitBreaker,
     RedisCircuitBreaker,
 )
-from quotaflow.deployments import Deployment
-from quotaflow.errors import ServiceUnavailable
-
-COOLDOWN_S = 0.4
+from tests.unit.test_circuit import COOLDOWN_S, deployment
 
 
 class Clock:
@@ -43,12 +39,6 @@ def breaker(request, redis_url: str) -> Iterator[tuple[CircuitBreaker, Callable[
             clock.now += seconds
 
         yield LocalCircuitBreaker(clock), advance
-
-
-def deployment(failures: int = 3) -> Deployment:
-    return Deployment(name=f"d-{uuid.uuid4().hex[:8]}", provider="mock", model="m", rpm=60,
-                      tpm=1000, circuit_failures=failures, circuit_cooldown_s=COOLDOWN_S,
-                      timeout_s=1)
 
 
 def test_a_run_of_failures_opens_the_circuit(breaker) -> None:
@@ -114,12 +104,6 @@ def test_deployments_have_separate_circuits(breaker) -> None:
     circuits.record_failure(failing)
     assert circuits.state(failing).state == CircuitState.OPEN
     assert circuits.state(healthy).state == CircuitState.CLOSED
-
-
-def test_an_unreachable_redis_is_a_clear_error() -> None:
-    circuits = RedisCircuitBreaker("redis://127.0.0.1:1/0")
-    with pytest.raises(ServiceUnavailable, match="circuit breaker's Redis is unreachable"):
-        circuits.state(deployment())
 
 
 def test_a_cached_breaker_sees_its_own_failures_at_once_and_others_soon(redis_url) -> None:
