@@ -74,7 +74,7 @@ import httpx
 import psycopg
 import redis
 
-from tests.procs import Proc, free_port, quotaflow
+from tests.harness.procs import Proc, free_port, quotaflow
 
 ROOT = Path(__file__).resolve().parent.parent
 TICK = os.sysconf("SC_CLK_TCK")

@@ -1,6 +1,6 @@
 """Fair shares between tenants, fair policy against FIFO; prints a table.
 
-Each policy runs on a cluster of its own (tests/fair_cluster.py: a strict mock provider
+Each policy runs on a cluster of its own (tests/harness/fair_cluster.py: a strict mock provider
 at 1,200 RPM enforced per second, 200 ms a call, the API, three workers with
 --concurrency 2 on `standard,bulk`), through three scenarios in turn:
 
@@ -30,8 +30,7 @@ from pathlib import Path
 import redis
 
 from quotaflow.db import upgrade
-from tests.conftest import _recreate_database
-from tests.fair_cluster import (
+from tests.harness.fair_cluster import (
     LATENCY_MS,
     RPM,
     WINDOW_S,
@@ -40,6 +39,7 @@ from tests.fair_cluster import (
     TenantRun,
     admitted_in,
 )
+from tests.harness.servers import recreate_database
 
 REDIS_URL = os.environ.get("QUOTAFLOW_BENCH_REDIS_URL", "redis://127.0.0.1:6379/14")
 PG_URL = os.environ.get("QUOTAFLOW_BENCH_DATABASE_URL",
@@ -98,7 +98,7 @@ def main() -> None:
           f"{'lines':>6} {'admitted':>8} {'share':>6} {'5 s windows':>14} "
           f"{'first s':>9} {'429s':>5}")
     for policy in args.policy.split(","):
-        _recreate_database(PG_URL)
+        recreate_database(PG_URL)
         upgrade(PG_URL)
         redis.Redis.from_url(REDIS_URL).flushdb()
         cluster = FairCluster(Path(tempfile.mkdtemp(prefix="qf-fair-")), PG_URL, REDIS_URL,

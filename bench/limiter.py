@@ -1,6 +1,6 @@
 """Limiter benchmark: (a) acquire throughput against one local Redis, next to the
 `limits` library's moving-window limiter and a bare EVALSHA of a no-op script (the
-ceiling); (b) utilisation and 429s of the four-worker runs of tests/limiter_cluster.py, at
+ceiling); (b) utilisation and 429s of the four-worker runs of tests/harness/limiter_cluster.py, at
 providers that keep and that give back unused max_tokens; (c) a bulk job's throughput with
 and without 5% of its requests refused 429 at random.
 
@@ -66,10 +66,10 @@ def part_a() -> list[tuple[str, float]]:
 
 
 def run_scenarios(scenarios: tuple) -> list:
-    from tests.conftest import _recreate_database
-    from tests.limiter_cluster import LimiterCluster
+    from tests.harness.limiter_cluster import LimiterCluster
+    from tests.harness.servers import recreate_database
 
-    _recreate_database(PG_URL)
+    recreate_database(PG_URL)
     upgrade(PG_URL)
     with LimiterCluster(PG_URL, REDIS_URL, Path(tempfile.mkdtemp(prefix="qf-bench-")),
                         scenarios) as cluster:
@@ -83,7 +83,7 @@ def main() -> None:
                         help="run only this scenario of part b or c (repeatable)")
     args = parser.parse_args()
     part = args.part
-    from tests.limiter_cluster import AUTO_SCENARIOS, FAULT_SCENARIOS, SCENARIOS
+    from tests.harness.limiter_cluster import AUTO_SCENARIOS, FAULT_SCENARIOS, SCENARIOS
 
     def chosen(scenarios: tuple) -> tuple:
         return tuple(s for s in scenarios if not args.scenario or s.name in args.scenario)

@@ -32,7 +32,7 @@ from quotaflow.constants import ENDPOINT_CHAT
 from quotaflow.deployments import Deployment
 from quotaflow.providers.local import LocalProvider, runner_for
 from quotaflow.providers.local.requests import GenerationRequest
-from tests.tiny_model import SENTENCES, save_tiny_model
+from tests.harness.tiny_model import SENTENCES, save_tiny_model
 
 PRESETS = {
     # What the tests use, a little wider: small enough for CPU.

@@ -2,7 +2,7 @@
 
 For each share of long requests, a clustered file (shorts first) and a shuffled one run
 on four workers against a strict mock provider at 2,400 RPM and a TPM that a half-long
-file needs as much as RPM (tests/long_ratio.py), once in line order
+file needs as much as RPM (tests/harness/long_ratio.py), once in line order
 (QUOTAFLOW_ADMISSION_ORDER=fifo) and once size-aware (mixed, quotaflow/mixing.py).
 Prints, per run: seconds against the lower bound max(requests / RPM, tokens / TPM),
 requests per minute, max(RPM use, TPM use) over the run, the p95 of short and of long
@@ -22,8 +22,8 @@ from pathlib import Path
 import redis
 
 from quotaflow.db import upgrade
-from tests.conftest import _recreate_database
-from tests.long_ratio import LONG, RPM, SHORT, TPM, MixCluster, Run, job_lines
+from tests.harness.long_ratio import LONG, RPM, SHORT, TPM, MixCluster, Run, job_lines
+from tests.harness.servers import recreate_database
 
 REDIS_URL = os.environ.get("QUOTAFLOW_BENCH_REDIS_URL", "redis://127.0.0.1:6379/14")
 PG_URL = os.environ.get("QUOTAFLOW_BENCH_DATABASE_URL",
@@ -46,7 +46,7 @@ def main() -> None:
           f"RPM {RPM}, TPM {TPM:,} (per second), short {sum(SHORT)} tokens, long {sum(LONG)}")
     print(f"{'long_ratio':>10} {'file':<9} {'order':<6} {'s':>6} {'bound s':>7} {'x bound':>7} "
           f"{'req/min':>8} {'max util':>8} {'p95 short':>9} {'p95 long':>8} {'429s':>5}")
-    _recreate_database(PG_URL)
+    recreate_database(PG_URL)
     upgrade(PG_URL)
     for order in ("fifo", "mixed"):
         redis.Redis.from_url(REDIS_URL).flushdb()

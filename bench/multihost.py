@@ -1,5 +1,5 @@
-"""Across hosts, full length: the table of tests/test_multihost.py's scenarios at the sizes
-issue 19 asks for, on four hosts in network namespaces (tests/multihost_cluster.py).
+"""Across hosts, full length: the table of tests/cluster/test_multihost.py's scenarios at the sizes
+issue 19 asks for, on four hosts in network namespaces (tests/harness/multihost_cluster.py).
 
     python -m bench.multihost                       # every scenario, about 7 minutes
     python -m bench.multihost --scenario exact --partition-s 30
@@ -29,8 +29,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from tests.multihost_cluster import Budget, MultihostCluster
-from tests.multihost_jobs import Row, cut_b, in_turn, run_job, table
+from tests.harness.multihost_cluster import Budget, MultihostCluster
+from tests.harness.multihost_jobs import Row, cut_b, in_turn, run_job, table
 
 BUDGET = Budget(rpm=1200, burst_seconds=5, latency_ms=100)  # 20 requests a second
 DELAY_MS = 4.0

@@ -1,6 +1,6 @@
 """Realtime latency under a bulk flood, by worker layout; prints a table.
 
-Each layout runs on a cluster of its own (tests/realtime_flood.py: a strict mock
+Each layout runs on a cluster of its own (tests/harness/realtime_flood.py: a strict mock
 provider at 1,200 RPM over 10 s and 200 ms a call, the API, three workers with
 --concurrency 2): two 2,000-line bulk jobs saturate the budget and the bulk slots
 for 8 s, then a 10-line realtime job is timed from its creation to each line's answer.
@@ -20,8 +20,8 @@ from pathlib import Path
 import redis
 
 from quotaflow.db import upgrade
-from tests.conftest import _recreate_database
-from tests.realtime_flood import LATENCY_MS, LAYOUTS, FloodCluster, FloodResult
+from tests.harness.realtime_flood import LATENCY_MS, LAYOUTS, FloodCluster, FloodResult
+from tests.harness.servers import recreate_database
 
 REDIS_URL = os.environ.get("QUOTAFLOW_BENCH_REDIS_URL", "redis://127.0.0.1:6379/14")
 PG_URL = os.environ.get("QUOTAFLOW_BENCH_DATABASE_URL",
@@ -29,7 +29,7 @@ PG_URL = os.environ.get("QUOTAFLOW_BENCH_DATABASE_URL",
 
 
 def run(layout: str) -> FloodResult:
-    _recreate_database(PG_URL)
+    recreate_database(PG_URL)
     upgrade(PG_URL)
     redis.Redis.from_url(REDIS_URL).flushdb()
     cluster = FloodCluster(Path(tempfile.mkdtemp(prefix="qf-flood-")), PG_URL, REDIS_URL,

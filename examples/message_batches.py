@@ -7,7 +7,7 @@ ANTHROPIC_API_KEY, so
         python examples/message_batches.py
 
 runs it on a quotaflow cluster whose deployments serve claude-sonnet-4-5
-(tests/test_message_batches.py runs it so).
+(tests/cluster/test_message_batches.py runs it so).
 """
 
 import time

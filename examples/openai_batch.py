@@ -6,7 +6,7 @@ so, with a batchinput.jsonl of /v1/chat/completions lines in the current directo
     OPENAI_BASE_URL=http://127.0.0.1:8000/v1 OPENAI_API_KEY=$QUOTAFLOW_API_KEY \
         python examples/openai_batch.py
 
-runs it on a quotaflow cluster (tests/test_message_batches.py runs it so).
+runs it on a quotaflow cluster (tests/cluster/test_message_batches.py runs it so).
 """
 
 import time

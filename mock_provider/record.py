@@ -2,7 +2,7 @@
 
 `quotaflow mock-provider --record PATH` (QUOTAFLOW_MOCK_RECORD) writes one line per
 model request, `{"path": "/v1/messages", "body": {...}}`, before the request is judged,
-so a test can check field by field what quotaflow sent (tests/test_conformance_cluster.py
+so a test can check field by field what quotaflow sent (tests/cluster/test_conformance_cluster.py
 checks the OpenAI <-> Anthropic translations this way). Written from the event loop, one
 short write per request: fine for tests, not meant for benchmarks.
 """

@@ -8,7 +8,7 @@ failure here: it means the budget is spent, which the limiter handles.
 
 `RedisCircuitBreaker` keeps the state in Redis (quotaflow/lua/circuit.lua),
 so every worker sees a deployment fail as one; `LocalCircuitBreaker` is its
-in-process twin for the embedded mode. Both pass tests/test_circuit.py.
+in-process twin for the embedded mode. Both pass tests/cluster/test_circuit.py.
 """
 
 import threading

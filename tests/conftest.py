@@ -1,10 +1,11 @@
-"""Shared fixtures: a real, migrated PostgreSQL database and a private Redis db index.
+"""Shared fixtures of tests/unit/ and tests/cluster/: a real, migrated PostgreSQL database,
+a private Redis db index, servers of a test's own; the `cluster` marker by folder; the
+reliability tables at the end of a run.
 
-The tests use their own database (quotaflow_test) and Redis db 15 and never
-touch anything else on the servers.
+The tests use their own database (quotaflow_test) and Redis db 15 and never touch
+anything else on the servers (tests/harness/servers.py).
 """
 
-import os
 import shutil
 import subprocess
 import sys
@@ -14,40 +15,15 @@ import types
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import psycopg
 import pytest
 import redis
 from sqlalchemy import text
-from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
 from quotaflow.config import Settings
 from quotaflow.db import get_engine, session_factory, upgrade
-from tests.procs import Proc, free_port
-
-# Under pytest-xdist (scripts/test runs two processes) each process has a database and a
-# Redis db of its own: gw0 the names given, gw1 "<database>_gw1" and the Redis db below.
-XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
-_WORKER_INDEX = int(XDIST_WORKER[2:]) if XDIST_WORKER.startswith("gw") else 0
-
-
-def _own_database(url: str) -> str:
-    if not _WORKER_INDEX:
-        return url
-    parsed = make_url(url)
-    return parsed.set(database=f"{parsed.database}_{XDIST_WORKER}").render_as_string(
-        hide_password=False)
-
-
-def _own_redis_db(url: str) -> str:
-    base, _, db = url.rpartition("/")
-    return f"{base}/{(int(db or 0) - _WORKER_INDEX) % 16}" if _WORKER_INDEX else url
-
-
-PG_URL = _own_database(os.environ.get(
-    "QUOTAFLOW_TEST_DATABASE_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/quotaflow_test"))
-REDIS_URL = _own_redis_db(os.environ.get("QUOTAFLOW_TEST_REDIS_URL", "redis://127.0.0.1:6379/15"))
-ROOT = Path(__file__).resolve().parent.parent
+from tests.harness.procs import Proc, free_port
+from tests.harness.servers import PG_URL, REDIS_URL, recreate_database, service_env
 
 
 @pytest.fixture(autouse=True)
@@ -67,7 +43,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         proc.stop(timeout=5)
     workeroutput = getattr(session.config, "workeroutput", None)
     if workeroutput is not None:
-        from tests import chaos_cluster, multihost_jobs
+        from tests.harness import chaos_cluster, multihost_jobs
         workeroutput["chaos_rows"] = [list(row) for row in chaos_cluster.ROWS]
         workeroutput["multihost_rows"] = [list(row.cells()) for row in multihost_jobs.ROWS]
 
@@ -79,25 +55,16 @@ _MULTIHOST_CELLS: list[tuple[str, ...]] = []
 @pytest.hookimpl(optionalhook=True)
 def pytest_testnodedown(node, error) -> None:
     """xdist's controller: a worker's rows of the reliability tables, for the summary."""
-    from tests import chaos_cluster
+    from tests.harness import chaos_cluster
     output = getattr(node, "workeroutput", {})
     chaos_cluster.ROWS.extend(tuple(row) for row in output.get("chaos_rows", []))
     _MULTIHOST_CELLS.extend(tuple(row) for row in output.get("multihost_rows", []))
 
 
-def _recreate_database(url: str) -> None:
-    parsed = make_url(url)
-    admin = parsed.set(drivername="postgresql", database="postgres")
-    dsn = admin.render_as_string(hide_password=False)
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{parsed.database}" WITH (FORCE)')
-        conn.execute(f'CREATE DATABASE "{parsed.database}"')
-
-
 @pytest.fixture(scope="session")
 def pg_url() -> str:
     """A fresh quotaflow_test database, migrated with the same Alembic script production uses."""
-    _recreate_database(PG_URL)
+    recreate_database(PG_URL)
     upgrade(PG_URL)
     return PG_URL
 
@@ -193,7 +160,7 @@ def throwaway_postgres() -> Iterator[tuple[str, Callable[[], None], Callable[[],
 @pytest.fixture
 def slow_provider(tmp_path: Path) -> Iterator[str]:
     """A mock provider answering in 100 ms, with no limit worth the name."""
-    from tests.procs import quotaflow
+    from tests.harness.procs import quotaflow
 
     port = free_port()
     proc = Proc("provider", quotaflow("mock-provider", "--port", str(port), "--rpm", "600000",
@@ -206,44 +173,49 @@ def slow_provider(tmp_path: Path) -> Iterator[str]:
         proc.stop()
 
 
-def service_env(**extra: str) -> dict[str, str]:
-    """The environment for a child process: ours, minus any QUOTAFLOW_* of the developer's."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("QUOTAFLOW_")}
-    env["PYTHONUNBUFFERED"] = "1"
-    env.update(extra)
-    return env
-
-
-# Tests that need servers are marked `cluster`, so that `pytest -m "not cluster"` runs
-# the unit tests alone, in seconds, with no PostgreSQL or Redis: a test is one when its
-# module uses these helpers or modules (it starts processes of its own)...
-PROCESS_STARTERS = frozenset({"tests.procs", "tests.harness", "tests.limiter_cluster",
-                              "tests.anthropic_cluster",
-                              "tests.openai_cluster", "tests.chaos_cluster", "subprocess",
-                              "tests.multihost_cluster", "tests.multihost_jobs"})
-# ...or it asks for a server: the shared PostgreSQL or Redis, or one of its own.
+# A test's folder says what it needs: tests/cluster/ is marked `cluster`, so that
+# `pytest -m "not cluster"` runs tests/unit/ alone, in seconds, with no PostgreSQL or Redis.
+# A unit test that asks for a server, or whose module starts processes, is refused at
+# collection, naming the folder it belongs in.
+TESTS = Path(__file__).resolve().parent
+UNIT, CLUSTER = TESTS / "unit", TESTS / "cluster"
 SERVER_FIXTURES = frozenset({"pg_url", "redis_url", "throwaway_redis", "throwaway_postgres",
                              "slow_provider"})
+PROCESS_STARTERS = frozenset({"subprocess", "multiprocessing", "tests.harness.procs"})
+
+
+def _needs_a_server(item: pytest.Item) -> list[str]:
+    """The server fixtures `item` asks for and the process starters its module uses."""
+    module = getattr(item, "module", None)
+    names = vars(module).values() if module is not None else ()
+    uses = ({getattr(value, "__module__", None) for value in names}
+            | {value.__name__ for value in names if isinstance(value, types.ModuleType)})
+    return sorted(SERVER_FIXTURES & set(getattr(item, "fixturenames", ()))) + sorted(
+        PROCESS_STARTERS & uses)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        module = getattr(item, "module", None)
-        names = vars(module).values() if module is not None else ()
-        uses = ({getattr(value, "__module__", None) for value in names}
-                | {value.__name__ for value in names if isinstance(value, types.ModuleType)})
-        if uses & PROCESS_STARTERS or SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
+        if item.path.is_relative_to(CLUSTER):
             item.add_marker(pytest.mark.cluster)
+        elif item.path.is_relative_to(UNIT):
+            if needs := _needs_a_server(item):
+                raise pytest.UsageError(
+                    f"{item.nodeid} uses {', '.join(needs)}: a test that needs a server or "
+                    "starts processes belongs in tests/cluster/")
+        elif item.path.is_relative_to(TESTS):
+            raise pytest.UsageError(f"{item.nodeid}: a test lives in tests/unit/ (no server) "
+                                    "or tests/cluster/")
 
 
 def pytest_terminal_summary(terminalreporter) -> None:
-    """The reliability tables, when fault tests ran (tests/chaos_cluster.py,
-    tests/multihost_jobs.py)."""
-    from tests import chaos_cluster, multihost_jobs
+    """The reliability tables, when fault tests ran (tests/harness/chaos_cluster.py,
+    tests/harness/multihost_jobs.py)."""
+    from tests.harness import chaos_cluster, multihost_jobs
     if chaos_cluster.ROWS:
         terminalreporter.write_sep("=", "reliability: faults during a job")
         terminalreporter.write_line(chaos_cluster.table())
     cells = [row.cells() for row in multihost_jobs.ROWS] + _MULTIHOST_CELLS
     if cells:
-        terminalreporter.write_sep("=", "across hosts (tests/test_multihost.py)")
+        terminalreporter.write_sep("=", "across hosts (tests/cluster/test_multihost.py)")
         terminalreporter.write_line(multihost_jobs.table_of_cells(cells))

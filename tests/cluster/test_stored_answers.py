@@ -1,0 +1,33 @@
+"""An answer PostgreSQL cannot store as sent (a NUL character) is stored with the
+character replaced, and the rest of its chunk with it, instead of failing them all."""
+
+import io
+import json
+from datetime import timedelta
+
+from quotaflow import jobs, leases, output
+from quotaflow.dispatch import BatchRef
+from quotaflow.providers.base import ProviderResponse
+from tests.harness.factories import chat_line, jsonl
+
+
+def test_a_nul_in_an_answer_does_not_fail_its_chunk(pg_sessions, settings) -> None:
+    class Collect:
+        def dispatch(self, queue: str, refs: list) -> None:
+            pass
+
+    job = jobs.create_job(pg_sessions, io.BytesIO(jsonl([chat_line("a"), chat_line("b")])),
+                          settings=settings, deployments=settings.load_deployments(),
+                          dispatcher=Collect(), queue="realtime")
+    first, second = leases.claim(pg_sessions, BatchRef(job.id, 1, 2), "w",
+                                 timedelta(seconds=30))
+    odd = rb'{"choices":[{"message":{"content":"a\u0000b \\u0000 stays"}}]}'
+    plain = rb'{"choices":[{"message":{"content":"fine"}}]}'
+    answers = [(first, ProviderResponse(200, {}, None, 1, 1, raw=odd)),
+               (second, ProviderResponse(200, {}, None, 1, 1, raw=plain))]
+    assert leases.store_many(pg_sessions, job.id, answers) == (2, 0)
+    with pg_sessions() as session:
+        lines = [json.loads(line) for line in output.iter_output(session, job.id, errors=False)]
+    content = lines[0]["response"]["body"]["choices"][0]["message"]["content"]
+    assert content == "a\ufffdb \\u0000 stays"
+    assert lines[1]["response"]["body"]["choices"][0]["message"]["content"] == "fine"
