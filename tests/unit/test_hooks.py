@@ -2,27 +2,19 @@
 uses the point; a hook can stop a run before it claims, or finish items so they are never
 called; the run's policies are chosen from the settings in one place (policies/)."""
 
-import io
-import json
 from pathlib import Path
 
 import pytest
 
-from quotaflow import jobs, output
 from quotaflow.config import Settings
 from quotaflow.deployments import Deployments
-from quotaflow.dispatch import BatchRef
-from quotaflow.execution import BatchExecutor
 from quotaflow.execution.batch import BatchRun
 from quotaflow.execution.facts import JobFacts
 from quotaflow.execution.hooks import BatchHook, Hooks
 from quotaflow.execution.policies import Policies
 from quotaflow.fairshare import NoFairShare
 from quotaflow.leases import ClaimedItem
-from quotaflow.limiters import LocalLimiter
-from quotaflow.models import Item, ItemStatus
 from quotaflow.outcomes import Failure, FailureCode
-from tests.factories import chat_line, jsonl
 
 
 class Recorder(BatchHook):
@@ -134,70 +126,6 @@ def test_policies_give_a_run_only_the_hooks_whose_policy_is_on_for_it(tmp_path) 
     # And each run gets hooks of its own (they keep the run's state)
     first, second = policies.hooks_for(_facts("bulk")), policies.hooks_for(_facts("bulk"))
     assert first.hooks[0] is not second.hooks[0]
-
-
-# --- through the executor, against PostgreSQL -------------------------------------------
-
-def _job(pg_sessions, settings, tmp_path: Path, lines: int) -> tuple[str, BatchRef]:
-    (tmp_path / "d.toml").write_text(
-        '[deployments.one]\nprovider = "mock"\nmodel = "gpt-4o-mini"\nrpm = 60000\n'
-        'tpm = 6000000\n[routes]\n"*" = "one"\n')
-    settings.deployments_file = tmp_path / "d.toml"
-    settings.batch_size = lines
-    batches: list[BatchRef] = []
-
-    class Collect:
-        def dispatch(self, queue: str, refs: list[BatchRef]) -> None:
-            batches.extend(refs)
-
-    job = jobs.create_job(pg_sessions, io.BytesIO(jsonl([chat_line(f"h{i}")
-                                                         for i in range(lines)])),
-                          settings=settings, deployments=settings.load_deployments(),
-                          dispatcher=Collect(), queue="standard")
-    return job.id, batches[0]
-
-
-def _with_hooks(executor: BatchExecutor, *extra: BatchHook) -> None:
-    """The executor's runs get `extra` in front of the hooks the settings give them."""
-    made = executor.policies.hooks_for
-    executor.policies.hooks_for = lambda job: Hooks([*extra, *made(job).hooks])  # type: ignore[method-assign]
-
-
-def test_a_hook_can_send_a_batch_back_before_it_claims_anything(pg_sessions, settings,
-                                                                tmp_path) -> None:
-    # Given a batch of 5 and a hook that says "not now, in 3 s"
-    job_id, batch = _job(pg_sessions, settings, tmp_path, 5)
-    executor = BatchExecutor(pg_sessions, settings.load_deployments(), LocalLimiter(), settings)
-    journal: list[str] = []
-    _with_hooks(executor, Recorder("gate", journal, come_back_in=3.0))
-    # When it runs
-    report = executor.run(batch)
-    # Then it claimed nothing, comes back in 3 s, and no later point was reached
-    assert (report.claimed, report.retry_in) == (0, 3.0)
-    assert journal == ["gate.before_claim"]
-    with pg_sessions() as session:
-        statuses = {item.status for item in session.query(Item).filter_by(job_id=job_id)}
-    assert statuses == {ItemStatus.PENDING}
-
-
-def test_items_a_hook_finishes_are_stored_and_never_called(pg_sessions, settings,
-                                                          tmp_path) -> None:
-    # Given a batch of 6 and a hook that keeps 2 to call and finishes the other 4
-    job_id, batch = _job(pg_sessions, settings, tmp_path, 6)
-    executor = BatchExecutor(pg_sessions, settings.load_deployments(), LocalLimiter(), settings)
-    journal: list[str] = []
-    _with_hooks(executor, Recorder("take", journal, keep=2))
-    # When it runs
-    report = executor.run(batch)
-    # Then 2 were called and answered, 4 stored with the hook's failure, and the hook
-    # was told the run stopped
-    assert (report.claimed, report.succeeded, report.failed) == (6, 2, 4)
-    assert journal == ["take.before_claim", "take.claimed 6", "take.on_stop"]
-    with pg_sessions() as session:
-        errors = [json.loads(line) for line in output.iter_output(session, job_id,
-                                                                  errors=True)]
-    assert sorted(e["custom_id"] for e in errors) == ["h2", "h3", "h4", "h5"]
-    assert {e["error"]["message"] for e in errors} == {"taken by take"}
 
 
 class _Run:
