@@ -1,6 +1,6 @@
 """Tokens/s of the local provider's batched path against one request at a time.
 
-    python -m bench.local_batching                       # tiny GPT-2 on CPU (as in the README)
+    python -m bench.local_batching                       # tiny GPT-2 on CPU (docs/benchmarks.md)
     python -m bench.local_batching --preset qwen2-0.5b --device cuda --requests 256 \\
         --batch-size 64 --max-tokens 128                 # ~0.5B Qwen2, random weights, GPU
 

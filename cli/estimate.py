@@ -26,8 +26,7 @@ def register(cli: click.Group) -> None:
     @click.option("--queue", type=click.Choice(QUEUES), default=DEFAULT_QUEUE,
                   show_default=True, help="The queue it would run on (its floor slows it).")
     @click.option("--json", "as_json", is_flag=True,
-                  help="Print the API's estimate object (README, \"Estimate before you "
-                       "submit\").")
+                  help="Print the API's estimate object (docs/formats/estimate.md).")
     def estimate(input_file: Path, queue: str, as_json: bool) -> None:
         """Estimate INPUT_FILE's tokens, cost and time at the deployments' budgets, and
         its share of the tenant's limits, without submitting it (nothing is stored)."""

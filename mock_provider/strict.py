@@ -3,8 +3,8 @@
 Besides the five model endpoints it serves what a test needs to read and steer
 the judge from outside its process: GET /stats and POST /stats/reset, PUT
 /faults (a deployment that starts failing mid-run) and GET /healthz. FastAPI
-costs two to three times the unlimited server's CPU per request (README, "The
-provider's share") and buys validation of these controls; where a judge's
+costs two to three times the unlimited server's CPU per request (docs/benchmarks.md,
+"The provider's share") and buys validation of these controls; where a judge's
 limits are the point, its speed is not.
 """
 

@@ -1,4 +1,4 @@
-"""Which endpoints each kind of deployment serves: the one table (README, "Provider kinds").
+"""Which endpoints each kind of deployment serves: the one table (docs/deployments/index.md).
 
 A line sent where its endpoint is not served would cost a call and a provider error at
 best, or a wrong answer; instead its route is narrowed to the deployments that serve
@@ -40,7 +40,7 @@ def unserved_message(deployments: Iterable[Deployment], url: str) -> str:
     which = (f"deployment {named[0]} does not" if len(named) == 1
              else f"deployments {', '.join(named)} do not")
     return (f"{which} serve {url}; route this model to a deployment that does "
-            "(README, \"Provider kinds\")")
+            "(docs/deployments/index.md, \"Provider kinds\")")
 
 
 def unserved(deployment: Deployment, url: str) -> Failure | None:

@@ -31,163 +31,248 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="QUOTAFLOW_", env_file=".env", extra="ignore")
 
-    database_url: str = "sqlite:///quotaflow.db"
-    broker_url: str | None = None
-    # The limiter's Redis; defaults to the broker's. Unset both: in-process limiter.
-    redis_url: str | None = None
-    deployments_file: Path | None = None
-    api_url: str = "http://127.0.0.1:8000"
-    api_host: str = "127.0.0.1"
-    api_port: int = 8000
+    database_url: str = Field(
+        default="sqlite:///quotaflow.db",
+        description="Where jobs, items and results live: PostgreSQL for a cluster "
+        "(`postgresql://...`, migrated by `quotaflow db upgrade`); the SQLite default serves "
+        "the embedded `quotaflow run`.")
+    broker_url: str | None = Field(
+        default=None,
+        description="Celery's broker, a Redis URL. Unset: no broker, and `quotaflow run` "
+        "executes batches in its own process.")
+    redis_url: str | None = Field(
+        default=None,
+        description="The limiter's and circuit breakers' Redis; defaults to `BROKER_URL`. With "
+        "both unset the limiter is in process (the embedded `quotaflow run`).")
+    deployments_file: Path | None = Field(
+        default=None,
+        description="The TOML deployments file: which providers serve which models, their "
+        "limits and prices. Unset: everything goes to the built-in simulated mock provider.")
+    api_url: str = Field(default="http://127.0.0.1:8000",
+                         description="The API the CLI talks to.")
+    api_host: str = Field(default="127.0.0.1", description="The address `quotaflow api` binds.")
+    api_port: int = Field(default=8000, description="The port `quotaflow api` listens on.")
 
-    # Items per Celery message: small enough that a lost worker costs little,
-    # large enough that one message amortises its round trips (a message, its events,
-    # its claim and its report cost a worker about as much CPU as 25 requests).
-    batch_size: int = Field(default=100, gt=0, le=10_000)
-    # A file for POST /jobs (`quotaflow submit`): ingest streams it in constant memory,
-    # so these bound the database's work, not the API's memory.
-    max_file_bytes: int = Field(default=1024 * 1024 * 1024, gt=0)
-    # OpenAI caps a batch input line's request body; 1 MiB keeps a bad line from
-    # exhausting memory while leaving room for long prompts.
-    max_line_bytes: int = Field(default=1024 * 1024, gt=0)
-    # Requests per job made through POST /jobs; POST /v1/batches keeps OpenAI's 50,000
-    # (max_batch_lines), so code written for OpenAI meets the limits it expects.
-    max_lines: int = Field(default=2_000_000, gt=0)
-    max_batch_lines: int = Field(default=50_000, gt=0)
-    # POST /v1/messages/batches: Anthropic's limits on a Message Batch, 100,000 requests
-    # or 256 MB of body (the body is held whole while its requests are stored).
-    max_message_batch_requests: int = Field(default=100_000, gt=0)
-    max_message_batch_bytes: int = Field(default=256 * 1024 * 1024, gt=0)
+    batch_size: int = Field(
+        default=100, gt=0, le=10_000,
+        description="Requests per Celery message: small enough that a lost worker costs "
+        "little, large enough that one message amortises its round trips (a message, its "
+        "events, its claim and its report cost a worker about as much CPU as 25 requests).")
+    max_file_bytes: int = Field(
+        default=1024 * 1024 * 1024, gt=0,
+        description="The largest file `POST /jobs` (`quotaflow submit`) takes, 1 GiB. Ingest "
+        "streams it in constant memory, so this bounds the database's work, not the API's "
+        "memory.")
+    max_line_bytes: int = Field(
+        default=1024 * 1024, gt=0,
+        description="The longest input line (one request), 1 MiB: keeps a bad line from "
+        "exhausting memory while leaving room for long prompts. Longer lines fail alone.")
+    max_lines: int = Field(
+        default=2_000_000, gt=0,
+        description="Requests per job made through `POST /jobs` (`quotaflow submit`).")
+    max_batch_lines: int = Field(
+        default=50_000, gt=0,
+        description="Requests per batch made through `POST /v1/batches`: OpenAI's 50,000, so "
+        "code written for OpenAI meets the limits it expects.")
+    max_message_batch_requests: int = Field(
+        default=100_000, gt=0,
+        description="Requests per Message Batch (`POST /v1/messages/batches`), Anthropic's "
+        "limit.")
+    max_message_batch_bytes: int = Field(
+        default=256 * 1024 * 1024, gt=0,
+        description="The largest Message Batch body (`POST /v1/messages/batches`), 256 MiB as "
+        "at Anthropic; the body is held whole while its requests are stored. Larger: 413.")
 
-    # A job's completion window, as OpenAI's "24h": then unsent requests expire.
-    completion_window_s: int = Field(default=24 * 3600, gt=0)
-    # How long a job's output (its results and its lines' bodies) is kept after the job
-    # ends, for jobs whose submitter set no `output_expires_after`; then the worker's sweep
-    # deletes it and the job stays as a tombstone (quotaflow/retention.py). 30 days, as
-    # OpenAI keeps batch output: clients written for it download within that, and the
-    # results table stops growing without bound. Fixed on each job when it is made, so a
-    # change applies to new jobs only. 0: kept until deleted.
-    result_retention_s: int = Field(default=30 * 24 * 3600, ge=0)
-    # The same for uploads (POST /v1/files) sent without `expires_after`: OpenAI's default
-    # for batch files is 30 days too. 0: kept until deleted.
-    file_retention_s: int = Field(default=30 * 24 * 3600, ge=0)
-    # A claim's lease, renewed every third of it while its batch runs: a lease that runs
-    # out means a dead worker, whose items are free again within this (plus a reap).
-    lease_seconds: int = Field(default=30, gt=0)
-    # PostgreSQL ends a worker's transaction that waits this long for the worker (cut off
-    # from the database mid-transaction), so its locks do not stall the other workers
-    # until TCP notices it is gone (quotaflow/db.py, end_idle_transactions_after).
-    worker_idle_in_transaction_s: float = Field(default=10.0, gt=0)
-    # How often the workers look for expired leases of dead workers.
-    reap_interval_s: float = Field(default=10.0, gt=0)
-    # How long a pending item may wait for its queue message before the reaper
-    # presumes the message lost (broker restarted empty, dispatch failed) and
-    # sends another. Like Redis's own redelivery, an hour by default: a long queue is
-    # not a lost message. A broker that restarted is noticed at once instead (its
-    # run id changes; workers/reaper.py).
-    queue_patience_s: float = Field(default=3600.0, gt=0)
-    # A batch handed back to wait for budget is sent again by the reaper if its
-    # delayed message has not come this long after its countdown (the worker holding
-    # it died, or the broker lost it).
-    defer_grace_s: float = Field(default=30.0, gt=0)
-    # Tries per request at the provider, unless a job asks for another number.
-    provider_max_attempts: int = Field(default=5, gt=0, le=20)
-    # The longest wait a provider's Retry-After (or a rate limit's reset) is believed for:
-    # a longer one is logged and clamped; the limiter still protects the budget.
-    max_retry_after_s: float = Field(default=60.0, gt=0)
-    # Identical requests (same endpoint and body) within a job are sent once and the
-    # answer shared where it cannot differ (quotaflow/dedup.py: temperature 0 without
-    # sampling, embeddings, moderations). Off: each line is sent unless its job asks.
-    dedup: bool = True
-    # Reuse an earlier job's successful answer to an identical request instead of
-    # calling again: a cache, for deterministic requests (quotaflow/reuse.py).
-    dedup_across_jobs: bool = False
-    # Celery's Redis transport redelivers unacked messages after visibility_timeout;
-    # the task limit stays well under it so a running batch is never delivered twice.
-    visibility_timeout: int = Field(default=3600, gt=60)
-    task_time_limit: int = Field(default=900, gt=0)
+    completion_window_s: int = Field(
+        default=24 * 3600, gt=0,
+        description="A job's completion window, as OpenAI's \"24h\": then it becomes "
+        "`expired` and its unsent requests expire.")
+    result_retention_s: int = Field(
+        default=30 * 24 * 3600, ge=0,
+        description="How long a job's output (its results and its lines' bodies) is kept "
+        "after the job ends, for jobs whose submitter set no `output_expires_after`; then the "
+        "workers' sweep deletes it and the job stays as a tombstone. 30 days, as OpenAI keeps "
+        "batch output. Fixed on each job when it is made, so a change applies to new jobs "
+        "only. 0: kept until deleted.")
+    file_retention_s: int = Field(
+        default=30 * 24 * 3600, ge=0,
+        description="How long an upload (`POST /v1/files`) sent without `expires_after` is "
+        "kept: 30 days, OpenAI's default for batch files. 0: kept until deleted.")
+    lease_seconds: int = Field(
+        default=30, gt=0,
+        description="A claim's lease, renewed every third of it while its batch runs: a lease "
+        "that runs out means a dead worker, whose items are free again within this (plus a "
+        "reaper round).")
+    worker_idle_in_transaction_s: float = Field(
+        default=10.0, gt=0,
+        description="PostgreSQL ends a worker's transaction that waits this long for the "
+        "worker (cut off from the database mid-transaction), so its locks do not stall the "
+        "other workers until TCP notices it is gone. Set by the workers only: the API's "
+        "output streams may wait for slow clients.")
+    reap_interval_s: float = Field(
+        default=10.0, gt=0,
+        description="How often the workers' reaper looks for expired leases of dead workers "
+        "(and sweeps expired output and uploads, at most half of this a round).")
+    queue_patience_s: float = Field(
+        default=3600.0, gt=0,
+        description="How long a pending item may wait for its queue message before the "
+        "reaper presumes the message lost (broker restarted empty, dispatch failed) and sends "
+        "another. An hour, like Redis's own redelivery: a long queue is not a lost message. A "
+        "broker that restarted is noticed at once instead, by its run id.")
+    defer_grace_s: float = Field(
+        default=30.0, gt=0,
+        description="A batch handed back to wait for budget is sent again by the reaper if "
+        "its delayed message has not come this long after its countdown (the worker holding "
+        "it died, or the broker lost it).")
+    provider_max_attempts: int = Field(
+        default=5, gt=0, le=20,
+        description="Tries per request at the provider, unless a job asks for another number "
+        "(`quotaflow submit --max-attempts`, the `max_attempts` form field).")
+    max_retry_after_s: float = Field(
+        default=60.0, gt=0,
+        description="The longest wait a provider's `Retry-After` (or a rate limit's reset) is "
+        "believed for, about what the official SDKs allow: a longer one is logged and "
+        "clamped; the limiter still protects the budget.")
+    dedup: bool = Field(
+        default=True,
+        description="Identical requests (same endpoint and body) within a job are sent once "
+        "and the answer shared where it cannot differ (temperature 0 without sampling, "
+        "embeddings, moderations). False: each line is sent unless its job asks otherwise.")
+    dedup_across_jobs: bool = Field(
+        default=False,
+        description="Reuse an earlier job's successful answer to an identical request instead "
+        "of calling again: a cache, for requests whose answer cannot differ.")
+    visibility_timeout: int = Field(
+        default=3600, gt=60,
+        description="Celery's Redis transport redelivers unacknowledged messages after this "
+        "many seconds; `TASK_TIME_LIMIT` must stay below it, so a running batch is never "
+        "delivered twice.")
+    task_time_limit: int = Field(
+        default=900, gt=0,
+        description="The most seconds one batch task may run (Celery's time limit); below "
+        "`VISIBILITY_TIMEOUT`.")
 
-    # Priority floors: the share of each bucket a queue must leave for higher
-    # priorities (docs/architecture.md, "The limiter").
-    floor_realtime: float = Field(default=0.0, ge=0, lt=1)
-    floor_standard: float = Field(default=0.05, ge=0, lt=1)
-    floor_bulk: float = Field(default=0.20, ge=0, lt=1)
-    # The order a job's batches are queued in: "mixed" spends RPM and TPM together by
-    # interleaving light and heavy batches at the job's own mix (quotaflow/mixing.py);
-    # "fifo" keeps line order.
-    admission_order: Literal["mixed", "fifo"] = "mixed"
-    # A batch told to wait longer than this goes back to the queue with that
-    # countdown instead of holding a worker.
-    max_inline_wait_s: float = Field(default=5.0, ge=0)
-    # Share each deployment's budget between tenants with work by their weights
-    # (quotaflow/fairshare.py); false: whoever's batches come first take it all.
-    fair_share: bool = True
+    floor_realtime: float = Field(
+        default=0.0, ge=0, lt=1,
+        description="Priority floor of the `realtime` queue: the share of each bucket it must "
+        "leave for higher priorities (none: realtime may empty a bucket).")
+    floor_standard: float = Field(
+        default=0.05, ge=0, lt=1,
+        description="Priority floor of the `standard` queue: it stops at this share of each "
+        "bucket's capacity, leaving it to `realtime`.")
+    floor_bulk: float = Field(
+        default=0.20, ge=0, lt=1,
+        description="Priority floor of the `bulk` queue: it stops at this share of each "
+        "bucket's capacity; bulk alone still gets the whole refill rate.")
+    admission_order: Literal["mixed", "fifo"] = Field(
+        default="mixed",
+        description="The order a job's batches are queued in: `mixed` spends RPM and TPM "
+        "together by interleaving light and heavy batches at the job's own mix; `fifo` keeps "
+        "line order.")
+    max_inline_wait_s: float = Field(
+        default=5.0, ge=0,
+        description="A batch told to wait longer than this for budget goes back to the queue "
+        "with that countdown instead of holding a worker.")
+    fair_share: bool = Field(
+        default=True,
+        description="Share each deployment's budget between tenants with work by their "
+        "weights; false: whoever's batches come first take it all.")
 
-    # Set by `quotaflow worker --deployment NAME`: the one local deployment whose model
-    # this worker process loads. A worker without it loads no model at all.
-    worker_deployment: str | None = None
-    # Set by `quotaflow worker --metrics-port PORT`: the worker's main process serves its
-    # pool's Prometheus metrics there (workers/metrics.py). None: no metrics server.
-    worker_metrics_port: int | None = Field(default=None, gt=0, lt=65536)
+    worker_deployment: str | None = Field(
+        default=None,
+        description="Set by `quotaflow worker --deployment NAME`: the one local deployment "
+        "whose model this worker process loads. A worker without it loads no model at all.")
+    worker_metrics_port: int | None = Field(
+        default=None, gt=0, lt=65536,
+        description="Set by `quotaflow worker --metrics-port PORT`: the worker's main process "
+        "serves its pool's Prometheus metrics there. Unset: no metrics server.")
 
-    # Log lines as plain text (with the job id and other context as key=value) or as
-    # one JSON object each (quotaflow/logs.py).
-    log_format: Literal["text", "json"] = "text"
+    log_format: Literal["text", "json"] = Field(
+        default="text",
+        description="Log lines as plain text (with the job id and other context as "
+        "`key=value`) or as one JSON object each, for workers, the API and the CLI.")
 
-    flower_basic_auth: str | None = None
-    flower_port: int = 5555
+    flower_basic_auth: str | None = Field(
+        default=None,
+        description="`user:password` (several separated by commas) for Flower; `quotaflow "
+        "flower` refuses to start without it unless given `--no-auth` (Flower's own "
+        "`FLOWER_BASIC_AUTH` counts too).")
+    flower_port: int = Field(default=5555, description="The port `quotaflow flower` serves on.")
 
-    # API keys and tenants (README, "OpenAI-compatible Batch API"). Off only for
-    # development: every request then belongs to the tenant "default".
-    auth: bool = True
-    # The key the CLI sends as `Authorization: Bearer ...`; read from the environment only.
-    api_key: SecretStr | None = None
-    # How long `quotaflow submit` waits for the API's answer to an upload (the API stores
-    # the whole file before it answers) before it sends it again with the same
-    # Idempotency-Key; a busy API is never taken for an unreachable one.
-    submit_timeout_s: float = Field(default=1800.0, gt=0)
-    # POST /v1/files refuses larger uploads while they stream (OpenAI's limit is 200 MB).
-    max_upload_bytes: int = Field(default=200 * 1024 * 1024, gt=0)
-    # Prompt tokens one tenant's unfinished batches may hold, like OpenAI's enqueued-token
-    # limit; a tenant's own limit (`quotaflow keys create --max-enqueued-tokens`) overrides
-    # it. None: no limit.
-    max_enqueued_tokens: int | None = Field(default=None, gt=0)
-    # What one tenant may spend per calendar month (UTC), in the deployments' currency,
-    # at their prices (quotaflow/spend.py); a tenant's own limit (`quotaflow keys create
-    # --max-spend`) overrides it. None: no limit.
-    max_monthly_spend: float | None = Field(default=None, ge=0)
+    auth: bool = Field(
+        default=True,
+        description="API keys and tenants. Off (`off`, for development only): every request "
+        "is served as the tenant `default`.")
+    api_key: SecretStr | None = Field(
+        default=None,
+        description="The key the CLI sends as `Authorization: Bearer ...`; read from the "
+        "environment only, never logged.")
+    submit_timeout_s: float = Field(
+        default=1800.0, gt=0,
+        description="How long `quotaflow submit` waits for the API's answer to an upload (the "
+        "API stores the whole file before it answers) before it sends it again with the same "
+        "`Idempotency-Key`; a busy API is never taken for an unreachable one.")
+    max_upload_bytes: int = Field(
+        default=200 * 1024 * 1024, gt=0,
+        description="`POST /v1/files` refuses larger uploads (413) while they stream: "
+        "OpenAI's limit, 200 MB.")
+    max_enqueued_tokens: int | None = Field(
+        default=None, gt=0,
+        description="Prompt tokens one tenant's unfinished batches may hold, like OpenAI's "
+        "enqueued-token limit; a tenant's own limit (`quotaflow keys create "
+        "--max-enqueued-tokens`) overrides it. Unset: no limit.")
+    max_monthly_spend: float | None = Field(
+        default=None, ge=0,
+        description="What one tenant may spend per calendar month (UTC), in the deployments' "
+        "currency, at their prices; a tenant's own limit (`quotaflow keys create "
+        "--max-spend`) overrides it. Unset: no limit.")
 
-    # Webhooks (quotaflow/webhooks/). The master key each endpoint's signing secret is
-    # derived from (HMAC-SHA256 of the endpoint id): secrets are never stored, so without
-    # it no endpoint can be created and no event signed. Changing it changes every secret.
-    webhook_secret_key: SecretStr | None = None
-    # Whether this process's worker delivers webhooks (a thread of its main process).
-    webhook_delivery: bool = True
-    # Seconds before each attempt of a delivery: the first is after the job's end, each
-    # next one after the previous failure; after the last, the delivery has failed.
-    # Comma-separated in the environment: QUOTAFLOW_WEBHOOK_RETRY_SCHEDULE_S=0,5,300.
-    webhook_retry_schedule_s: Annotated[tuple[float, ...], NoDecode] = WEBHOOK_RETRY_SCHEDULE_S
-    # How long one attempt may take (connect, send, answer), as Svix's 15 s roughly.
-    webhook_timeout_s: float = Field(default=10.0, gt=0, le=120)
-    # How often the delivery loop looks for ended jobs and due deliveries.
-    webhook_poll_interval_s: float = Field(default=1.0, gt=0)
-    # Networks endpoints may reach although they are loopback, private, link-local,
-    # unspecified or multicast (server-side request forgery guard), comma-separated:
-    # QUOTAFLOW_WEBHOOK_ALLOWED_NETWORKS=127.0.0.0/8,10.1.0.0/16.
+    webhook_secret_key: SecretStr | None = Field(
+        default=None,
+        description="The master key each webhook endpoint's signing secret is derived from "
+        "(HMAC-SHA256 of the endpoint id; 32 or more random characters), the same on the API "
+        "and every worker. Secrets are never stored, so without it no endpoint can be created "
+        "and no event signed. Changing it changes every secret.")
+    webhook_delivery: bool = Field(
+        default=True,
+        description="Whether this worker delivers webhooks (a thread of its main process).")
+    webhook_retry_schedule_s: Annotated[tuple[float, ...], NoDecode] = Field(
+        default=WEBHOOK_RETRY_SCHEDULE_S,
+        description="Seconds before each attempt of a delivery, comma-separated: the first is "
+        "after the job's end, each next one after the previous failure; after the last, the "
+        "delivery has failed. Svix's schedule: about 27 hours in all.")
+    webhook_timeout_s: float = Field(
+        default=10.0, gt=0, le=120,
+        description="How long one delivery attempt may take (connect, send, answer), as "
+        "Svix's 15 s roughly.")
+    webhook_poll_interval_s: float = Field(
+        default=1.0, gt=0,
+        description="How often the delivery loop looks for ended jobs and due deliveries.")
     webhook_allowed_networks: Annotated[tuple[ipaddress.IPv4Network | ipaddress.IPv6Network,
-                                              ...], NoDecode] = ()
+                                              ...], NoDecode] = Field(
+        default=(),
+        description="Networks webhook endpoints may reach although they are loopback, "
+        "private, link-local, unspecified or multicast (the server-side request forgery "
+        "guard), comma-separated: `127.0.0.0/8,10.1.0.0/16`.")
 
-    # Provider batch APIs (quotaflow/pbatch/): whether this worker runs the loop that
-    # groups queued lines into provider batches, uploads them and polls them (a thread of
-    # its main process); how long a line waits for more to join its provider batch; how
-    # often a provider batch is polled; how long a claim of one lasts (a dead worker's
-    # lapses, and another worker resumes it); and how long before a job's expires_at its
-    # lines still out at a provider batch move to realtime deployments.
-    provider_batch_loop: bool = True
-    provider_batch_gather_s: float = Field(default=60.0, ge=0)
-    provider_batch_poll_s: float = Field(default=30.0, gt=0)
-    provider_batch_lease_s: float = Field(default=300.0, gt=0)
-    provider_batch_window_margin_s: float = Field(default=3600.0, ge=0)
+    provider_batch_loop: bool = Field(
+        default=True,
+        description="Whether this worker runs the provider batch loop (a thread of its main "
+        "process) that groups bulk jobs' lines into provider batches, uploads and polls them.")
+    provider_batch_gather_s: float = Field(
+        default=60.0, ge=0,
+        description="How long a line waits for more to join its provider batch before a "
+        "batch that is not full is uploaded.")
+    provider_batch_poll_s: float = Field(
+        default=30.0, gt=0, description="How often a provider batch is polled.")
+    provider_batch_lease_s: float = Field(
+        default=300.0, gt=0,
+        description="How long a worker's claim of a provider batch lasts: a dead worker's "
+        "lapses, and another worker resumes it.")
+    provider_batch_window_margin_s: float = Field(
+        default=3600.0, ge=0,
+        description="How long before a job's `expires_at` its lines not yet answered by a "
+        "provider batch move to realtime deployments.")
 
     @field_validator("webhook_retry_schedule_s", mode="before")
     @classmethod

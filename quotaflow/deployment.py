@@ -30,78 +30,148 @@ LocalDtype = Literal["auto", "float32", "float16", "bfloat16"]
 class Deployment(BaseModel):
     """One place a model can be called: provider + endpoint + model + key."""
 
-    name: str
-    provider: ProviderKind
-    model: str
-    base_url: str | None = None
-    api_key_env: str | None = None
-    rpm: int = Field(gt=0)
-    # Tokens per minute, input and output together (OpenAI's TPM). An anthropic deployment
-    # may give itpm and otpm instead (Anthropic limits them apart); tpm is then their sum,
-    # the figure reports and estimates show.
-    tpm: int = Field(default=0, gt=0)  # 0 (unset) only where itpm and otpm stand instead
-    itpm: int | None = Field(default=None, gt=0)
-    otpm: int | None = Field(default=None, gt=0)
-    # provider = "anthropic": the anthropic-version header of every call.
-    anthropic_version: str = ANTHROPIC_VERSION
-    # The window the provider enforces its per-minute limits over: 60 for a
-    # minute, 1 for providers that enforce per second (OpenAI says it may).
-    burst_seconds: float = Field(default=60.0, gt=0, le=60)
-    # Counted at admission when a request sets no max_tokens; keep it at or
-    # above the provider's own default so quotaflow never under-counts.
-    default_max_tokens: int = Field(default=1024, gt=0)
-    # Whether the provider gives back the unused part of max_tokens after a call:
-    # "auto" learns it from its x-ratelimit-remaining-tokens headers (no refunds
-    # until they show them), true and false force it.
-    reconcile_usage: bool | Literal["auto"] = "auto"
-    # Budget kept in hand, in seconds of refill: at least the time a request takes
-    # to reach the provider (a full provider bucket loses that refill).
-    safety_margin_s: float = Field(default=0.25, ge=0, le=10)
-    timeout_s: float = Field(default=60.0, gt=0)
-    max_concurrency: int = Field(default=16, gt=0)
-    # Routing (quotaflow/routing.py): among deployments equally used, one of weight 2
-    # is picked twice as often as one of weight 1.
-    weight: float = Field(default=1.0, gt=0)
-    # Deployments naming one quota share one upstream limit (one key or organisation
-    # behind several endpoints): they spend one budget, and a 429 quiets them all.
-    quota: str | None = None
-    # The circuit opens after this many failures in a row (5xx, timeouts, resets,
-    # malformed answers; never 429s) and lets one probe through after the cooldown.
-    circuit_failures: int = Field(default=5, gt=0)
-    circuit_cooldown_s: float = Field(default=30.0, gt=0)
-    # Prices per million tokens (quotaflow/pricing.py): both or neither; without them a
-    # deployment's usage is counted but its cost is unknown.
-    input_per_mtok: float | None = Field(default=None, ge=0)
-    output_per_mtok: float | None = Field(default=None, ge=0)
-    cached_input_per_mtok: float | None = Field(default=None, ge=0)
-    currency: str = Field(default="USD", min_length=3, max_length=3)
+    name: str = Field(
+        json_schema_extra={"default_text": "the table's NAME"},
+        description="The deployment's name: `NAME` of its `[deployments.NAME]` table, set from "
+        "the table (routes, metrics, limits and provenance name it).")
+    provider: ProviderKind = Field(
+        description="The kind of provider: `openai` (any OpenAI-compatible API), `mock` "
+        "(simulated, in process), `local` (a model in the worker), `anthropic` (the Messages "
+        "API), `openai-batch` or `anthropic-batch` (the providers' Batch APIs, bulk jobs "
+        "only).")
+    model: str = Field(
+        description="The model sent to the provider (a `local` deployment's: the name "
+        "requests use and answers carry). A model with no route goes to every deployment "
+        "whose `model` it is.")
+    base_url: str | None = Field(
+        default=None,
+        description="The provider's URL: required for `openai` (e.g. "
+        "`https://api.openai.com/v1`), `anthropic` (`https://api.anthropic.com`; `/v1/messages` "
+        "is added) and the batch kinds.")
+    api_key_env: str | None = Field(
+        default=None,
+        description="The environment variable holding the API key, read at call time; the key "
+        "is never stored or logged. Unset: no key is sent.")
+    rpm: int = Field(
+        gt=0,
+        description="Requests per minute; `rpm` x `burst_seconds` / 60 must hold a request. "
+        "Batch kinds default to a figure that never binds (their batch limits stand "
+        "instead).")
+    tpm: int = Field(
+        default=0, gt=0, json_schema_extra={"default_text": "required, or itpm + otpm"},
+        description="Tokens per minute, input and output together (OpenAI's TPM); required "
+        "unless an `anthropic` deployment gives `itpm` and `otpm`, whose sum it then is.")
+    itpm: int | None = Field(
+        default=None, gt=0,
+        description="`anthropic` only: input tokens per minute, limited apart from output "
+        "(set with `otpm`, instead of `tpm`).")
+    otpm: int | None = Field(
+        default=None, gt=0,
+        description="`anthropic` only: output tokens per minute (set with `itpm`).")
+    anthropic_version: str = Field(
+        default=ANTHROPIC_VERSION,
+        description="`anthropic` and `anthropic-batch`: the `anthropic-version` header of every "
+        "call.")
+    burst_seconds: float = Field(
+        default=60.0, gt=0, le=60,
+        description="The window the provider enforces its per-minute limits over: 60 for a "
+        "minute, 1 for providers that enforce per second (OpenAI says it may). The buckets "
+        "hold limit x `burst_seconds` / 60.")
+    default_max_tokens: int = Field(
+        default=1024, gt=0,
+        description="Counted at admission (and sent to Anthropic, which requires one) when a "
+        "request sets no max tokens; keep it at or above the provider's own default so "
+        "quotaflow never under-counts.")
+    reconcile_usage: bool | Literal["auto"] = Field(
+        default="auto",
+        description="Whether the provider gives back the unused part of `max_tokens` after a "
+        "call: `auto` learns it from its rate-limit headers (no refunds until they show "
+        "them), `true` and `false` force it (`true` for a server sending no such headers, "
+        "such as vLLM).")
+    safety_margin_s: float = Field(
+        default=0.25, ge=0, le=10,
+        description="Budget kept in hand, in seconds of refill: at least the time a request "
+        "takes to reach the provider (a full provider bucket loses that refill).")
+    timeout_s: float = Field(default=60.0, gt=0,
+                             description="Seconds one HTTP call to the provider may take.")
+    max_concurrency: int = Field(
+        default=16, gt=0,
+        description="Calls in flight per batch run on this deployment; raise it (64-256) to "
+        "feed an inference server's batching.")
+    weight: float = Field(
+        default=1.0, gt=0,
+        description="Routing: utilisation is divided by it, so a deployment of weight 2 runs "
+        "twice as full as its peers, and ties are broken in proportion to the weights.")
+    quota: str | None = Field(
+        default=None,
+        description="Deployments naming one quota share one upstream limit (one key or "
+        "organisation behind several endpoints): they spend one budget, must declare the same "
+        "limits, and a 429 quiets them all.")
+    circuit_failures: int = Field(
+        default=5, gt=0,
+        description="The circuit opens after this many failures in a row (5xx, timeouts, "
+        "resets, malformed answers; never 429s).")
+    circuit_cooldown_s: float = Field(
+        default=30.0, gt=0,
+        description="How long an open circuit waits before it lets one probe request through.")
+    input_per_mtok: float | None = Field(
+        default=None, ge=0,
+        description="Price per million prompt tokens (with `output_per_mtok`: both or "
+        "neither); without prices usage is counted but its cost is unknown.")
+    output_per_mtok: float | None = Field(
+        default=None, ge=0, description="Price per million completion tokens.")
+    cached_input_per_mtok: float | None = Field(
+        default=None, ge=0,
+        description="Price per million cached prompt tokens (needs the other two prices).")
+    currency: str = Field(
+        default="USD", min_length=3, max_length=3,
+        description="The prices' currency: one for all priced deployments.")
 
-    # provider = "openai-batch" / "anthropic-batch" (README, "Provider batch APIs"): the
-    # most lines, bytes and estimated prompt tokens one provider batch holds (None: the
-    # provider's own limits, BATCH_LIMITS; tokens unlimited), and OpenAI's window.
-    batch_max_lines: int | None = Field(default=None, gt=0)
-    batch_max_bytes: int | None = Field(default=None, gt=0)
-    batch_max_tokens: int | None = Field(default=None, gt=0)
-    completion_window: str = "24h"
+    batch_max_lines: int | None = Field(
+        default=None, gt=0,
+        description="`openai-batch` / `anthropic-batch`: the most lines one provider batch "
+        "holds (unset: the provider's own limit, 50,000 at OpenAI, 100,000 at Anthropic).")
+    batch_max_bytes: int | None = Field(
+        default=None, gt=0,
+        description="Batch kinds: the most bytes one provider batch holds (unset: 200 MB at "
+        "OpenAI, 256 MB at Anthropic).")
+    batch_max_tokens: int | None = Field(
+        default=None, gt=0,
+        description="Batch kinds: the most estimated prompt tokens one provider batch holds "
+        "(your organisation's enqueued-token limit; unset: none).")
+    completion_window: str = Field(
+        default="24h", description="`openai-batch`: the completion window its batches ask for.")
 
-    # provider = "local": a model in the worker's own process, on its accelerator
-    # (README, "Local models"). model_path is a directory saved with save_pretrained
-    # (or a hub id, where the worker may download).
-    engine: LocalEngine = "transformers"
-    model_path: str | None = None
-    # auto: bfloat16 on a GPU that supports it, else float32 (CPUs are slow in half precision).
-    dtype: LocalDtype = "auto"
-    # auto: cuda when present, else cpu; or "cpu", "cuda", "cuda:1".
-    device: str = "auto"
-    # A model batch holds at most max_batch_size requests and max_batch_tokens padded
-    # tokens (rows x (longest prompt + largest max_tokens)), which bounds its memory.
-    max_batch_size: int = Field(default=16, gt=0, le=4096)
-    max_batch_tokens: int = Field(default=65536, gt=0)
-    # How long the first request of a batch waits for more to join it.
-    max_wait_ms: float = Field(default=20.0, ge=0, le=10_000)
-    # Generation defaults for requests that do not say (0 means greedy).
-    default_temperature: float = Field(default=1.0, ge=0, le=2)
-    default_top_p: float = Field(default=1.0, gt=0, le=1)
+    engine: LocalEngine = Field(
+        default="transformers",
+        description="`local`: the in-process engine (transformers, the one so far).")
+    model_path: str | None = Field(
+        default=None,
+        description="`local` (required): a directory written by `save_pretrained` (weights "
+        "and tokenizer), or a hub id where the worker may download.")
+    dtype: LocalDtype = Field(
+        default="auto",
+        description="`local`: `auto` is bfloat16 on a GPU that supports it (float16 without "
+        "bf16), float32 on a CPU (CPUs are slow in half precision).")
+    device: str = Field(
+        default="auto",
+        description="`local`: `auto` is cuda when present, else cpu; or `cpu`, `cuda`, "
+        "`cuda:1`. A named device that is not there is refused before the model loads.")
+    max_batch_size: int = Field(
+        default=16, gt=0, le=4096, description="`local`: the most requests in one model batch.")
+    max_batch_tokens: int = Field(
+        default=65536, gt=0,
+        description="`local`: the most padded tokens in one model batch (rows x (longest "
+        "prompt + largest max_tokens)), which bounds its memory.")
+    max_wait_ms: float = Field(
+        default=20.0, ge=0, le=10_000,
+        description="`local`: how long the first request of a model batch waits for more to "
+        "join it.")
+    default_temperature: float = Field(
+        default=1.0, ge=0, le=2,
+        description="`local`: the temperature of requests that set none (0: greedy).")
+    default_top_p: float = Field(default=1.0, gt=0, le=1,
+                                 description="`local`: the top_p of requests that set none.")
 
     @model_validator(mode="before")
     @classmethod

@@ -2,7 +2,7 @@
 
 A deployment (quotaflow/deployment.py) is one provider endpoint + model + key with its
 own limits; a route sends a model's requests to a group of deployments (and a
-fallback). The file is TOML (README, "Deployments file"); without one, quotaflow runs
+fallback). The file is TOML (docs/deployments/index.md); without one, quotaflow runs
 on the built-in simulated mock provider.
 """
 

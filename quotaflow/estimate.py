@@ -132,7 +132,7 @@ def scan_file(stream: IO[bytes], settings: Settings, deployments: Deployments,
 
 def estimate_object(found: FileEstimate, session: Session, settings: Settings,
                     tenant: str) -> dict[str, Any]:
-    """The estimate as the API answers it (README, "Estimate before you submit")."""
+    """The estimate as the API answers it (docs/formats/estimate.md)."""
     scan, counts, deployments = found.scan, found.counts, found.counts.deployments
     routes = [_route_object(found, route) for route in scan.routes]
     cost, complete = found.cost

@@ -4,7 +4,7 @@ Celery takes a queue's messages in order, so a tenant that submits after another
 has queued thousands of batches would wait behind all of them. Marking the tenant as
 waiting (quotaflow/fairshare.py) makes the others' batches hand their slots back
 until a worker reaches one of its batches. Realtime batches have workers of their
-own (README, "Realtime under a bulk flood") and are not marked; nor are a local
+own (docs/concepts/queues.md) and are not marked; nor are a local
 deployment's (their workers take no other queue).
 """
 

@@ -1,4 +1,4 @@
-"""What an image or a file in a prompt costs in tokens at admission (README, "Input").
+"""What an image or a file in a prompt costs in tokens at admission (docs/formats/input.md).
 
 An image is never counted as its base64 characters / 4 (a 100 KB PNG would be 34,000
 tokens): OpenAI meters it by size and `detail`. "low" is 85 tokens; "high" and "auto"

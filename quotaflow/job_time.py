@@ -64,7 +64,7 @@ def route_budgets(deployments: Deployments, route_name: str) -> dict[str, Budget
 def _combined(budget: Budget) -> Budget:
     """A split budget (itpm and otpm) as one tokens budget of itpm + otpm: the estimate
     counts prompt and max_tokens together, so it is approximate where one of the two
-    binds (README, "Anthropic")."""
+    binds (docs/deployments/anthropic.md)."""
     if not budget.split:
         return budget
     return dataclasses.replace(budget, tpm=budget.tpm + budget.itpm, itpm=0.0)

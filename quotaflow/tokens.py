@@ -5,7 +5,7 @@ plus max_tokens (the most the reply may use); the real count arrives later in
 `usage`. The limiter and the mock provider both count with these functions, so
 they run once per request at admission and walk the body once, without
 re-encoding it: text is counted by its characters, images and files by their own
-rule (quotaflow/images.py), never by their base64. The rule is README's ("Input").
+rule (quotaflow/images.py), never by their base64. The rule is docs/formats/input.md's.
 """
 
 import json

@@ -6,7 +6,7 @@ TRANSLATED for the other family, at prepare time (quotaflow/execution/prepare.py
 quotaflow/pbatch/clients.py): `to_anthropic.messages_request` (OpenAI chat ->
 Messages) and `to_openai.chat_request` (Messages params -> OpenAI chat). A field with
 no faithful equivalent fails the line with `Untranslatable` naming it; nothing is
-dropped silently (README, "Anthropic": the table of what maps to what). Answers are
+dropped silently (docs/deployments/anthropic.md: the table of what maps to what). Answers are
 made over in quotaflow/anthropic_messages.py. `view.counting_view` is what ingest
 stores beside an Anthropic line's params: enough of an OpenAI body to route and count
 it, never sent anywhere.

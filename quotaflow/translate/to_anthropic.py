@@ -1,7 +1,7 @@
 """An OpenAI chat body as an Anthropic Messages request, for an anthropic deployment.
 
 Every top-level field is mapped, dropped because it cannot change the answer, or
-refused by name (README, "Anthropic", the translation table). An Anthropic-format
+refused by name (docs/deployments/anthropic.md, the translation table). An Anthropic-format
 line's own params (kept beside its stored view under ANTHROPIC_PARAMS) go as written,
 only `model` set by the deployment: that path costs one dict copy, as before.
 """

@@ -4,7 +4,7 @@ deployment (provider openai, mock, local, openai-batch).
 Done at prepare time, not at ingest: the same line may be routed to an anthropic
 deployment, which sends its params as written, so a field only OpenAI cannot take must
 fail the line only where it goes to OpenAI. Every top-level field is mapped, dropped
-because it cannot change the answer, or refused by name (README, "Anthropic").
+because it cannot change the answer, or refused by name (docs/deployments/anthropic.md).
 """
 
 from typing import Any

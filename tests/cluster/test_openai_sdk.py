@@ -230,16 +230,15 @@ def test_queue_header_and_file_deletion(cluster: V1Cluster, tmp_path: Path) -> N
             client.files.content(seen.output_file_id).text.splitlines()] == ["j-1", "j-2"]
 
 
-def test_the_readme_snippet_runs_as_pasted(cluster: V1Cluster, tmp_path: Path) -> None:
-    # Given the README's SDK example, only pointed at this cluster's port
-    readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index("## OpenAI-compatible Batch API"):]
-    snippet = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+def test_the_docs_snippet_runs_as_pasted(cluster: V1Cluster, tmp_path: Path) -> None:
+    # Given the docs' SDK example (docs/api/openai.md), only pointed at this cluster's port
+    page = (ROOT / "docs" / "api" / "openai.md").read_text()
+    snippet = re.search(r"```python\n(.*?)```", page, re.S).group(1)
     assert "http://127.0.0.1:8000/v1" in snippet
     script = tmp_path / "snippet.py"
     script.write_text(snippet.replace("http://127.0.0.1:8000", cluster.api_url)
                       + "print(batch.status, len(output.splitlines()), repr(errors))\n")
-    write_jsonl(tmp_path / "prompts.jsonl", [chat_line(f"readme-{i}") for i in range(3)])
+    write_jsonl(tmp_path / "prompts.jsonl", [chat_line(f"docs-{i}") for i in range(3)])
     # When it runs in a fresh interpreter, with the key in the environment
     ran = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True,
                          text=True, timeout=120,

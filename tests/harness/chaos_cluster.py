@@ -1,7 +1,7 @@
 """A whole cluster on servers of its own, for faults: PostgreSQL and Redis we may stop,
 kill or restart, the API, four workers and a strict mock provider, all on defaults.
 
-Each fault test prints one row of the reliability table (README "Reliability"):
+Each fault test prints one row of the reliability table (docs/operations/reliability.md):
 the rows are collected here and shown at the end of the test session
 (conftest.pytest_terminal_summary).
 """

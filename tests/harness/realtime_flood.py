@@ -7,7 +7,7 @@ saturate it and every bulk worker slot; then a 10-line realtime job is submitted
 each of its lines' latency is measured from the job's creation to its answer's
 (results.answered_at). Two worker layouts:
 
-- "split" (compose.yml, README "Realtime under a bulk flood"): one worker consumes
+- "split" (compose.yml, docs/concepts/queues.md): one worker consumes
   only `realtime`, the others `standard,bulk`. A realtime message never waits behind a
   bulk batch for a pool slot or in a queue, and the bulk queue's priority floor (20%
   of the bucket) leaves budget for it.

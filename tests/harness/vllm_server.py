@@ -50,7 +50,7 @@ def write_model(path: Path) -> Path:
 
 
 def server_argv(python: str, model_dir: Path, name: str, port: int) -> list[str]:
-    """The server as an operator starts it (README, "Local models"), plus what a test on
+    """The server as an operator starts it (docs/deployments/local.md), plus what a test on
     CPU wants: --enforce-eager skips the torch.compile warm-up (30 s of a 60 s start on
     2 cores); --enable-request-id-headers sends x-request-id, which the output line
     carries; a tool parser, so a named tool_choice is served."""

@@ -211,7 +211,7 @@ def test_a_deployment_that_cannot_serve_the_endpoint_fails_the_line_naming_both(
     refused = preparer.prepare(MODERATIONS, llama, item)
     assert refused == Failure(FailureCode.UNSUPPORTED_ENDPOINT, (
         "deployment 'llama' (provider local) does not serve /v1/moderations; route this "
-        "model to a deployment that does (README, \"Provider kinds\")"))
+        "model to a deployment that does (docs/deployments/index.md, \"Provider kinds\")"))
     assert str(FailureCode.UNSUPPORTED_ENDPOINT) == "unsupported_endpoint"
     refused = preparer.prepare(RESPONSES, claude, item)
     assert isinstance(refused, Failure) and "'claude' (provider anthropic)" in refused.message
