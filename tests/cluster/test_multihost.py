@@ -109,6 +109,8 @@ def test_partitions_of_a_worker_host_lose_nothing_and_send_nothing_twice(
     _check(row)
     assert row.rejected_429 == 0, row.notes
     assert row.notes["429s while B cut from Redis and PostgreSQL"] == 0, row.notes
+    assert row.notes["cuts until one caught B mid-transaction (B cut from Redis and "
+                     "PostgreSQL)"] is not None, row.notes
     # And host C carried on meanwhile: B's open transaction was ended by PostgreSQL after
     # IDLE_IN_TRANSACTION_S, not left to hold the job's spend row (and every other
     # worker's writes) until B came back; at 20 requests a second, 4 s of the 10 make 80

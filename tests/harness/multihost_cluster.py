@@ -262,6 +262,14 @@ class MultihostCluster:
                 "SELECT 1 FROM pg_stat_activity AS w WHERE a.pid = ANY(pg_blocking_pids(w.pid)))"),
                 {"addr": self.net.address(host)})
 
+    def open_transactions(self, host: str) -> int:
+        """`host`'s sessions inside a transaction now: a cut made at once catches one open."""
+        with self.sessions()() as session:
+            return session.scalar(text(
+                "SELECT count(*) FROM pg_stat_activity WHERE client_addr = CAST(:addr AS inet) "
+                "AND xact_start IS NOT NULL AND state IN ('active', 'idle in transaction')"),
+                {"addr": self.net.address(host)})
+
     def round_trip_ms(self, host: str = "b", pings: int = 30) -> float:
         """The median time of a Redis PING from `host`, through its proxy: the network's RTT
         as an application there sees it."""
