@@ -7,13 +7,13 @@ from fastapi import Depends, Header, Path, Query
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session, sessionmaker
 
-from quotaflow.auth import operator_for_key, tenant_for_key
+from quotaflow.budget.limiter import Limiter
 from quotaflow.config import Settings, get_settings
 from quotaflow.constants import DEFAULT_TENANT
-from quotaflow.deployments import Deployments
-from quotaflow.dispatch import Dispatcher
-from quotaflow.ratelimit import Limiter
+from quotaflow.deployments.catalog import Deployments
+from quotaflow.dispatch.queues import Dispatcher
 from quotaflow.runtime import Runtime
+from quotaflow.tenants.keys import operator_for_key, tenant_for_key
 from workers.dispatch import CeleryDispatcher
 
 

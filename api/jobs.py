@@ -1,8 +1,8 @@
 """quotaflow's own job routes: create a job from a JSONL upload, follow it, download results.
 
-Routes only translate HTTP to quotaflow.ingest and quotaflow.jobs calls, and act for
-the tenant of the request's API key (api.deps.tenant): another tenant's job is "not
-found". The OpenAI-compatible routes under /v1 are api.v1.
+Routes only translate HTTP to quotaflow.ingest.pipeline and quotaflow.jobs.service calls, and
+act for the tenant of the request's API key (api.deps.tenant): another tenant's job is
+"not found". The OpenAI-compatible routes under /v1 are api.v1.
 """
 
 import json
@@ -26,10 +26,16 @@ from api.deps import (
 )
 from api.errors import responses
 from api.v1 import FORM_OVERHEAD_BYTES
-from quotaflow import estimate, ingest, job_view, jobs, output, report_data, retention
+from quotaflow.compat import retention
 from quotaflow.config import get_settings
 from quotaflow.constants import DEFAULT_QUEUE
 from quotaflow.errors import InvalidParameter
+from quotaflow.ingest import estimate
+from quotaflow.ingest import pipeline as ingest
+from quotaflow.jobs import service as jobs
+from quotaflow.jobs import view as job_view
+from quotaflow.observe import report_data
+from quotaflow.results import output
 
 JSONL = "application/jsonl"
 REPLAYED_HEADER = "Idempotent-Replayed"
@@ -149,7 +155,7 @@ def job_report(job_id: IdPath, session: SessionDep, deployments: DeploymentsDep,
                tenant: TenantDep) -> HTMLResponse:
     """The job's report: one self-contained HTML page (plots as inline SVG) of its
     admissions against each deployment's budget, outcomes, latency, errors and usage."""
-    from quotaflow import report  # matplotlib loads on the first report, not at start
+    from quotaflow.observe import report  # matplotlib loads on the first report, not at start
 
     retention.require_results(jobs.get_job(session, job_id, tenant))  # 404 once deleted
     data = report_data.report_data(session, job_id, report_data.budgets(deployments), tenant)

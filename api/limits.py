@@ -6,8 +6,8 @@ from fastapi import APIRouter, Depends
 
 from api.deps import DeploymentsDep, LimiterDep, operator
 from api.errors import responses
+from quotaflow.budget.limiter import describe
 from quotaflow.errors import DeploymentNotFound
-from quotaflow.ratelimit import describe
 
 router = APIRouter(tags=["limits"], dependencies=[Depends(operator)])
 

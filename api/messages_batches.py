@@ -1,7 +1,7 @@
 """Anthropic's Message Batches API under /v1/messages/batches, so the official Anthropic
 SDK's `client.messages.batches` runs against quotaflow unchanged.
 
-Shapes, cursors and the rest of the logic are quotaflow.message_batches'; errors are
+Shapes, cursors and the rest of the logic are quotaflow.compat.anthropic_batches'; errors are
 Anthropic's `{"type": "error", "error": {...}}` (api/anthropic_errors.py), never a 500
 for a bad request nor FastAPI's 422. The key comes as `x-api-key` (Anthropic's header)
 or `Authorization: Bearer` (api/deps.py); `anthropic-version` is accepted and ignored.
@@ -27,11 +27,13 @@ from api.deps import (
     SettingsDep,
     TenantDep,
 )
-from quotaflow import jobs, message_batches, retention
+from quotaflow.compat import anthropic_batches as message_batches
+from quotaflow.compat import retention
+from quotaflow.compat.anthropic_batch_body import BatchTooLarge
 from quotaflow.errors import InvalidRequest, JobStateError
-from quotaflow.message_batch_body import BatchTooLarge
+from quotaflow.jobs import service as jobs
 from quotaflow.models import Job
-from quotaflow.output import output_chunks
+from quotaflow.results.output import output_chunks
 
 
 async def anthropic_version(anthropic_version: Annotated[str | None, Header(
@@ -45,7 +47,7 @@ router = APIRouter(prefix="/v1/messages/batches", tags=["Anthropic-compatible"],
 
 CursorQuery = Annotated[str | None, Query(pattern=ID_PATTERN)]
 # The schema of the create body, for the docs: the route reads the raw bytes itself
-# (quotaflow/message_batch_body.py), so a 256 MB body is never Python objects at once.
+# (quotaflow/compat/anthropic_batch_body.py), so a 256 MB body is never Python objects at once.
 CREATE_BODY = {"requestBody": {"required": True, "content": {"application/json": {"schema": {
     "type": "object", "required": ["requests"], "additionalProperties": False,
     "properties": {"requests": {"type": "array", "minItems": 1, "items": {

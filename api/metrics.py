@@ -13,7 +13,7 @@ from fastapi import APIRouter, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from api.deps import runtime
-from quotaflow.gauges import StateCollector
+from quotaflow.observe.gauges import StateCollector
 
 router = APIRouter(tags=["metrics"])
 

@@ -2,7 +2,7 @@
 
 Shapes and status codes follow OpenAI's API reference, errors included (api/errors.py:
 a bad parameter is a 400 naming it, never FastAPI's 422); the logic lives in
-quotaflow.files and quotaflow.batches. One extension: the queue a batch runs
+quotaflow.compat.files and quotaflow.compat.openai_batches. One extension: the queue a batch runs
 on, from the X-Quotaflow-Queue header or metadata["quotaflow_queue"].
 """
 
@@ -26,8 +26,11 @@ from api.deps import (
     TenantDep,
 )
 from api.errors import responses
-from quotaflow import batches, files, jobs, output, retention
+from quotaflow.compat import files, retention
+from quotaflow.compat import openai_batches as batches
 from quotaflow.config import get_settings
+from quotaflow.jobs import service as jobs
+from quotaflow.results import output
 
 router = APIRouter(prefix="/v1", tags=["OpenAI-compatible"])
 # PostgreSQL text and JSONB cannot hold NUL characters.
@@ -46,7 +49,7 @@ class CreateBatch(BaseModel):
     metadata: dict[Annotated[str, Field(max_length=64, pattern=NO_NUL)],
                    Annotated[str, Field(max_length=512, pattern=NO_NUL)]] | None = Field(
         default=None, max_length=16)
-    # {"anchor": "created_at", "seconds": 3600..2592000}: checked by quotaflow.retention,
+    # {"anchor": "created_at", "seconds": 3600..2592000}: checked by quotaflow.compat.retention,
     # whose errors name the part at fault (output_expires_after.seconds).
     output_expires_after: dict[str, Any] | None = None
 

@@ -3,7 +3,7 @@
 For each share of long requests, a clustered file (shorts first) and a shuffled one run
 on four workers against a strict mock provider at 2,400 RPM and a TPM that a half-long
 file needs as much as RPM (tests/harness/long_ratio.py), once in line order
-(QUOTAFLOW_ADMISSION_ORDER=fifo) and once size-aware (mixed, quotaflow/mixing.py).
+(QUOTAFLOW_ADMISSION_ORDER=fifo) and once size-aware (mixed, quotaflow/dispatch/mixing.py).
 Prints, per run: seconds against the lower bound max(requests / RPM, tokens / TPM),
 requests per minute, max(RPM use, TPM use) over the run, the p95 of short and of long
 requests' answer times (from the job's first admission), and the provider's 429s.

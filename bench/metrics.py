@@ -5,7 +5,7 @@
 Runs in prometheus_client's multiprocess mode (a temporary PROMETHEUS_MULTIPROC_DIR,
 as `quotaflow worker --metrics-port` sets it) and times, per request, what the
 execution loop records: one answered call, an admission per chunk of 16, and a flush
-every 64 calls (quotaflow/metrics.py's Tally), against the same work writing each
+every 64 calls (quotaflow/observe/metrics.py's Tally), against the same work writing each
 sample to the metrics directly (observe() and inc() per request). Then the cost of a
 scrape that sums the files of two pool processes.
 """
@@ -19,7 +19,7 @@ os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="qf-bench-metri
 
 from prometheus_client import CollectorRegistry, generate_latest, multiprocess
 
-from quotaflow import metrics
+from quotaflow.observe import metrics
 
 CALLS = 200_000
 CHUNK = 16

@@ -32,16 +32,16 @@ from pathlib import Path
 from typing import NamedTuple
 
 from bench.e2e import ThrowawayPostgres, ThrowawayRedis, _process_table, tree_cpu
-from quotaflow import jobs
+from quotaflow.budget.buckets import RedisLimiter
+from quotaflow.budget.limiter import Budget
 from quotaflow.config import Settings
 from quotaflow.db import session_factory, upgrade
-from quotaflow.dispatch import BatchRef
-from quotaflow.leases import claim, store_many
-from quotaflow.limiters import RedisLimiter
-from quotaflow.outcomes import Provenance
+from quotaflow.dispatch.queues import BatchRef
+from quotaflow.jobs import service as jobs
 from quotaflow.providers.base import ProviderResponse
-from quotaflow.ratelimit import Budget
-from quotaflow.spend import Billing
+from quotaflow.providers.outcomes import Provenance
+from quotaflow.results.leases import claim, store_many
+from quotaflow.tenants.spend import Billing
 
 CHUNK = 16  # a worker stores a batch's answers a chunk at a time
 BATCH = 100

@@ -11,14 +11,15 @@ from pathlib import Path
 from typing import IO
 
 from cli.progress import request_progress, stderr
-from quotaflow import job_view, jobs
 from quotaflow.config import Settings
 from quotaflow.constants import MOCK_PROVIDER
 from quotaflow.db import upgrade
-from quotaflow.deployments import Deployments
-from quotaflow.dispatch import BatchRef, CollectingDispatcher
+from quotaflow.deployments.catalog import Deployments
+from quotaflow.dispatch.queues import BatchRef, CollectingDispatcher
 from quotaflow.execution import BatchExecutor
-from quotaflow.output import iter_output
+from quotaflow.jobs import service as jobs
+from quotaflow.jobs import view as job_view
+from quotaflow.results.output import iter_output
 from quotaflow.runtime import Runtime
 
 

@@ -34,9 +34,9 @@ def register(cli: click.Group) -> None:
     def create(tenant: str, max_enqueued_tokens: int | None, max_spend: float | None,
                weight: float | None, operator: bool) -> None:
         """Create a key for TENANT and print it (shown this once only)."""
-        from quotaflow import auth
         from quotaflow.db import translate_db_errors
         from quotaflow.runtime import Runtime
+        from quotaflow.tenants import keys as auth
 
         with translate_db_errors():
             key = auth.create_key(Runtime(get_settings()).sessions, tenant,
@@ -51,9 +51,9 @@ def register(cli: click.Group) -> None:
     def list_keys() -> None:
         """Key ids, tenants, operator keys, and whether they are revoked (never the keys
         themselves)."""
-        from quotaflow import auth
         from quotaflow.db import translate_db_errors
         from quotaflow.runtime import Runtime
+        from quotaflow.tenants import keys as auth
 
         with translate_db_errors(), Runtime(get_settings()).sessions() as session:
             for row in auth.list_keys(session):
@@ -66,9 +66,9 @@ def register(cli: click.Group) -> None:
     @click.argument("key_id")
     def revoke(key_id: str) -> None:
         """Revoke a key by its id: requests with it get 401 from now on."""
-        from quotaflow import auth
         from quotaflow.db import translate_db_errors
         from quotaflow.runtime import Runtime
+        from quotaflow.tenants import keys as auth
 
         with translate_db_errors():
             auth.revoke_key(Runtime(get_settings()).sessions, key_id)

@@ -15,11 +15,11 @@ from rich.table import Table
 
 from cli.client import ApiClient
 from cli.progress import request_progress
-from quotaflow import logs
 from quotaflow.config import get_settings
 from quotaflow.constants import DEFAULT_QUEUE, QUEUES
+from quotaflow.deployments.pricing import money
 from quotaflow.errors import QuotaflowError
-from quotaflow.pricing import money
+from quotaflow.observe import logs
 
 QUEUE_OPTION = click.option("--queue", type=click.Choice(QUEUES), default=DEFAULT_QUEUE,
                             show_default=True, help="Priority class of the job.")

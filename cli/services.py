@@ -16,10 +16,10 @@ from typing import Any
 
 import click
 
-from quotaflow import logs
 from quotaflow.config import get_settings
 from quotaflow.constants import QUEUES, local_queue
 from quotaflow.errors import ConfigError
+from quotaflow.observe import logs
 from quotaflow.runtime import Runtime
 
 

@@ -1,7 +1,8 @@
 """MkDocs hook: the configuration reference, rendered from the code at build time.
 
 docs/configuration.md holds markers where the tables go; the rows come from the fields
-of `quotaflow.config.Settings` (QUOTAFLOW_* variables) and `quotaflow.deployment.Deployment`
+of `quotaflow.config.Settings` (QUOTAFLOW_* variables) and
+`quotaflow.deployments.deployment.Deployment`
 (a deployments file's `[deployments.NAME]` keys), their types, defaults and
 `Field(description=...)`. A hand-written list drifts from the code; this one cannot, and
 a field without a description stops the build (and tests/unit/test_config_reference.py).
@@ -129,7 +130,7 @@ def settings_table() -> str:
 
 def deployment_table() -> str:
     """Every key of a `[deployments.NAME]` table."""
-    from quotaflow.deployment import Deployment
+    from quotaflow.deployments.deployment import Deployment
 
     return reference_table(Deployment, env_prefix=None)
 

@@ -1,7 +1,7 @@
 """The strict provider's requests and tokens buckets.
 
 They are written here on purpose and share no code with quotaflow's own limiter
-(quotaflow/ratelimit.py): a judge built from the code it judges would agree with
+(quotaflow/budget/limiter.py): a judge built from the code it judges would agree with
 its bugs. Each bucket refills continuously, holds limit x burst_seconds / 60, and
 a request is admitted only if both buckets hold enough, all or nothing, the way
 OpenAI counts.

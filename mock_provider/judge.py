@@ -2,7 +2,7 @@
 
 quotaflow promises zero 429s with the budget nearly fully used, and that promise
 needs a judge that counts the way OpenAI does: admission on arrival at the
-request's estimated cost (prompt + max_tokens, from quotaflow.tokens, because
+request's estimated cost (prompt + max_tokens, from quotaflow.budget.tokens, because
 that is how the provider counts, not how quotaflow limits), then, with
 `reconcile`, billing the real usage and refunding the rest. Every answer is
 simulated (quotaflow.providers.mock); no model is involved.
@@ -32,8 +32,8 @@ from mock_provider.wire import (
     ratelimit_headers,
     retry_headers,
 )
+from quotaflow.budget.tokens import admission_tokens
 from quotaflow.providers.mock import simulated_body
-from quotaflow.tokens import admission_tokens
 
 
 class Judge:

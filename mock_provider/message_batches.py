@@ -22,7 +22,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from mock_provider.messages import error_response, invalid, prompt_of, simulated_message
-from quotaflow.tokens import estimate_tokens
+from quotaflow.budget.tokens import estimate_tokens
 
 CUSTOM_ID = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 MAX_REQUESTS = 100_000

@@ -30,7 +30,7 @@ from fastapi.responses import JSONResponse, Response
 from mock_provider import faults as fault_modes
 from mock_provider.buckets import TokenBucket
 from mock_provider.shapes import messages_problem
-from quotaflow.tokens import estimate_tokens
+from quotaflow.budget.tokens import estimate_tokens
 
 # What Anthropic's Messages API accepts at the top level; anything else is a 400.
 KNOWN_FIELDS = frozenset({"model", "messages", "max_tokens", "system", "temperature", "top_p",
@@ -120,7 +120,7 @@ def error_response(status: int, kind: str, message: str,
 
 
 def prompt_of(body: dict[str, Any]) -> str:
-    """The request's text as quotaflow.tokens flattens a chat body: system first."""
+    """The request's text as quotaflow.budget.tokens flattens a chat body: system first."""
     parts = [] if body.get("system") is None else [_text(body["system"])]
     parts += [_text(m.get("content")) for m in body["messages"]]
     return "\n".join(parts)

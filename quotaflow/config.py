@@ -1,7 +1,7 @@
 """quotaflow's one settings object.
 
 Everything is read from the environment (prefix QUOTAFLOW_) or a .env file;
-the deployments file it names (quotaflow/deployments.py) says which providers
+the deployments file it names (quotaflow/deployments/catalog.py) says which providers
 serve which models. API keys are never in either: a deployment names the
 environment variable that holds its key, and the key is read only at call time.
 """
@@ -20,7 +20,7 @@ from pydantic import (
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from quotaflow.constants import QUEUE_BULK, QUEUE_REALTIME, QUEUE_STANDARD
-from quotaflow.deployments import Deployments, load_deployments
+from quotaflow.deployments.catalog import Deployments, load_deployments
 from quotaflow.errors import ConfigError
 
 # Svix's schedule: at once, then 5 s, 5 min, 30 min, 2 h, 5 h, 10 h, 10 h (about a day).

@@ -27,7 +27,7 @@ TASK_PROCESS_BATCH: Final = "quotaflow.process_batch"
 REDIS_PREFIX: Final = "quotaflow"
 
 # The endpoints quotaflow accepts in a batch line, as OpenAI's Batch API names them
-# (which deployments serve which: quotaflow/capabilities.py).
+# (which deployments serve which: quotaflow/providers/capabilities.py).
 ENDPOINT_RESPONSES: Final = "/v1/responses"
 ENDPOINT_CHAT: Final = "/v1/chat/completions"
 ENDPOINT_COMPLETIONS: Final = "/v1/completions"

@@ -31,7 +31,7 @@ def end_idle_transactions_after(seconds: float) -> None:
     network) holds that transaction's row locks until the server notices the client is
     gone, which TCP keepalive does after about two hours; meanwhile every other worker
     storing results of the same job waits for the lock of the job's spend row
-    (quotaflow/spend.py). The workers' transactions are a few statements sent back to
+    (quotaflow/tenants/spend.py). The workers' transactions are a few statements sent back to
     back, so one that waits this long has lost its client: the server rolls it back and
     the others carry on; the cut-off worker's own batch stores its answers again once it
     is back (insert-or-ignore). Only the workers set it: the API streams output and

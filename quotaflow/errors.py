@@ -84,7 +84,7 @@ class InvalidParameter(InvalidRequest):
 class Untranslatable(InvalidParameter):
     """A request field has no faithful equivalent in the other provider family's API (an
     OpenAI chat body going to Anthropic's Messages API, or back): the line fails naming
-    the field rather than being sent without it (quotaflow/translate/)."""
+    the field rather than being sent without it (quotaflow/providers/translate/)."""
 
 
 class JobNotFound(NotFound):
@@ -97,7 +97,7 @@ class FileNotFound(NotFound):
 
 class ResultsDeleted(NotFound):
     """The job exists, but its results were deleted, on request or when they expired
-    (quotaflow/retention.py): what is gone is "not found", as an expired file at OpenAI."""
+    (quotaflow/compat/retention.py): what is gone is "not found", as an expired file at OpenAI."""
 
 
 class FileTooLarge(InvalidRequest):

@@ -67,7 +67,7 @@ class ItemStatus:
     EXPIRED = "expired"
     # An identical request earlier in the job is sent instead; its result is shared.
     WAITING = "waiting"
-    # Never sent: the tenant's monthly spend limit was reached (quotaflow/spend.py).
+    # Never sent: the tenant's monthly spend limit was reached (quotaflow/tenants/spend.py).
     SPEND_LIMITED = "spend_limited"
     OPEN = (PENDING, RUNNING, WAITING)
 
@@ -106,7 +106,7 @@ class Job(Base):
     # again gets this job back instead of a second one (a retried upload).
     idempotency_key: Mapped[str | None] = mapped_column(String(255))
     # Why a running job stopped sending before its lines were done: "spend_limit_exceeded"
-    # (quotaflow/spend.py). Its unsent lines end with that code; None: it did not stop.
+    # (quotaflow/tenants/spend.py). Its unsent lines end with that code; None: it did not stop.
     stop_reason: Mapped[str | None] = mapped_column(String(32))
     # When the webhook sweep turned the job's end into events (quotaflow/webhooks/outbox.py);
     # None while it runs, and for an ended job not yet swept (migration 0011).
@@ -115,10 +115,10 @@ class Job(Base):
     # results); by default the format of its input file's lines.
     output_format: Mapped[str] = mapped_column(String(16), default="openai",
                                                server_default="openai")
-    # Sharing identical lines (quotaflow/dedup.py): None follows the rule (only lines
+    # Sharing identical lines (quotaflow/ingest/dedup.py): None follows the rule (only lines
     # whose answer cannot differ), True shares every identical line, False none.
     dedup: Mapped[bool | None] = mapped_column(Boolean)
-    # Retention (quotaflow/retention.py, migration 0016): seconds the output is kept after
+    # Retention (quotaflow/compat/retention.py, migration 0016): seconds the output is kept after
     # the job ends (None: kept); when its results were deleted (on request or expiry: the
     # job is then a tombstone), and when the sweep had removed their last row; what the
     # tombstone still reports ({"reason", "counts", "usage"}).
@@ -223,7 +223,7 @@ class Tenant(Base):
     # What it may spend per calendar month; None: QUOTAFLOW_MAX_MONTHLY_SPEND.
     max_monthly_spend: Mapped[float | None] = mapped_column(Numeric(18, 6, asdecimal=False))
     # Its weight in a shared deployment's budget against other tenants' bulk work
-    # (quotaflow/fairshare.py): 3 gets three times the share of a tenant of weight 1.
+    # (quotaflow/budget/fair_share.py): 3 gets three times the share of a tenant of weight 1.
     weight: Mapped[float] = mapped_column(Float, default=1.0, server_default="1")
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
@@ -231,7 +231,7 @@ class Tenant(Base):
 class Spend(Base):
     """What a job's calls cost on one deployment in one month: the ledger spend limits and
     job costs read. Written with the results it bills, in their transaction, from the rows
-    actually inserted, so a batch stored twice is billed once (quotaflow/spend.py)."""
+    actually inserted, so a batch stored twice is billed once (quotaflow/tenants/spend.py)."""
 
     __tablename__ = "spend"
     __table_args__ = (Index("ix_spend_tenant_month", "tenant", "month"),)

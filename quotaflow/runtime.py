@@ -18,22 +18,22 @@ from functools import cached_property
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from quotaflow.circuit import CircuitBreaker, LocalCircuitBreaker, make_breaker
+from quotaflow.budget.buckets import LocalLimiter, make_limiter
+from quotaflow.budget.circuit import CircuitBreaker, LocalCircuitBreaker, make_breaker
+from quotaflow.budget.fair_share import FairShare, make_fair_share
+from quotaflow.budget.limiter import Limiter
 from quotaflow.config import Settings
 from quotaflow.db import session_factory
-from quotaflow.deployments import Deployments
-from quotaflow.dispatch import CollectingDispatcher, Dispatcher, PlacingDispatcher
+from quotaflow.deployments.catalog import Deployments
+from quotaflow.dispatch.fair_waiting import MarkingDispatcher
+from quotaflow.dispatch.queues import CollectingDispatcher, Dispatcher, PlacingDispatcher
 from quotaflow.errors import ConfigError
 from quotaflow.execution import BatchExecutor
-from quotaflow.fair_dispatch import MarkingDispatcher
-from quotaflow.fairshare import FairShare, make_fair_share
-from quotaflow.limiters import LocalLimiter, make_limiter
-from quotaflow.ratelimit import Limiter
 
 # Makes the dispatcher that publishes batches on a broker, given its URL.
 Transport = Callable[[str], Dispatcher]
 
-# A closed circuit is read again after this long (quotaflow/circuit.py): another
+# A closed circuit is read again after this long (quotaflow/budget/circuit.py): another
 # worker's failures reach this one's routing at most this late.
 CIRCUIT_CLOSED_FOR_S = 0.25
 
@@ -86,7 +86,7 @@ class Runtime:
 
     @cached_property
     def fair_share(self) -> FairShare:
-        """Tenants' shares of each budget (quotaflow/fairshare.py); none in process."""
+        """Tenants' shares of each budget (quotaflow/budget/fair_share.py); none in process."""
         return make_fair_share(None if self.in_process else self.settings.limiter_url,
                                self.settings.fair_share)
 

@@ -13,11 +13,11 @@ from typing import Any
 from celery import Celery, signals
 from kombu import Queue
 
-from quotaflow import logs
 from quotaflow.config import get_settings
 from quotaflow.constants import DEFAULT_QUEUE, QUEUES
 from quotaflow.db import end_idle_transactions_after
 from quotaflow.errors import ConfigError
+from quotaflow.observe import logs
 
 
 def create_app() -> Celery:

@@ -13,7 +13,7 @@ send_task for every message.
 
 Every message carries `quotaflow_queued_at` (unix seconds) in its headers: Celery's
 protocol 2 records no send time, and the API's /metrics reads the oldest waiting
-message's to report how long a queue has kept it (quotaflow/gauges.py).
+message's to report how long a queue has kept it (quotaflow/observe/gauges.py).
 """
 
 import base64
@@ -26,7 +26,7 @@ import redis
 from celery import Celery
 
 from quotaflow.constants import TASK_PROCESS_BATCH
-from quotaflow.dispatch import BatchRef
+from quotaflow.dispatch.queues import BatchRef
 from quotaflow.errors import ServiceUnavailable
 
 PIPELINE_MESSAGES = 1000

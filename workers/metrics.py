@@ -3,7 +3,7 @@
 `quotaflow worker --metrics-port PORT` (cli/services.py) starts Celery with
 QUOTAFLOW_WORKER_METRICS_PORT and a fresh PROMETHEUS_MULTIPROC_DIR of its own.
 Every pool process writes its counters to its own files there
-(quotaflow/metrics.py); the main process, which runs no batches, serves
+(quotaflow/observe/metrics.py); the main process, which runs no batches, serves
 /metrics on PORT from a registry that reads them all (prometheus_client's
 multiprocess mode). A pool process that is replaced leaves its files behind, so
 its counts stay in the sums; a worker that restarts starts from zero in a new

@@ -12,13 +12,13 @@ import redis
 from celery.signals import worker_ready, worker_shutting_down
 from sqlalchemy.orm import Session, sessionmaker
 
-from quotaflow import retention
-from quotaflow.batches import fail_abandoned
-from quotaflow.broker_watch import BrokerWatch
+from quotaflow.compat import retention
+from quotaflow.compat.openai_batches import fail_abandoned
 from quotaflow.config import get_settings
 from quotaflow.constants import REDIS_PREFIX
-from quotaflow.jobs import expire_overdue
-from quotaflow.reaper import reap
+from quotaflow.dispatch.broker_watch import BrokerWatch
+from quotaflow.dispatch.reaper import reap
+from quotaflow.jobs.service import expire_overdue
 from quotaflow.runtime import Runtime
 from workers.dispatch import CeleryDispatcher
 

@@ -8,7 +8,7 @@ from celery.signals import worker_init
 from quotaflow.config import get_settings
 from quotaflow.constants import TASK_PROCESS_BATCH
 from quotaflow.db import translate_db_errors
-from quotaflow.dispatch import BatchRef
+from quotaflow.dispatch.queues import BatchRef
 from quotaflow.errors import ConfigError, ServiceUnavailable
 from quotaflow.providers.local import runner_for, serve_only
 from quotaflow.runtime import Runtime

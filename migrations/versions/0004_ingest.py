@@ -3,7 +3,7 @@
 Jobs remember the Idempotency-Key they were created with, unique per tenant.
 
 On PostgreSQL, every item row used to cost more in checks and index upkeep than in
-storing it; ingest writes a million rows in one COPY (quotaflow/ingest.py), so:
+storing it; ingest writes a million rows in one COPY (quotaflow/ingest/pipeline.py), so:
 - items.job_id no longer has a foreign key to jobs: its per-row check (a locking
   lookup of the job for every item) was the largest cost of all. Items are only ever
   written by the transaction that inserts their job, and jobs are never deleted, so

@@ -1,4 +1,4 @@
-"""The broker's last run id, in PostgreSQL (quotaflow/broker_watch.py).
+"""The broker's last run id, in PostgreSQL (quotaflow/dispatch/broker_watch.py).
 
 Kept in Redis before, a restart was noticed only by a worker that had already seen
 the old id: a broker restarted empty within a reaper interval of the workers'

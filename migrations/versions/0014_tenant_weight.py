@@ -1,4 +1,4 @@
-"""A tenant's weight in fair shares of a deployment's budget (quotaflow/fairshare.py).
+"""A tenant's weight in fair shares of a deployment's budget (quotaflow/budget/fair_share.py).
 
 Revision ID: 0014
 Revises: 0013

@@ -1,4 +1,4 @@
-"""A job's choice on sharing identical lines (quotaflow/dedup.py's rule): NULL follows the
+"""A job's choice on sharing identical lines (quotaflow/ingest/dedup.py's rule): NULL follows the
 rule (only lines whose answer cannot differ are shared), true shares every identical
 line, false none.
 

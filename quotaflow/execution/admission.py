@@ -15,18 +15,18 @@ from datetime import timedelta
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from quotaflow.budget.limiter import Admission, Limiter
+from quotaflow.budget.routing import Choice, Router
 from quotaflow.config import Settings
-from quotaflow.deployments import Deployment, Deployments, Route
+from quotaflow.deployments.catalog import Deployment, Deployments, Route
 from quotaflow.errors import ServiceUnavailable
 from quotaflow.execution.admitted import Admitted
 from quotaflow.execution.attempts import LIMITER_DOWN_BACKOFF_S, MAX_ROUTE_WAIT_S, Caller, poll_time
 from quotaflow.execution.batch import BatchRun
 from quotaflow.execution.prepare import Preparer
-from quotaflow.leases import ClaimedItem, end_unsent, release
 from quotaflow.models import utcnow
-from quotaflow.outcomes import Failure
-from quotaflow.ratelimit import Admission, Limiter
-from quotaflow.routing import Choice, Router
+from quotaflow.providers.outcomes import Failure
+from quotaflow.results.leases import ClaimedItem, end_unsent, release
 
 log = logging.getLogger(__name__)
 

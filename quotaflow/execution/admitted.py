@@ -4,10 +4,10 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from quotaflow.deployments import Deployment
-from quotaflow.leases import ClaimedItem
+from quotaflow.budget.limiter import Admission, Budget
+from quotaflow.deployments.catalog import Deployment
 from quotaflow.providers import Provider
-from quotaflow.ratelimit import Admission, Budget
+from quotaflow.results.leases import ClaimedItem
 
 
 @dataclass

@@ -2,25 +2,25 @@
 
 A failed attempt is routed again: a 429 keeps it off the deployments sharing
 that quota, a failure counts against the deployment's circuit (feedback.py);
-the wait between attempts is the retry policy's (quotaflow/retries.py).
+the wait between attempts is the retry policy's (quotaflow/execution/retries.py).
 """
 
 import asyncio
 import logging
 import time
 
-from quotaflow.deployments import Route
+from quotaflow.budget.limiter import Limiter, sleep_time
+from quotaflow.budget.routing import Router
+from quotaflow.deployments.catalog import Route
 from quotaflow.errors import PermanentProviderError, ProviderError, ServiceUnavailable
 from quotaflow.execution.admitted import Admitted
 from quotaflow.execution.batch import BatchRun
 from quotaflow.execution.prepare import Preparer
 from quotaflow.execution.stopping import CODES
-from quotaflow.leases import ClaimedItem
-from quotaflow.metrics import error_code
-from quotaflow.outcomes import NOT_SENT_BECAUSE, Failure, FailureCode, Outcome, Provenance
+from quotaflow.observe.metrics import error_code
 from quotaflow.providers import ProviderResponse
-from quotaflow.ratelimit import Limiter, sleep_time
-from quotaflow.routing import Router
+from quotaflow.providers.outcomes import NOT_SENT_BECAUSE, Failure, FailureCode, Outcome, Provenance
+from quotaflow.results.leases import ClaimedItem
 
 log = logging.getLogger(__name__)
 

@@ -4,16 +4,16 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from quotaflow.anthropic_messages import reshape
-from quotaflow.dispatch import BatchRef
+from quotaflow.dispatch.queues import BatchRef
 from quotaflow.execution.feedback import Feedback
 from quotaflow.execution.hooks import Hooks
+from quotaflow.execution.retries import RetryPolicy
 from quotaflow.execution.stopping import JobWatch
 from quotaflow.execution.writer import ResultWriter
-from quotaflow.leases import ClaimedItem
-from quotaflow.outcomes import Outcome, Provenance
+from quotaflow.providers.anthropic_answers import reshape
 from quotaflow.providers.base import ProviderResponse
-from quotaflow.retries import RetryPolicy
+from quotaflow.providers.outcomes import Outcome, Provenance
+from quotaflow.results.leases import ClaimedItem
 
 
 @dataclass(frozen=True)

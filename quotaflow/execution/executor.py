@@ -19,10 +19,13 @@ from datetime import timedelta
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from quotaflow.circuit import CircuitBreaker, LocalCircuitBreaker
+from quotaflow.budget.circuit import CircuitBreaker, LocalCircuitBreaker
+from quotaflow.budget.fair_share import FairShare
+from quotaflow.budget.limiter import Limiter
+from quotaflow.budget.routing import Router
 from quotaflow.config import Settings
-from quotaflow.deployments import Deployments
-from quotaflow.dispatch import BatchRef
+from quotaflow.deployments.catalog import Deployments
+from quotaflow.dispatch.queues import BatchRef
 from quotaflow.execution import loops, routes
 from quotaflow.execution.admission import Admitter
 from quotaflow.execution.attempts import Caller
@@ -35,14 +38,11 @@ from quotaflow.execution.leasing import keep_leases
 from quotaflow.execution.loops import PROVIDERS, ProviderPool
 from quotaflow.execution.policies import Policies
 from quotaflow.execution.prepare import Preparer
+from quotaflow.execution.retries import RetryPolicy
 from quotaflow.execution.stopping import JobWatch
 from quotaflow.execution.writer import ResultWriter
-from quotaflow.fairshare import FairShare
-from quotaflow.jobs import close_if_done
-from quotaflow.leases import ClaimedItem, claim, leased_elsewhere_for
-from quotaflow.ratelimit import Limiter
-from quotaflow.retries import RetryPolicy
-from quotaflow.routing import Router
+from quotaflow.jobs.service import close_if_done
+from quotaflow.results.leases import ClaimedItem, claim, leased_elsewhere_for
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ class JobFacts:
     tenant: str
     has_duplicates: bool  # some items wait for an identical line's answer
     output_format: str  # "openai" or "anthropic": the shape its answers are stored in
-    weight: float  # its tenant's weight in fair shares of a budget (quotaflow/fairshare.py)
+    weight: float  # its tenant's weight in fair shares of a budget (quotaflow/budget/fair_share.py)
 
 
 class JobFactsCache:

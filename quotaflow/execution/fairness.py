@@ -1,4 +1,4 @@
-"""A batch run's side of the fair shares between tenants (quotaflow/fairshare.py).
+"""A batch run's side of the fair shares between tenants (quotaflow/budget/fair_share.py).
 
 The admission loop asks `before` ahead of each acquire and reports what the limiter
 admitted to `after`; the charge rides on the next ask (one round trip, not two). While
@@ -11,9 +11,9 @@ holding the others back at once rather than after the TTL.
 import time
 from dataclasses import dataclass, field
 
+from quotaflow.budget.fair_share import FairShare, Share, budget_seconds
+from quotaflow.budget.limiter import Budget
 from quotaflow.errors import ServiceUnavailable
-from quotaflow.fairshare import FairShare, Share, budget_seconds
-from quotaflow.ratelimit import Budget
 
 ALONE_S = 0.25
 # The longest one sleep while over the share: the others' progress is not watched.

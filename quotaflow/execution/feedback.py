@@ -20,12 +20,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from quotaflow.circuit import CircuitBreaker
-from quotaflow.deployments import Deployment
+from quotaflow.budget.circuit import CircuitBreaker
+from quotaflow.budget.limiter import Budget, Limiter, Settlement
+from quotaflow.deployments.catalog import Deployment
 from quotaflow.errors import ProviderError, ServiceUnavailable
 from quotaflow.execution.admitted import Admitted
 from quotaflow.providers import ProviderResponse
-from quotaflow.ratelimit import Budget, Limiter, Settlement
 
 log = logging.getLogger(__name__)
 

@@ -36,11 +36,11 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy.orm import Session
 
-from quotaflow.deployments import Route
+from quotaflow.budget.limiter import Budget
+from quotaflow.deployments.catalog import Route
 from quotaflow.execution.admitted import Admitted
-from quotaflow.leases import ClaimedItem
-from quotaflow.ratelimit import Budget
-from quotaflow.spend import Charge
+from quotaflow.results.leases import ClaimedItem
+from quotaflow.tenants.spend import Charge
 
 if TYPE_CHECKING:  # batch.py carries the hooks: a run's type only, to avoid a cycle
     from quotaflow.execution.batch import BatchRun

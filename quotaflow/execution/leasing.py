@@ -11,7 +11,7 @@ from datetime import timedelta
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from quotaflow.leases import renew
+from quotaflow.results.leases import renew
 
 log = logging.getLogger(__name__)
 

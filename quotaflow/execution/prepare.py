@@ -1,20 +1,20 @@
 """An item made ready for one deployment: its body as sent there and what it costs.
 
 A line goes to a deployment of its own family as written (only `model` set), and is
-translated for the other family (quotaflow/translate/); a field that has no
+translated for the other family (quotaflow/providers/translate/); a field that has no
 equivalent there fails the line here, naming it.
 """
 
-from quotaflow.capabilities import unserved
-from quotaflow.deployments import Deployment, Deployments
+from quotaflow.budget.limiter import Budget
+from quotaflow.budget.tokens import admission_tokens, max_output_tokens, prompt_tokens
+from quotaflow.deployments.catalog import Deployment, Deployments
 from quotaflow.errors import ConfigError, RequestTooLarge, Untranslatable
 from quotaflow.execution.admitted import Admitted
 from quotaflow.execution.loops import ProviderPool
-from quotaflow.leases import ClaimedItem
-from quotaflow.outcomes import Failure, FailureCode
-from quotaflow.ratelimit import Budget
-from quotaflow.tokens import admission_tokens, max_output_tokens, prompt_tokens
-from quotaflow.translate.body import request_body
+from quotaflow.providers.capabilities import unserved
+from quotaflow.providers.outcomes import Failure, FailureCode
+from quotaflow.providers.translate.body import request_body
+from quotaflow.results.leases import ClaimedItem
 
 
 class Preparer:
@@ -26,7 +26,7 @@ class Preparer:
 
     def prepare(self, url: str, deployment: Deployment, item: ClaimedItem) -> Admitted | Failure:
         """The item as `deployment` would receive it, or why it cannot go there."""
-        if (refused := unserved(deployment, url)) is not None:  # quotaflow/capabilities.py
+        if (refused := unserved(deployment, url)) is not None:  # providers/capabilities.py
             return refused
         try:
             provider = self.providers.get(deployment)

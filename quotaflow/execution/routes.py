@@ -2,11 +2,11 @@
 deployment of it can take fail here, naming why, before any budget is asked for.
 """
 
-from quotaflow.capabilities import serving_route, unserved_message
-from quotaflow.deployments import Deployments, Route
+from quotaflow.deployments.catalog import Deployments, Route
 from quotaflow.execution.batch import BatchRun
-from quotaflow.leases import ClaimedItem
-from quotaflow.outcomes import Failure, FailureCode
+from quotaflow.providers.capabilities import serving_route, unserved_message
+from quotaflow.providers.outcomes import Failure, FailureCode
+from quotaflow.results.leases import ClaimedItem
 
 
 def route_name(deployments: Deployments, item: ClaimedItem) -> str | None:
@@ -20,7 +20,7 @@ def route_name(deployments: Deployments, item: ClaimedItem) -> str | None:
 def serving(run: BatchRun, deployments: Deployments, name: str | None,
             items: list[ClaimedItem]) -> Route | None:
     """The named route's deployments that serve the job's endpoint
-    (quotaflow/capabilities.py); None, with the items failed, where there are none."""
+    (quotaflow/providers/capabilities.py); None, with the items failed, where there are none."""
     route = deployments.route_named(name)
     if route is None:  # the deployments file changed since the job was made
         for item in items:

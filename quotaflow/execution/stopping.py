@@ -6,7 +6,7 @@ waiting for budget went on sending long after the operator pressed cancel.
 The batch now reads its job's status (and completion window) every
 STOP_CHECK_S while it admits, and ends the items it has not sent as cancelled
 or expired; calls already sent finish and keep their results. Where the tenant
-has a spend limit, the same read adds up its month (quotaflow/spend.py): the first
+has a spend limit, the same read adds up its month (quotaflow/tenants/spend.py): the first
 batch to see the limit reached stops every running job of the tenant.
 """
 
@@ -18,10 +18,10 @@ from sqlalchemy import null, select
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from quotaflow import spend
-from quotaflow.jobs import expire_overdue
+from quotaflow.jobs.service import expire_overdue
 from quotaflow.models import ItemStatus, Job, JobStatus, Tenant, utcnow
-from quotaflow.outcomes import UNSENT_CODES
+from quotaflow.providers.outcomes import UNSENT_CODES
+from quotaflow.tenants import spend
 
 # How often a running batch reads its job's status: one small query per batch per
 # interval, and the most a cancel or an expiry waits to take effect.

@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from quotaflow.leases import ClaimedItem, store_many
-from quotaflow.outcomes import Outcome, Provenance
-from quotaflow.spend import Ledger
+from quotaflow.providers.outcomes import Outcome, Provenance
+from quotaflow.results.leases import ClaimedItem, store_many
+from quotaflow.tenants.spend import Ledger
 
 # Write once this many answers wait, or once the oldest has waited this long.
 FLUSH_SIZE = 64

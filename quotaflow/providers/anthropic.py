@@ -23,10 +23,10 @@ from typing import Any
 import aiohttp
 
 from quotaflow import jsoncodec
-from quotaflow.anthropic_messages import message_usage
 from quotaflow.constants import ENDPOINT_MESSAGES, OUTPUT_ANTHROPIC
-from quotaflow.deployments import Deployment
+from quotaflow.deployments.catalog import Deployment
 from quotaflow.errors import PermanentProviderError, RetryableProviderError
+from quotaflow.providers.anthropic_answers import message_usage
 from quotaflow.providers.base import ProviderResponse
 from quotaflow.providers.openai_compat import RETRYABLE_STATUS, parse_retry_after
 

@@ -12,6 +12,7 @@ import time
 import uuid
 from typing import Any
 
+from quotaflow.budget.tokens import estimate_tokens, prompt_text, prompt_tokens
 from quotaflow.constants import (
     ENDPOINT_COMPLETIONS,
     ENDPOINT_EMBEDDINGS,
@@ -20,7 +21,6 @@ from quotaflow.constants import (
 )
 from quotaflow.providers.base import ProviderResponse, usage_of
 from quotaflow.providers.mock_answers import SIMULATED_FINGERPRINT, moderation_body, response_body
-from quotaflow.tokens import estimate_tokens, prompt_text, prompt_tokens
 
 EMBEDDING_DIMENSIONS = 8
 

@@ -14,8 +14,8 @@ import time
 import uuid
 from typing import Any
 
+from quotaflow.budget.tokens import estimate_tokens, prompt_tokens
 from quotaflow.constants import ENDPOINT_RESPONSES
-from quotaflow.tokens import estimate_tokens, prompt_tokens
 
 SIMULATED_FINGERPRINT = "quotaflow-simulated"
 MODERATION_MODEL = "omni-moderation-latest"

@@ -20,7 +20,7 @@ from typing import Any
 import aiohttp
 
 from quotaflow import jsoncodec
-from quotaflow.deployments import Deployment
+from quotaflow.deployments.catalog import Deployment
 from quotaflow.errors import PermanentProviderError, RetryableProviderError
 from quotaflow.providers.base import ProviderResponse, usage_of
 

@@ -23,7 +23,7 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from quotaflow.db import insert_ignore
-from quotaflow.job_view import job_object
+from quotaflow.jobs.view import job_object
 from quotaflow.models import Job, JobStatus, utcnow
 from quotaflow.webhooks import EVENT_BY_STATUS
 from quotaflow.webhooks.tables import (

@@ -17,13 +17,13 @@ import httpx
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
-from quotaflow import jobs
+from quotaflow.budget.buckets import RedisLimiter
 from quotaflow.config import Settings
-from quotaflow.deployments import load_deployments
-from quotaflow.dispatch import CollectingDispatcher
+from quotaflow.deployments.catalog import load_deployments
+from quotaflow.dispatch.queues import CollectingDispatcher
 from quotaflow.execution import BatchExecutor
-from quotaflow.limiters import RedisLimiter
-from quotaflow.output import iter_output
+from quotaflow.jobs import service as jobs
+from quotaflow.results.output import iter_output
 from tests.harness.anthropic_cluster import SCENARIOS, AnthropicCluster, Scenario
 from tests.harness.procs import Proc, free_port, quotaflow
 from tests.harness.servers import REDIS_URL, service_env

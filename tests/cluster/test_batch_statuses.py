@@ -12,11 +12,13 @@ import pytest
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from quotaflow import batches, files, ingest
+from quotaflow.compat import files
+from quotaflow.compat import openai_batches as batches
 from quotaflow.config import Settings
-from quotaflow.deployments import builtin_deployments
-from quotaflow.dispatch import CollectingDispatcher
+from quotaflow.deployments.catalog import builtin_deployments
+from quotaflow.dispatch.queues import CollectingDispatcher
 from quotaflow.errors import EnqueuedTokenLimit
+from quotaflow.ingest import pipeline as ingest
 from quotaflow.models import Job, JobStatus, utcnow
 from tests.harness.factories import chat_line, jsonl
 

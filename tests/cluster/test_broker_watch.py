@@ -2,7 +2,7 @@
 
 import redis
 
-from quotaflow.broker_watch import BrokerWatch
+from quotaflow.dispatch.broker_watch import BrokerWatch
 
 
 def test_a_restart_is_noticed_once_and_a_new_broker_is_not_a_restart(

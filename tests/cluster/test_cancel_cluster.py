@@ -15,9 +15,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from quotaflow import jobs, output
 from quotaflow.config import Settings
+from quotaflow.jobs import service as jobs
 from quotaflow.models import JobStatus
+from quotaflow.results import output
 from tests.harness.cluster import (
     deployment_file,
     job_status,

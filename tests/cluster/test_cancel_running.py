@@ -12,11 +12,12 @@ import httpx
 import pytest
 from sqlalchemy import update
 
-from quotaflow import jobs, output
-from quotaflow.dispatch import BatchRef
+from quotaflow.budget.buckets import LocalLimiter
+from quotaflow.dispatch.queues import BatchRef
 from quotaflow.execution import BatchExecutor
-from quotaflow.limiters import LocalLimiter
+from quotaflow.jobs import service as jobs
 from quotaflow.models import Job, JobStatus
+from quotaflow.results import output
 from tests.harness.factories import chat_line, jsonl
 
 LINES = 200

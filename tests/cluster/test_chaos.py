@@ -11,9 +11,9 @@ import pytest
 import redis
 from sqlalchemy import func, select
 
-from quotaflow import jobs
 from quotaflow.config import Settings
 from quotaflow.db import session_factory
+from quotaflow.jobs import service as jobs
 from quotaflow.models import Item
 from tests.harness.cluster import (
     deployment_file,

@@ -1,6 +1,6 @@
 """The API killed while it stores a large file: the file is refused or whole, never half.
 
-Ingest is one transaction (quotaflow/ingest.py); a server that dies in the
+Ingest is one transaction (quotaflow/ingest/pipeline.py); a server that dies in the
 middle of its COPY leaves no job and no item behind, and the same upload sent
 again with its Idempotency-Key makes exactly one, whole job.
 """

@@ -8,9 +8,9 @@ import httpx
 import pytest
 import redis
 
-from quotaflow import jobs
 from quotaflow.config import Settings
 from quotaflow.db import session_factory
+from quotaflow.jobs import service as jobs
 from tests.harness.cluster import (
     deployment_file,
     one_result_per_line,

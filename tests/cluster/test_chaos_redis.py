@@ -7,9 +7,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from quotaflow import jobs
 from quotaflow.config import Settings
 from quotaflow.db import session_factory
+from quotaflow.jobs import service as jobs
 from tests.harness.cluster import (
     deployment_file,
     one_result_per_line,

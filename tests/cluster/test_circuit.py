@@ -5,7 +5,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from quotaflow.circuit import (
+from quotaflow.budget.circuit import (
     CircuitBreaker,
     CircuitState,
     LocalCircuitBreaker,

@@ -17,9 +17,9 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from quotaflow import jobs
 from quotaflow.config import Settings
-from quotaflow.output import iter_output
+from quotaflow.jobs import service as jobs
+from quotaflow.results.output import iter_output
 from tests.harness import conformance
 from tests.harness.cluster import start_provider, start_workers
 from tests.harness.conformance import comparable, field_diff

@@ -11,12 +11,14 @@ import httpx
 import pytest
 from sqlalchemy import select
 
-from quotaflow import job_view, jobs, output
+from quotaflow.budget.buckets import LocalLimiter
 from quotaflow.config import Settings
-from quotaflow.dispatch import CollectingDispatcher
+from quotaflow.dispatch.queues import CollectingDispatcher
 from quotaflow.execution import BatchExecutor
-from quotaflow.limiters import LocalLimiter
+from quotaflow.jobs import service as jobs
+from quotaflow.jobs import view as job_view
 from quotaflow.models import Item
+from quotaflow.results import output
 from tests.harness import factories
 from tests.harness.cluster import deployment_file, start_provider
 from tests.harness.factories import jsonl

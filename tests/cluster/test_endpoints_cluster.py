@@ -1,5 +1,5 @@
 """/v1/responses and /v1/moderations end to end: real Celery workers, Redis, Postgres,
-the API, and the strict mock provider counting each request with quotaflow/tokens.py.
+the API, and the strict mock provider counting each request with quotaflow/budget/tokens.py.
 
 A Response job and a moderation job run to OpenAI-shaped output lines with their usage;
 the provider admitted exactly the tokens quotaflow counts (images by their rule, not
@@ -25,10 +25,12 @@ import pytest
 import redis
 from sqlalchemy.orm import Session, sessionmaker
 
-from quotaflow import job_view, jobs, output
+from quotaflow.budget.tokens import admission_tokens, prompt_tokens
 from quotaflow.config import Settings
 from quotaflow.db import session_factory
-from quotaflow.tokens import admission_tokens, prompt_tokens
+from quotaflow.jobs import service as jobs
+from quotaflow.jobs import view as job_view
+from quotaflow.results import output
 from tests.harness.factories import jsonl, write_jsonl
 from tests.harness.procs import Proc, free_port, quotaflow
 from tests.harness.servers import REDIS_URL, ROOT, service_env

@@ -36,7 +36,7 @@ import redis
 from sqlalchemy import text
 
 from quotaflow.db import get_engine
-from quotaflow.tokenizers import counter_for
+from quotaflow.ingest.tokenizers import counter_for
 from tests.harness.factories import chat_line, jsonl
 from tests.harness.procs import Proc, free_port, quotaflow
 from tests.harness.servers import REDIS_URL, ROOT, service_env

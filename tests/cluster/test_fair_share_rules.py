@@ -1,4 +1,4 @@
-"""lua/fair.lua's rules on a real Redis (quotaflow/fairshare.py): weighted shares of a
+"""lua/fair.lua's rules on a real Redis (quotaflow/budget/fair_share.py): weighted shares of a
 budget among the tenants asking for it now, work-conserving, and who gives way to whom
 while a tenant waits for a worker."""
 
@@ -6,9 +6,9 @@ import time
 
 import pytest
 
+from quotaflow.budget.fair_share import QUANTUM_S, RedisFairShare, budget_seconds
+from quotaflow.budget.limiter import Budget
 from quotaflow.execution.fairness import TenantShare
-from quotaflow.fairshare import QUANTUM_S, RedisFairShare, budget_seconds
-from quotaflow.ratelimit import Budget
 
 BUDGET = Budget("fair-rules", rpm=1200, tpm=60000)
 

@@ -8,9 +8,9 @@ import pytest
 import redis
 from sqlalchemy import func, select
 
-from quotaflow import output as downloads
 from quotaflow.config import Settings
 from quotaflow.models import Result
+from quotaflow.results import output as downloads
 from tests.harness.cluster import deployment_file, start_provider, start_workers, submit_and_finish
 from tests.harness.factories import chat_line
 from tests.harness.servers import REDIS_URL, service_env

@@ -8,11 +8,13 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from quotaflow import batches, files, jobs, retention
+from quotaflow.compat import files, retention
+from quotaflow.compat import openai_batches as batches
 from quotaflow.config import Settings
-from quotaflow.deployments import builtin_deployments
-from quotaflow.dispatch import CollectingDispatcher
+from quotaflow.deployments.catalog import builtin_deployments
+from quotaflow.dispatch.queues import CollectingDispatcher
 from quotaflow.errors import FileNotFound, FileTooLarge
+from quotaflow.jobs import service as jobs
 from quotaflow.models import File, FileChunk, Item
 from tests.harness.factories import chat_line, jsonl
 

@@ -6,12 +6,13 @@ import io
 import json
 from pathlib import Path
 
-from quotaflow import jobs, output
-from quotaflow.dispatch import BatchRef
+from quotaflow.budget.buckets import LocalLimiter
+from quotaflow.dispatch.queues import BatchRef
 from quotaflow.execution import BatchExecutor
 from quotaflow.execution.hooks import BatchHook, Hooks
-from quotaflow.limiters import LocalLimiter
+from quotaflow.jobs import service as jobs
 from quotaflow.models import Item, ItemStatus
+from quotaflow.results import output
 from tests.harness.factories import chat_line, jsonl
 from tests.unit.test_hooks import Recorder
 

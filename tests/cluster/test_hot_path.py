@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 from sqlalchemy import event
 
-from quotaflow import jobs
-from quotaflow.circuit import RedisCircuitBreaker
+from quotaflow.budget.buckets import RedisLimiter
+from quotaflow.budget.circuit import RedisCircuitBreaker
+from quotaflow.budget.limiter import Budget, Settlement
 from quotaflow.db import get_engine
-from quotaflow.dispatch import BatchRef
+from quotaflow.dispatch.queues import BatchRef
 from quotaflow.execution import BatchExecutor
-from quotaflow.limiters import RedisLimiter
-from quotaflow.ratelimit import Budget, Settlement
+from quotaflow.jobs import service as jobs
 from tests.harness.factories import chat_line, jsonl
 
 ANSWER = (b'{"id":"chatcmpl-1","object":"chat.completion","created":1,"model":"m",'

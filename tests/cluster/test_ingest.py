@@ -1,4 +1,4 @@
-"""Ingest (quotaflow/ingest.py) in process, on the real PostgreSQL: a refused file leaves
+"""Ingest (quotaflow/ingest/pipeline.py) in process, on the real PostgreSQL: a refused file leaves
 nothing, whatever refused it and however late; identical requests and idempotency keys;
 batch messages written without send_task. (SQLite and the line reader:
 tests/unit/test_ingest.py.)"""
@@ -13,10 +13,12 @@ import pytest
 import redis
 from sqlalchemy import select, text
 
-from quotaflow import ingest, linescan, quotas
-from quotaflow.dispatch import BatchRef, CollectingDispatcher
+from quotaflow.dispatch.queues import BatchRef, CollectingDispatcher
 from quotaflow.errors import EnqueuedTokenLimit, InputFileError
+from quotaflow.ingest import linescan
+from quotaflow.ingest import pipeline as ingest
 from quotaflow.models import Item, Result
+from quotaflow.tenants import quotas
 from tests.harness.factories import HOSTILE_LINES, chat_line, jsonl
 from tests.unit.test_ingest import big_file, make, row_counts
 from workers.dispatch import CeleryDispatcher

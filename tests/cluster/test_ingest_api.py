@@ -15,7 +15,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
 from quotaflow.db import get_engine
-from quotaflow.quotas import tenant_lock_key
+from quotaflow.tenants.quotas import tenant_lock_key
 from tests.harness.factories import HOSTILE_LINES, chat_line, jsonl, write_jsonl
 from tests.harness.openai_cluster import V1Cluster, start_cluster
 from tests.harness.procs import quotaflow

@@ -9,17 +9,18 @@ import pytest
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from quotaflow import job_view, jobs
-from quotaflow import output as downloads
+from quotaflow.budget.buckets import LocalLimiter, RedisLimiter
 from quotaflow.config import Settings
-from quotaflow.dispatch import BatchRef
+from quotaflow.dispatch.queues import BatchRef
+from quotaflow.dispatch.reaper import reap
 from quotaflow.errors import InputFileError, JobStateError
 from quotaflow.execution import LIMITER_DOWN_BACKOFF_S, BatchExecutor
-from quotaflow.leases import claim, renew, store_many
-from quotaflow.limiters import LocalLimiter, RedisLimiter
+from quotaflow.jobs import service as jobs
+from quotaflow.jobs import view as job_view
 from quotaflow.models import Item, Job, JobStatus, Result, utcnow
 from quotaflow.providers.mock import MockProvider
-from quotaflow.reaper import reap
+from quotaflow.results import output as downloads
+from quotaflow.results.leases import claim, renew, store_many
 from tests.harness.factories import chat_line, jsonl
 
 HOUR = timedelta(hours=1)

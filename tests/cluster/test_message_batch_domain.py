@@ -1,5 +1,6 @@
 """Message Batches' domain on a real PostgreSQL: the objects, cursors and deleting
-(quotaflow/message_batches.py, quotaflow/retention.py); the create body as JSONL lines is
+(quotaflow/compat/anthropic_batches.py, quotaflow/compat/retention.py); the create body as
+JSONL lines is
 tests/unit/test_message_batch_domain.py's, the SDK's view of it all
 tests/cluster/test_message_batches.py's."""
 
@@ -10,13 +11,15 @@ import pytest
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from quotaflow import jobs, message_batches, retention
+from quotaflow.budget.buckets import LocalLimiter
+from quotaflow.compat import anthropic_batches as message_batches
+from quotaflow.compat import retention
+from quotaflow.compat.anthropic_batch_body import BatchBodyError
 from quotaflow.config import Settings
-from quotaflow.dispatch import CollectingDispatcher
+from quotaflow.dispatch.queues import CollectingDispatcher
 from quotaflow.errors import InvalidParameter, JobNotFound, JobStateError
 from quotaflow.execution import BatchExecutor
-from quotaflow.limiters import LocalLimiter
-from quotaflow.message_batch_body import BatchBodyError
+from quotaflow.jobs import service as jobs
 from quotaflow.models import Item, Job, Result, Spend, utcnow
 from tests.unit.test_message_batch_domain import body, req
 

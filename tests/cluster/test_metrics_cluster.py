@@ -19,9 +19,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy.orm import Session, sessionmaker
 
-from quotaflow import jobs
 from quotaflow.config import Settings
-from quotaflow.dispatch import BatchRef
+from quotaflow.dispatch.queues import BatchRef
+from quotaflow.jobs import service as jobs
 from tests.harness.cluster import deployment_file, job_status, start_provider
 from tests.harness.factories import chat_line, jsonl
 from tests.harness.procs import Proc, free_port, quotaflow

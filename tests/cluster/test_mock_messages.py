@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from mock_provider.messages import SplitLimits, invalid, prompt_of
-from quotaflow.tokens import estimate_tokens
+from quotaflow.budget.tokens import estimate_tokens
 from tests.harness.procs import Proc, free_port, quotaflow
 from tests.harness.servers import service_env
 

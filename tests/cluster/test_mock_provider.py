@@ -22,8 +22,8 @@ import pytest
 from mock_provider import LeanProvider, MockProviderSettings, app_from_env, create_app
 from mock_provider.buckets import RateLimits, TokenBucket
 from mock_provider.wire import format_reset
+from quotaflow.budget.tokens import admission_tokens
 from quotaflow.errors import ConfigError
-from quotaflow.tokens import admission_tokens
 from tests.harness.servers import ROOT
 
 pytestmark = pytest.mark.timeout(30)

@@ -6,7 +6,7 @@ import json
 
 import redis
 
-from quotaflow.dispatch import BatchRef
+from quotaflow.dispatch.queues import BatchRef
 from tests.unit.test_monitoring_config import keda_redis_lists
 from workers.dispatch import CeleryDispatcher
 

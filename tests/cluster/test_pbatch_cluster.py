@@ -11,9 +11,10 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from quotaflow import jobs, output
+from quotaflow.jobs import service as jobs
 from quotaflow.models import Item, Job, Result, Spend
-from quotaflow.pbatch.clients import OpenAIBatches
+from quotaflow.offload.clients import OpenAIBatches
+from quotaflow.results import output
 from tests.harness.cluster import one_result_per_line
 from tests.harness.pbatch_cluster import (
     BATCH_IN,

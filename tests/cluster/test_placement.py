@@ -8,12 +8,12 @@ from pathlib import Path
 from sqlalchemy import update
 from sqlalchemy.orm import Session, sessionmaker
 
-from quotaflow import jobs
 from quotaflow.config import Settings
-from quotaflow.deployments import Deployments, load_deployments
-from quotaflow.dispatch import BatchRef, PlacingDispatcher
+from quotaflow.deployments.catalog import Deployments, load_deployments
+from quotaflow.dispatch.queues import BatchRef, PlacingDispatcher
+from quotaflow.dispatch.reaper import reap
+from quotaflow.jobs import service as jobs
 from quotaflow.models import Item
-from quotaflow.reaper import reap
 from tests.harness.factories import chat_line, jsonl
 
 DEPLOYMENTS = """

@@ -10,13 +10,13 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from quotaflow import jobs
-from quotaflow import output as downloads
+from quotaflow.budget.buckets import LocalLimiter
 from quotaflow.config import Settings
-from quotaflow.dispatch import CollectingDispatcher
+from quotaflow.dispatch.queues import CollectingDispatcher
 from quotaflow.execution import BatchExecutor
-from quotaflow.limiters import LocalLimiter
+from quotaflow.jobs import service as jobs
 from quotaflow.models import Job, Result
+from quotaflow.results import output as downloads
 from tests.harness.factories import chat_line, jsonl
 from tests.harness.procs import Proc, free_port, quotaflow
 from tests.harness.servers import service_env

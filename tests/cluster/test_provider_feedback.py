@@ -10,10 +10,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from quotaflow import jobs
+from quotaflow.budget.buckets import LocalLimiter
+from quotaflow.budget.limiter import Budget
 from quotaflow.execution import BatchExecutor
-from quotaflow.limiters import LocalLimiter
-from quotaflow.ratelimit import Budget
+from quotaflow.jobs import service as jobs
 from tests.harness.cluster import start_provider
 from tests.harness.factories import chat_line, jsonl
 

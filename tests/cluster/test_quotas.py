@@ -7,10 +7,11 @@ import time
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
-from quotaflow import auth, quotas
 from quotaflow.config import Settings
 from quotaflow.errors import EnqueuedTokenLimit
 from quotaflow.models import Job, JobStatus, utcnow
+from quotaflow.tenants import keys as auth
+from quotaflow.tenants import quotas
 
 
 def add_job(sessions: sessionmaker[Session], tenant: str, tokens: int, status: str) -> None:

@@ -14,9 +14,9 @@ from collections.abc import Iterator
 import pytest
 import redis
 
+from quotaflow.budget.buckets import RedisLimiter, bucket_key
+from quotaflow.budget.limiter import Budget, Settlement, sleep_time
 from quotaflow.errors import ServiceUnavailable
-from quotaflow.limiters import RedisLimiter, bucket_key
-from quotaflow.ratelimit import Budget, Settlement, sleep_time
 from tests.harness.servers import REDIS_URL
 
 # The suite, collected here too: its tests take `limiter` from this module.

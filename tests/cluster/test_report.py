@@ -18,10 +18,11 @@ from sqlalchemy import select
 
 from api import deps
 from api.app import create_app
-from quotaflow import auth, report, report_data
+from quotaflow.budget.buckets import make_limiter
 from quotaflow.config import get_settings
-from quotaflow.limiters import make_limiter
 from quotaflow.models import Result
+from quotaflow.observe import report, report_data
+from quotaflow.tenants import keys as auth
 from tests.cluster.test_provenance import mock_deployments, run_job  # noqa: F401  (a fixture)
 
 PLOTS = ("requests", "tokens", "outcomes", "latency", "split")

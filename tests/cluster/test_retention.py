@@ -12,19 +12,23 @@ import pytest
 from sqlalchemy import event, func, select, text, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from quotaflow import files, ingest, job_view, jobs, output, retention
+from quotaflow.compat import files, retention
 from quotaflow.config import Settings
 from quotaflow.db import get_engine
-from quotaflow.deployments import builtin_deployments
-from quotaflow.dispatch import BatchRef, CollectingDispatcher
+from quotaflow.deployments.catalog import builtin_deployments
+from quotaflow.dispatch.queues import BatchRef, CollectingDispatcher
 from quotaflow.errors import (
     FileNotFound,
     JobNotFound,
     JobStateError,
     ResultsDeleted,
 )
-from quotaflow.leases import claim
+from quotaflow.ingest import pipeline as ingest
+from quotaflow.jobs import service as jobs
+from quotaflow.jobs import view as job_view
 from quotaflow.models import File, FileChunk, Item, ItemStatus, Job, JobStatus, Result, utcnow
+from quotaflow.results import output
+from quotaflow.results.leases import claim
 from tests.harness.factories import chat_line, jsonl
 
 

@@ -11,11 +11,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from quotaflow import jobs
-from quotaflow.dispatch import CollectingDispatcher
+from quotaflow.budget.buckets import LocalLimiter
+from quotaflow.dispatch.queues import CollectingDispatcher
 from quotaflow.execution import BatchExecutor
-from quotaflow.limiters import LocalLimiter
-from quotaflow.retries import RetryPolicy
+from quotaflow.execution.retries import RetryPolicy
+from quotaflow.jobs import service as jobs
 from tests.harness.cluster import deployment_file
 from tests.harness.factories import chat_line, jsonl
 from tests.harness.procs import Proc, free_port, quotaflow
@@ -24,7 +24,7 @@ from tests.harness.servers import service_env
 
 def test_a_long_wait_is_clamped_and_logged(caplog: pytest.LogCaptureFixture) -> None:
     policy = RetryPolicy(max_wait_s=60)
-    with caplog.at_level(logging.WARNING, logger="quotaflow.retries"):
+    with caplog.at_level(logging.WARNING, logger="quotaflow.execution.retries"):
         assert policy.provider_wait(600, "clamped-dep") == 60
         assert policy.provider_wait(601, "clamped-dep") == 60  # logged once a minute
     assert policy.provider_wait(30, "clamped-dep") == 30

@@ -8,7 +8,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from quotaflow.circuit import CircuitState, RedisCircuitBreaker
+from quotaflow.budget.circuit import CircuitState, RedisCircuitBreaker
 from quotaflow.config import Settings
 from tests.harness.cluster import (
     one_result_per_line,

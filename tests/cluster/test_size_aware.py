@@ -4,7 +4,7 @@ provider whose RPM and TPM that file needs alike (tests/harness/long_ratio.py).
 
 In line order ("fifo") the shorts spend RPM with TPM to spare, then the longs spend
 TPM with RPM to spare: about 1.45 x the lower bound max(requests / RPM, tokens / TPM).
-Mixed (quotaflow/mixing.py, the default) must come within 10% of the bound (5% in
+Mixed (quotaflow/dispatch/mixing.py, the default) must come within 10% of the bound (5% in
 bench/long_ratio.py's longer runs), with no more 429s and the long requests' p95 no
 later than in line order. The fifo run is the control: it shows the file is one that
 line order cannot pack."""

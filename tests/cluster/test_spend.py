@@ -16,21 +16,23 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from quotaflow import auth, output, spend
+from quotaflow.budget.buckets import LocalLimiter
 from quotaflow.config import Settings
-from quotaflow.dispatch import CollectingDispatcher
+from quotaflow.deployments.pricing import Prices
+from quotaflow.dispatch.queues import CollectingDispatcher
 from quotaflow.errors import SpendLimitExceeded
 from quotaflow.execution import BatchExecutor
-from quotaflow.gauges import StateCollector
-from quotaflow.ingest import JobSpec, create_job
-from quotaflow.job_view import job_object
-from quotaflow.leases import ClaimedItem, store_many
-from quotaflow.limiters import LocalLimiter
+from quotaflow.ingest.pipeline import JobSpec, create_job
+from quotaflow.jobs.view import job_object
 from quotaflow.models import Item, ItemStatus, Job, JobStatus, Result, Spend
-from quotaflow.outcomes import Provenance
-from quotaflow.pricing import Prices
+from quotaflow.observe.gauges import StateCollector
 from quotaflow.providers.base import ProviderResponse
+from quotaflow.providers.outcomes import Provenance
+from quotaflow.results import output
+from quotaflow.results.leases import ClaimedItem, store_many
 from quotaflow.runtime import Runtime
+from quotaflow.tenants import keys as auth
+from quotaflow.tenants import spend
 from tests.harness.api_app import app_client
 from tests.harness.factories import chat_line, jsonl
 

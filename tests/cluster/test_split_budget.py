@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from quotaflow.limiters import RedisLimiter
+from quotaflow.budget.buckets import RedisLimiter
 
 # The suite, collected here too: its tests take `limiter` from this module.
 from tests.unit.test_split_budget import (  # noqa: F401

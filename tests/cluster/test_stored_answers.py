@@ -5,9 +5,10 @@ import io
 import json
 from datetime import timedelta
 
-from quotaflow import jobs, leases, output
-from quotaflow.dispatch import BatchRef
+from quotaflow.dispatch.queues import BatchRef
+from quotaflow.jobs import service as jobs
 from quotaflow.providers.base import ProviderResponse
+from quotaflow.results import leases, output
 from tests.harness.factories import chat_line, jsonl
 
 

@@ -23,13 +23,15 @@ import redis
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from quotaflow import job_view, jobs, output
+from quotaflow.budget.buckets import RedisLimiter, bucket_key
+from quotaflow.budget.limiter import Budget, Settlement
 from quotaflow.config import Settings
 from quotaflow.constants import ENDPOINT_CHAT, ENDPOINT_COMPLETIONS, ENDPOINTS
 from quotaflow.db import session_factory
-from quotaflow.limiters import RedisLimiter, bucket_key
+from quotaflow.jobs import service as jobs
+from quotaflow.jobs import view as job_view
 from quotaflow.models import Result
-from quotaflow.ratelimit import Budget, Settlement
+from quotaflow.results import output
 from tests.harness import conformance
 from tests.harness.cluster import start_workers
 from tests.harness.factories import jsonl

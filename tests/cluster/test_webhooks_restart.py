@@ -13,9 +13,9 @@ from sqlalchemy import select, text
 from sqlalchemy.orm import Session, sessionmaker
 from standardwebhooks import Webhook
 
-from quotaflow import jobs
 from quotaflow.config import Settings
 from quotaflow.db import get_engine
+from quotaflow.jobs import service as jobs
 from quotaflow.models import Job
 from quotaflow.webhooks import endpoints
 from quotaflow.webhooks.tables import WebhookDelivery

@@ -9,8 +9,8 @@ from fastapi.testclient import TestClient
 
 from api import deps
 from api.app import create_app
+from quotaflow.budget.buckets import make_limiter
 from quotaflow.config import Settings, get_settings
-from quotaflow.limiters import make_limiter
 
 
 def app_client(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> Iterator[TestClient]:

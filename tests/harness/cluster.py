@@ -12,9 +12,11 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from quotaflow import job_view, jobs, output
 from quotaflow.config import Settings
+from quotaflow.jobs import service as jobs
+from quotaflow.jobs import view as job_view
 from quotaflow.models import Result
+from quotaflow.results import output
 from tests.harness.factories import jsonl
 from tests.harness.procs import Proc, free_port, quotaflow
 from tests.harness.servers import service_env

@@ -22,9 +22,9 @@ import httpx
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from quotaflow import auth
 from quotaflow.db import session_factory
 from quotaflow.models import Job, Result
+from quotaflow.tenants import keys as auth
 from tests.harness.cluster import deployment_file, start_provider
 from tests.harness.factories import chat_line, jsonl
 from tests.harness.procs import Proc, free_port, quotaflow

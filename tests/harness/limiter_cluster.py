@@ -19,12 +19,13 @@ from pathlib import Path
 import httpx
 import redis
 
-from quotaflow import job_view, jobs
+from quotaflow.budget.tokens import admission_tokens
 from quotaflow.config import Settings
 from quotaflow.constants import ENDPOINT_CHAT
 from quotaflow.db import session_factory
+from quotaflow.jobs import service as jobs
+from quotaflow.jobs import view as job_view
 from quotaflow.providers.mock import simulated_body
-from quotaflow.tokens import admission_tokens
 from tests.harness.procs import Proc, free_port, quotaflow
 from tests.harness.servers import service_env
 from workers.dispatch import CeleryDispatcher

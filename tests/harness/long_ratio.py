@@ -7,7 +7,7 @@ costs its prompt plus its max_tokens, as the limiter counts it). A short request
 costs 20 tokens, a long one 300; TPM is set so that a file with half of each needs
 RPM and TPM alike. Four workers run a job of `lines` lines, a `long_ratio` share of
 them long, sorted (shorts first: "clustered") or shuffled, in batches of BATCH_SIZE,
-with QUOTAFLOW_ADMISSION_ORDER fifo (line order) or mixed (quotaflow/mixing.py). The
+with QUOTAFLOW_ADMISSION_ORDER fifo (line order) or mixed (quotaflow/dispatch/mixing.py). The
 lower bound is max(requests / RPM, tokens / TPM).
 """
 

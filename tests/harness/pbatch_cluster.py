@@ -22,11 +22,11 @@ from sqlalchemy import select
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
-from quotaflow import jobs
 from quotaflow.config import Settings
 from quotaflow.db import session_factory, upgrade
+from quotaflow.jobs import service as jobs
 from quotaflow.models import Job
-from quotaflow.pbatch.tables import ProviderBatch
+from quotaflow.offload.tables import ProviderBatch
 from tests.harness.factories import jsonl
 from tests.harness.procs import Proc, free_port, quotaflow
 from tests.harness.servers import PG_URL, REDIS_URL, ROOT, recreate_database, service_env

@@ -6,19 +6,19 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from quotaflow.anthropic_messages import (
+from quotaflow.budget.limiter import Budget
+from quotaflow.deployments.catalog import Deployment
+from quotaflow.errors import PermanentProviderError, RetryableProviderError
+from quotaflow.ingest.formats import parse_line
+from quotaflow.providers.anthropic import AnthropicProvider
+from quotaflow.providers.anthropic_answers import (
     completion_from_message,
     message_from_completion,
     reshape,
 )
-from quotaflow.deployments import Deployment
-from quotaflow.errors import PermanentProviderError, RetryableProviderError
-from quotaflow.formats import parse_line
-from quotaflow.output import render_anthropic
-from quotaflow.providers.anthropic import AnthropicProvider
 from quotaflow.providers.base import ProviderResponse
-from quotaflow.ratelimit import Budget
-from quotaflow.translate.to_anthropic import messages_request
+from quotaflow.providers.translate.to_anthropic import messages_request
+from quotaflow.results.output import render_anthropic
 
 
 def message(stop_reason: str = "end_turn", **usage: int) -> dict[str, Any]:

@@ -6,8 +6,8 @@ import uuid
 
 import pytest
 
-from quotaflow.circuit import RedisCircuitBreaker
-from quotaflow.deployments import Deployment
+from quotaflow.budget.circuit import RedisCircuitBreaker
+from quotaflow.deployments.catalog import Deployment
 from quotaflow.errors import ServiceUnavailable
 
 COOLDOWN_S = 0.4

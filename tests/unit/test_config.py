@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from quotaflow.config import Settings
-from quotaflow.deployments import load_deployments
+from quotaflow.deployments.catalog import load_deployments
 from quotaflow.errors import ConfigError
 
 VALID = '''

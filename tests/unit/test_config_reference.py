@@ -13,7 +13,7 @@ import pytest
 from pydantic import BaseModel, Field
 
 from quotaflow.config import Settings
-from quotaflow.deployment import Deployment
+from quotaflow.deployments.deployment import Deployment
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 

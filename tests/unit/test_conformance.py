@@ -7,11 +7,11 @@ from typing import Any
 
 import pytest
 
-from quotaflow.capabilities import unserved
-from quotaflow.deployments import Deployment
+from quotaflow.deployments.catalog import Deployment
 from quotaflow.errors import Untranslatable
-from quotaflow.formats import to_request
-from quotaflow.translate.body import request_body
+from quotaflow.ingest.formats import to_request
+from quotaflow.providers.capabilities import unserved
+from quotaflow.providers.translate.body import request_body
 from tests.harness import conformance
 from tests.harness.conformance import field_diff
 

@@ -1,10 +1,10 @@
-"""The rule for sharing identical lines (quotaflow/dedup.py): only where the answer
+"""The rule for sharing identical lines (quotaflow/ingest/dedup.py): only where the answer
 cannot differ, unless the job says otherwise. Unit tests, no server."""
 
 import pytest
 
-from quotaflow import dedup
-from quotaflow.formats import to_request
+from quotaflow.ingest import dedup
+from quotaflow.ingest.formats import to_request
 
 CHAT = "/v1/chat/completions"
 

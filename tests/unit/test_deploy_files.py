@@ -10,7 +10,7 @@ import yaml
 from click.testing import CliRunner
 
 from cli.main import cli
-from quotaflow.deployments import load_deployments
+from quotaflow.deployments.catalog import load_deployments
 from tests.harness.servers import ROOT
 
 SERVICES = {"redis", "postgres", "migrate", "api", "worker-realtime", "worker-bulk", "flower"}

@@ -1,6 +1,6 @@
 """/v1/responses and /v1/moderations lines: accepted and refused field by field, counted
 at admission (text, images by OpenAI's rule, files), answered by the in-process mock,
-and refused by deployments that do not serve them (quotaflow/capabilities.py)."""
+and refused by deployments that do not serve them (quotaflow/providers/capabilities.py)."""
 
 import asyncio
 import base64
@@ -11,22 +11,22 @@ from typing import Any
 
 import pytest
 
-from quotaflow.capabilities import SERVES, serves, serving_route, unserved
+from quotaflow.budget.images import UNKNOWN_IMAGE_TOKENS, data_url_size, high_detail_tokens
+from quotaflow.budget.tokens import admission_tokens, max_output_tokens, prompt_parts, prompt_tokens
 from quotaflow.config import Settings
 from quotaflow.constants import ENDPOINTS
-from quotaflow.deployments import Deployment, Deployments, Route
-from quotaflow.estimate import scan_file
+from quotaflow.deployments.catalog import Deployment, Deployments, Route
 from quotaflow.execution.loops import ProviderPool
 from quotaflow.execution.prepare import Preparer
-from quotaflow.formats import BadLine, Request, parse_stream
-from quotaflow.images import UNKNOWN_IMAGE_TOKENS, data_url_size, high_detail_tokens
-from quotaflow.leases import ClaimedItem
-from quotaflow.outcomes import Failure, FailureCode
-from quotaflow.pbatch.clients import OpenAIBatches
-from quotaflow.pbatch.results import read_line
+from quotaflow.ingest.estimate import scan_file
+from quotaflow.ingest.formats import BadLine, Request, parse_stream
+from quotaflow.offload.clients import OpenAIBatches
+from quotaflow.offload.results import read_line
 from quotaflow.providers.base import ProviderResponse
+from quotaflow.providers.capabilities import SERVES, serves, serving_route, unserved
 from quotaflow.providers.mock import MockProvider
-from quotaflow.tokens import admission_tokens, max_output_tokens, prompt_parts, prompt_tokens
+from quotaflow.providers.outcomes import Failure, FailureCode
+from quotaflow.results.leases import ClaimedItem
 from tests.harness.factories import jsonl
 
 RESPONSES, MODERATIONS, CHAT = "/v1/responses", "/v1/moderations", "/v1/chat/completions"

@@ -1,13 +1,13 @@
 """`quotaflow estimate`'s arithmetic without services: which tokenizer counts a model's
-prompts, and the time a demand takes at its budgets (quotaflow/job_time.py)."""
+prompts, and the time a demand takes at its budgets (quotaflow/budget/job_time.py)."""
 
 import pytest
 
 from cli.estimate import duration as shown_duration
-from quotaflow.deployments import Deployment, Deployments, Route
-from quotaflow.job_time import duration, job_duration, route_budgets
-from quotaflow.ratelimit import Budget
-from quotaflow.tokenizers import CHARS_PER_4, counter_for, encoding_name
+from quotaflow.budget.job_time import duration, job_duration, route_budgets
+from quotaflow.budget.limiter import Budget
+from quotaflow.deployments.catalog import Deployment, Deployments, Route
+from quotaflow.ingest.tokenizers import CHARS_PER_4, counter_for, encoding_name
 
 
 @pytest.mark.parametrize(("model", "encoding"), [

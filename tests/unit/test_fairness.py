@@ -6,10 +6,10 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from quotaflow.budget.fair_share import NoFairShare, Share, budget_seconds
+from quotaflow.budget.limiter import Budget
 from quotaflow.errors import ServiceUnavailable
 from quotaflow.execution.fairness import TenantShare, fair_sleep
-from quotaflow.fairshare import NoFairShare, Share, budget_seconds
-from quotaflow.ratelimit import Budget
 
 BUDGET = Budget("unit", rpm=600, tpm=6000)  # 10 requests or 100 tokens a second
 

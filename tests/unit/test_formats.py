@@ -5,10 +5,10 @@ import json
 
 import pytest
 
-from quotaflow import jsonlines
-from quotaflow.formats import BadLine, Request, parse_stream
-from quotaflow.jsonlines import MAX_DEPTH, MAX_INTEGER_DIGITS
-from quotaflow.output import output_line
+from quotaflow.ingest import jsonlines
+from quotaflow.ingest.formats import BadLine, Request, parse_stream
+from quotaflow.ingest.jsonlines import MAX_DEPTH, MAX_INTEGER_DIGITS
+from quotaflow.results.output import output_line
 from tests.harness.factories import HOSTILE_LINES
 
 LIMIT = 4096

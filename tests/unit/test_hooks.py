@@ -6,15 +6,15 @@ from pathlib import Path
 
 import pytest
 
+from quotaflow.budget.fair_share import NoFairShare
 from quotaflow.config import Settings
-from quotaflow.deployments import Deployments
+from quotaflow.deployments.catalog import Deployments
 from quotaflow.execution.batch import BatchRun
 from quotaflow.execution.facts import JobFacts
 from quotaflow.execution.hooks import BatchHook, Hooks
 from quotaflow.execution.policies import Policies
-from quotaflow.fairshare import NoFairShare
-from quotaflow.leases import ClaimedItem
-from quotaflow.outcomes import Failure, FailureCode
+from quotaflow.providers.outcomes import Failure, FailureCode
+from quotaflow.results.leases import ClaimedItem
 
 
 class Recorder(BatchHook):

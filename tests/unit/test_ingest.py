@@ -1,4 +1,4 @@
-"""Ingest (quotaflow/ingest.py) with no server: the line reader's edges, the filter that
+"""Ingest (quotaflow/ingest/pipeline.py) with no server: the line reader's edges, the filter that
 flags repeated bodies, and on SQLite a refused file leaving nothing. The same on the real
 PostgreSQL, with identical requests, idempotency keys and batch messages, is
 tests/cluster/test_ingest.py (which makes its jobs with `make` here)."""
@@ -10,11 +10,12 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from quotaflow import dedup, formats, ingest, jsonlines
 from quotaflow.config import Settings
 from quotaflow.db import session_factory, upgrade
-from quotaflow.dispatch import CollectingDispatcher
+from quotaflow.dispatch.queues import CollectingDispatcher
 from quotaflow.errors import InputFileError
+from quotaflow.ingest import dedup, formats, jsonlines
+from quotaflow.ingest import pipeline as ingest
 from quotaflow.models import Item, Job, Result
 from tests.harness.factories import chat_line, jsonl
 

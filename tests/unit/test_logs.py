@@ -8,9 +8,9 @@ import logging
 
 import pytest
 
-from quotaflow import logs
 from quotaflow.config import Settings
-from quotaflow.output import render_stored
+from quotaflow.observe import logs
+from quotaflow.results.output import render_stored
 
 
 def test_a_line_without_a_provider_id_keeps_ours() -> None:

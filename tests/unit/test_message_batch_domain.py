@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from quotaflow.message_batch_body import BatchBodyError, open_requests
+from quotaflow.compat.anthropic_batch_body import BatchBodyError, open_requests
 
 
 def body(*requests: object, **extra: object) -> bytes:

@@ -11,15 +11,15 @@ import orjson
 from prometheus_client import REGISTRY, CollectorRegistry, Histogram, generate_latest
 
 from cli.services import metrics_env
-from quotaflow import metrics
+from quotaflow.budget.limiter import Budget
 from quotaflow.config import Settings
 from quotaflow.constants import TASK_PROCESS_BATCH
 from quotaflow.db import upgrade
-from quotaflow.dispatch import BatchRef
+from quotaflow.dispatch.queues import BatchRef
 from quotaflow.errors import RetryableProviderError
-from quotaflow.gauges import StateCollector, queued_time
 from quotaflow.models import Item, Job
-from quotaflow.ratelimit import Budget
+from quotaflow.observe import metrics
+from quotaflow.observe.gauges import StateCollector, queued_time
 from quotaflow.runtime import Runtime
 from workers.dispatch import QUEUED_AT, CeleryDispatcher, message
 

@@ -1,9 +1,9 @@
-"""Size-aware dispatch order (quotaflow/mixing.py), without services."""
+"""Size-aware dispatch order (quotaflow/dispatch/mixing.py), without services."""
 
 import random
 
-from quotaflow.dispatch import BatchRef
-from quotaflow.mixing import mixed_order
+from quotaflow.dispatch.mixing import mixed_order
+from quotaflow.dispatch.queues import BatchRef
 
 
 def refs(count: int) -> list[BatchRef]:

@@ -12,19 +12,19 @@ import pytest
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from quotaflow import jobs
+from quotaflow.budget.buckets import LocalLimiter
 from quotaflow.config import Settings
 from quotaflow.db import session_factory, upgrade
-from quotaflow.deployments import Deployment, load_deployments
-from quotaflow.dispatch import BatchRef, CollectingDispatcher
+from quotaflow.deployments.catalog import Deployment, load_deployments
+from quotaflow.dispatch.queues import BatchRef, CollectingDispatcher
 from quotaflow.execution.executor import BatchExecutor
-from quotaflow.limiters import LocalLimiter
+from quotaflow.jobs import service as jobs
 from quotaflow.models import Item, Job, Result, Spend, utcnow
-from quotaflow.pbatch import OWNER
-from quotaflow.pbatch.clients import Remote, custom_id
-from quotaflow.pbatch.loop import ProviderBatchLoop
-from quotaflow.pbatch.results import read_line
-from quotaflow.pbatch.tables import ProviderBatch, ProviderBatchLine
+from quotaflow.offload import OWNER
+from quotaflow.offload.clients import Remote, custom_id
+from quotaflow.offload.loop import ProviderBatchLoop
+from quotaflow.offload.results import read_line
+from quotaflow.offload.tables import ProviderBatch, ProviderBatchLine
 from tests.harness.factories import jsonl
 
 TOML = """

@@ -11,9 +11,9 @@ import uuid
 
 import pytest
 
+from quotaflow.budget.buckets import LocalLimiter
+from quotaflow.budget.limiter import Budget, Refunds, Settlement, sleep_time
 from quotaflow.errors import RequestTooLarge
-from quotaflow.limiters import LocalLimiter
-from quotaflow.ratelimit import Budget, Refunds, Settlement, sleep_time
 
 
 @pytest.fixture(params=["local"])

@@ -4,7 +4,7 @@ PostgreSQL is tests/cluster/test_retention.py)."""
 
 import pytest
 
-from quotaflow import retention
+from quotaflow.compat import retention
 from quotaflow.errors import InvalidParameter
 
 

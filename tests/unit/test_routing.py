@@ -5,12 +5,12 @@ from collections import Counter
 
 import pytest
 
-from quotaflow.circuit import LocalCircuitBreaker
-from quotaflow.deployments import Deployment, Deployments, Route, load_deployments
+from quotaflow.budget.buckets import LocalLimiter
+from quotaflow.budget.circuit import LocalCircuitBreaker
+from quotaflow.budget.limiter import Budget
+from quotaflow.budget.routing import Router
+from quotaflow.deployments.catalog import Deployment, Deployments, Route, load_deployments
 from quotaflow.errors import ConfigError
-from quotaflow.limiters import LocalLimiter
-from quotaflow.ratelimit import Budget
-from quotaflow.routing import Router
 
 
 class Clock:

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from quotaflow.config import Settings
-from quotaflow.deployments import Deployment
+from quotaflow.deployments.catalog import Deployment
+from quotaflow.deployments.pricing import Prices, cost_range, money
 from quotaflow.errors import ConfigError
-from quotaflow.pricing import Prices, cost_range, money
 
 
 def test_prices_cost_and_ranges() -> None:

@@ -10,9 +10,9 @@ import uuid
 
 import pytest
 
+from quotaflow.budget.buckets import LocalLimiter
+from quotaflow.budget.limiter import Budget, Refunds, Settlement
 from quotaflow.errors import RequestTooLarge
-from quotaflow.limiters import LocalLimiter
-from quotaflow.ratelimit import Budget, Refunds, Settlement
 
 
 @pytest.fixture(params=["local"])

@@ -15,9 +15,10 @@ a line in `Policies.hooks_for` saying when a run gets it (docs/architecture.md,
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from quotaflow.budget.fair_share import FairShare, NoFairShare
 from quotaflow.config import Settings
 from quotaflow.constants import QUEUE_BULK, QUEUE_REALTIME
-from quotaflow.deployments import Deployments
+from quotaflow.deployments.catalog import Deployments
 from quotaflow.execution.facts import JobFacts
 from quotaflow.execution.hooks import BatchHook, Hooks
 from quotaflow.execution.policies.fair_share import FairShareHook
@@ -25,7 +26,6 @@ from quotaflow.execution.policies.metrics import MetricsHook
 from quotaflow.execution.policies.offload import OffloadHook
 from quotaflow.execution.policies.reuse import ReuseHook
 from quotaflow.execution.policies.spend import SpendHook
-from quotaflow.fairshare import FairShare, NoFairShare
 
 
 class Policies:
@@ -40,7 +40,7 @@ class Policies:
         # NoFairShare answers every ask with yes: no hook at all does the same for less.
         self.fair = None if fair is None or type(fair) is NoFairShare else fair
         self.prices = {name: d.prices for name, d in deployments.deployments.items()}
-        # Calls cost something only where a deployment has prices (quotaflow/spend.py).
+        # Calls cost something only where a deployment has prices (quotaflow/tenants/spend.py).
         self.spending = any(prices is not None for prices in self.prices.values())
         # Bulk lines go to provider batch deployments only where workers run the poll
         # loop (Celery); the embedded runner treats them as unavailable.

@@ -1,4 +1,4 @@
-"""Fair shares between tenants, a batch run's side (quotaflow/fairshare.py).
+"""Fair shares between tenants, a batch run's side (quotaflow/budget/fair_share.py).
 
 Before claiming, a run of a tenant that others wait behind in the queue gives way
 (claims nothing, comes back in YIELD_S); once claimed it counts as running, asks
@@ -11,15 +11,15 @@ realtime has workers of its own.
 import logging
 from collections.abc import Callable, Sequence
 
+from quotaflow.budget.fair_share import FairShare
+from quotaflow.budget.limiter import Budget
 from quotaflow.errors import ServiceUnavailable
 from quotaflow.execution.admission import YIELD_S
 from quotaflow.execution.admitted import Admitted
 from quotaflow.execution.batch import BatchRun
 from quotaflow.execution.fairness import TenantShare, fair_sleep
 from quotaflow.execution.hooks import BatchHook
-from quotaflow.fairshare import FairShare
-from quotaflow.leases import ClaimedItem
-from quotaflow.ratelimit import Budget
+from quotaflow.results.leases import ClaimedItem
 
 log = logging.getLogger(__name__)
 

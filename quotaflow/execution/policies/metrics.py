@@ -1,4 +1,4 @@
-"""The metrics tally as a hook (quotaflow/metrics.py): admissions and provider answers
+"""The metrics tally as a hook (quotaflow/observe/metrics.py): admissions and provider answers
 counted in plain integers, written to Prometheus with each feedback settle and at the
 run's end. Every run gets it.
 
@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from quotaflow.execution.admitted import Admitted
 from quotaflow.execution.batch import BatchRun
 from quotaflow.execution.hooks import BatchHook
-from quotaflow.metrics import Tally
+from quotaflow.observe.metrics import Tally
 
 
 class MetricsHook(Tally, BatchHook):

@@ -1,5 +1,5 @@
 """Provider-batch offload as a hook: a bulk job's lines whose route names a provider
-batch deployment are queued for it (quotaflow/pbatch/enqueue.py), not called.
+batch deployment are queued for it (quotaflow/offload/enqueue.py), not called.
 
 Only bulk runs of workers that run the poll loop (Celery) get it, and only where some
 deployment is a batch one; the lines that came back from a provider batch go on to
@@ -8,12 +8,12 @@ the route's realtime deployments (execution/routes.py narrows the route after th
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from quotaflow.capabilities import serves
-from quotaflow.deployments import Deployments, Route
+from quotaflow.deployments.catalog import Deployments, Route
 from quotaflow.execution.batch import BatchRun
 from quotaflow.execution.hooks import BatchHook
-from quotaflow.leases import ClaimedItem
-from quotaflow.pbatch import enqueue
+from quotaflow.offload import enqueue
+from quotaflow.providers.capabilities import serves
+from quotaflow.results.leases import ClaimedItem
 
 
 class OffloadHook(BatchHook):

@@ -1,5 +1,5 @@
 """Cross-job reuse as a hook: claimed items whose identical request an earlier job of
-the tenant already got a successful answer for take that answer (quotaflow/reuse.py)
+the tenant already got a successful answer for take that answer (quotaflow/results/reuse.py)
 and are never called. One query per run, only where QUOTAFLOW_DEDUP_ACROSS_JOBS is on.
 """
 
@@ -7,8 +7,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from quotaflow.execution.batch import BatchRun
 from quotaflow.execution.hooks import BatchHook
-from quotaflow.leases import ClaimedItem
-from quotaflow.reuse import earlier_answers
+from quotaflow.results.leases import ClaimedItem
+from quotaflow.results.reuse import earlier_answers
 
 
 class ReuseHook(BatchHook):

@@ -1,4 +1,4 @@
-"""The spend switch as a hook (quotaflow/spend.py): a run's answered calls are billed in
+"""The spend switch as a hook (quotaflow/tenants/spend.py): a run's answered calls are billed in
 the transaction that stores them, and its stop check also adds up the tenant's month.
 
 Only where some deployment has prices: otherwise calls cost nothing quotaflow can
@@ -10,11 +10,11 @@ from datetime import datetime
 
 from sqlalchemy.orm import Session
 
+from quotaflow.deployments.pricing import Prices
 from quotaflow.execution.batch import BatchRun
 from quotaflow.execution.hooks import BatchHook
-from quotaflow.leases import ClaimedItem
-from quotaflow.pricing import Prices
-from quotaflow.spend import Billing, Charge
+from quotaflow.results.leases import ClaimedItem
+from quotaflow.tenants.spend import Billing, Charge
 
 
 class SpendHook(BatchHook):

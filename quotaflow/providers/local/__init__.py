@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from quotaflow.deployments import Deployment
+from quotaflow.deployments.catalog import Deployment
 from quotaflow.errors import ConfigError, RetryableProviderError
 from quotaflow.providers.base import ProviderResponse
 from quotaflow.providers.local.batcher import DynamicBatcher

@@ -13,10 +13,10 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from quotaflow.budget.tokens import max_output_tokens
 from quotaflow.constants import ENDPOINT_CHAT, ENDPOINT_COMPLETIONS, ENDPOINT_EMBEDDINGS
-from quotaflow.deployments import Deployment
+from quotaflow.deployments.catalog import Deployment
 from quotaflow.errors import PermanentProviderError
-from quotaflow.tokens import max_output_tokens
 
 GENERATE = "generate"
 EMBED = "embed"

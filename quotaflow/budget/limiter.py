@@ -1,0 +1,245 @@
+"""The cluster-wide RPM/TPM limiter's vocabulary: budgets, admissions, settlements.
+
+Each deployment has two continuously refilling buckets, requests and tokens,
+with capacity = limit x burst_seconds / 60. Acquire is all-or-nothing over
+both and answers "k admitted" plus the exact wait until the next would fit.
+Queues keep floors: realtime may empty a bucket, standard and bulk stop at
+their floor, so realtime always finds headroom while bulk still gets the
+whole refill rate. Provider feedback (429, x-ratelimit-remaining-*) drains
+or clamps the buckets for everyone. Whether the provider gives back the
+unused part of max_tokens after a call differs between providers: `Refunds`
+says, or has it learned from the provider's remaining-tokens headers.
+
+A "split" budget (a deployment with itpm and otpm, Anthropic's way) has a third
+bucket: the tokens bucket then holds output tokens (max_tokens reserved, the
+unused part refunded as `Refunds` says) and the input bucket the prompt's
+estimated tokens, corrected both ways when the answer says how many were counted.
+
+The limiters themselves are in quotaflow/budget/buckets.py.
+"""
+
+import enum
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Protocol
+
+from quotaflow.deployments.catalog import Deployment
+from quotaflow.errors import RequestTooLarge
+
+
+class Refunds(enum.IntEnum):
+    """Whether the provider gives back the unused part of max_tokens after a call."""
+
+    NEVER = 0
+    ALWAYS = 1
+    LEARNED = 2  # from its x-ratelimit-remaining-tokens headers
+
+    @classmethod
+    def of(cls, reconcile_usage: bool | str) -> "Refunds":
+        if reconcile_usage == "auto":
+            return cls.LEARNED
+        return cls.ALWAYS if reconcile_usage else cls.NEVER
+
+
+@dataclass(frozen=True)
+class Budget:
+    """One deployment's limits, as the buckets see them."""
+
+    name: str
+    rpm: float
+    tpm: float
+    burst_seconds: float = 60.0
+    # The longest a call can be in flight; an unsettled admission older than
+    # this is forgotten (its worker died).
+    flight_timeout_s: float = 300.0
+    # Refill kept in hand at admission: a provider whose bucket is full loses the
+    # refill of the time a request spends travelling to it (docs/architecture.md,
+    # "The limiter").
+    margin_s: float = 0.0
+    refunds: Refunds = Refunds.LEARNED
+    # Input tokens per minute where they have a bucket of their own (then `tpm` is the
+    # output tokens'); 0: the tokens bucket holds input and output together.
+    itpm: float = 0.0
+
+    @classmethod
+    def of(cls, deployment: Deployment) -> "Budget":
+        tpm, itpm = deployment.tpm, 0.0
+        if deployment.itpm is not None and deployment.otpm is not None:
+            tpm, itpm = deployment.otpm, deployment.itpm
+        return cls(deployment.budget_name, deployment.rpm, tpm, deployment.burst_seconds,
+                   flight_timeout_s=4 * deployment.timeout_s + 60,
+                   margin_s=deployment.safety_margin_s,
+                   refunds=Refunds.of(deployment.reconcile_usage), itpm=itpm)
+
+    @property
+    def split(self) -> bool:
+        """Input tokens have a bucket of their own (ITPM beside OTPM)."""
+        return self.itpm > 0
+
+    @property
+    def input_rate(self) -> float:
+        return self.itpm / 60
+
+    @property
+    def input_capacity(self) -> float:
+        return self.itpm * self.burst_seconds / 60
+
+    @property
+    def request_rate(self) -> float:
+        return self.rpm / 60
+
+    @property
+    def token_rate(self) -> float:
+        return self.tpm / 60
+
+    @property
+    def request_capacity(self) -> float:
+        return self.rpm * self.burst_seconds / 60
+
+    @property
+    def token_capacity(self) -> float:
+        return self.tpm * self.burst_seconds / 60
+
+    def check_fits(self, cost: int, input_cost: int = 0) -> None:
+        if self.split:
+            self._check_split(cost, input_cost)
+        elif cost > self.token_capacity:
+            raise RequestTooLarge(
+                f"the request needs {cost} tokens (prompt estimate + max_tokens) but deployment "
+                f"{self.name!r} admits at most {self.token_capacity:.0f} at once "
+                f"(tpm {self.tpm:g} x burst_seconds {self.burst_seconds:g} / 60); "
+                "lower max_tokens or shorten the prompt")
+
+    def _check_split(self, cost: int, input_cost: int) -> None:
+        for what, need, capacity, limit in (("input", input_cost, self.input_capacity, "itpm"),
+                                            ("output", cost, self.token_capacity, "otpm")):
+            if need > capacity:
+                rate = self.itpm if limit == "itpm" else self.tpm
+                raise RequestTooLarge(
+                    f"the request needs {need} {what} tokens but deployment {self.name!r} "
+                    f"admits at most {capacity:.0f} at once ({limit} {rate:g} x burst_seconds "
+                    f"{self.burst_seconds:g} / 60); "
+                    + ("shorten the prompt" if what == "input" else "lower max_tokens"))
+
+    @cached_property
+    def packed(self) -> str:
+        """The budget as bucket.lua's ARGV[2] reads it, built once."""
+        numbers: tuple[float, ...] = (
+            self.request_rate, self.request_capacity, self.token_rate, self.token_capacity,
+            self.flight_timeout_s, int(self.refunds))
+        if self.split:
+            numbers += (self.input_rate, self.input_capacity)
+        return " ".join(repr(float(n)) for n in numbers)
+
+
+@dataclass(frozen=True)
+class Admission:
+    """How many of the requests asked for were admitted, and the wait before the next fits.
+
+    `slot` identifies the admission when it is settled; `tokens_in_flight` are
+    admitted and unsettled, i.e. refunds that may yet shorten the wait where the
+    deployment is `refunding` (the provider gives back unused reservations).
+    `mark` is the budget's running total of admitted tokens before this admission:
+    a header carried by one of its calls may not count anything admitted after it.
+    """
+
+    admitted: int
+    wait_s: float
+    slot: int = 0
+    tokens_in_flight: float = 0.0
+    refunding: bool = False
+    mark: float = 0.0
+
+    @property
+    def refunds_due(self) -> bool:
+        """Calls in flight will give tokens back: the wait may end sooner than said."""
+        return self.refunding and self.tokens_in_flight > 0
+
+
+@dataclass(frozen=True, slots=True)
+class Settlement:
+    """One finished call: the slot it was admitted in, its admitted cost, and the tokens
+    the provider did not use (its unused estimate; negative for a debt)."""
+
+    slot: int
+    cost: int
+    refund: float
+    # A split budget's input tokens: admitted, and not counted by the provider (< 0: more
+    # were counted than estimated).
+    input_cost: int = 0
+    input_refund: float = 0.0
+
+
+@dataclass(frozen=True)
+class Levels:
+    """A bucket pair's content right now."""
+
+    requests: float
+    tokens: float
+    blocked_s: float
+    refunding: bool = False
+    inputs: float | None = None  # a split budget's input tokens
+
+    def utilisation(self, budget: Budget) -> float:
+        """The used share of the fuller-used bucket: max(rpm use, tpm use), 0..1."""
+        used_r = 1 - self.requests / budget.request_capacity
+        used_t = 1 - self.tokens / budget.token_capacity
+        used_i = 0.0 if self.inputs is None else 1 - self.inputs / budget.input_capacity
+        return min(1.0, max(0.0, used_r, used_t, used_i))
+
+
+class Limiter(Protocol):
+    """What the executor needs from a limiter; Redis and in-process versions agree."""
+
+    def acquire(self, budget: Budget, costs: Sequence[int], floor: float,
+                input_costs: Sequence[int] = ()) -> Admission:
+        """Admit the longest prefix that fits; a split budget's requests also pay their
+        input_costs (one per cost) from the input bucket."""
+
+    def settle(self, budget: Budget, settlements: Sequence[Settlement]) -> None:
+        """Close admitted calls: no longer in flight; refund their unused tokens."""
+
+    def drain(self, budget: Budget, seconds: float) -> None: ...
+
+    def pause(self, budget: Budget, seconds: float) -> None: ...
+
+    def clamp(self, budget: Budget, requests: float | None, tokens: float | None,
+              mark: float | None = None, age_s: float = 0.0,
+              inputs: float | None = None) -> None:
+        """Lower the buckets to the provider's remaining figures. Given the mark and age
+        of the call that carried them, the tokens figure also votes on refunds. `inputs`:
+        a split budget's input tokens remaining."""
+
+    def levels(self, budget: Budget) -> Levels: ...
+
+def sleep_time(wait_s: float) -> float:
+    """Sleep a hair past the exact wait so the next acquire lands after the refill."""
+    return 0.0 if wait_s <= 0 else wait_s + 0.001 if math.isfinite(wait_s) else wait_s
+
+
+def describe(deployment: Deployment, limiter: Limiter) -> dict[str, object]:
+    """A deployment's limits and how full its buckets are now, for `quotaflow limits`."""
+    budget = Budget.of(deployment)
+    levels = limiter.levels(budget)
+    return {
+        "deployment": deployment.name,
+        "provider": deployment.provider,
+        "model": deployment.model,
+        "rpm": deployment.rpm,
+        "tpm": deployment.tpm,
+        "itpm": deployment.itpm,
+        "otpm": deployment.otpm,
+        "burst_seconds": deployment.burst_seconds,
+        "requests_available": round(levels.requests, 2),
+        "tokens_available": round(levels.tokens, 1),
+        "request_capacity": budget.request_capacity,
+        "token_capacity": budget.token_capacity,
+        **({"input_tokens_available": round(levels.inputs, 1),
+            "input_capacity": budget.input_capacity} if levels.inputs is not None else {}),
+        "blocked_for_s": round(levels.blocked_s, 3),
+        "reconcile_usage": deployment.reconcile_usage,
+        "refunds_unused_tokens": levels.refunding,
+        "utilisation": round(levels.utilisation(budget), 4),
+    }

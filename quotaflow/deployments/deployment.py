@@ -1,0 +1,268 @@
+"""One deployment: a provider endpoint + model + key with its own limits and prices.
+
+Its fields are the `[deployments.NAME]` table of the deployments file
+(quotaflow/deployments/catalog.py reads the file and holds the routes between them); the
+checks here are the ones a single table can fail.
+"""
+import os
+from functools import cached_property
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field, model_validator
+
+from quotaflow.deployments.pricing import Prices
+from quotaflow.errors import ConfigError
+
+ProviderKind = Literal["openai", "mock", "local", "anthropic", "openai-batch", "anthropic-batch"]
+# Kinds whose lines go to the provider's own Batch API (quotaflow/offload/), not one call each.
+BATCH_KINDS = frozenset({"openai-batch", "anthropic-batch"})
+# The providers' per-batch limits (lines, bytes), unless a deployment sets lower ones:
+# OpenAI's Batch API 50,000 requests / 200 MB a file; Anthropic's 100,000 / 256 MB.
+BATCH_LIMITS = {"openai-batch": (50_000, 200 * 1024 * 1024),
+                "anthropic-batch": (100_000, 256 * 1024 * 1024)}
+# Anthropic's Messages API version header, unless a deployment names another.
+ANTHROPIC_VERSION = "2023-06-01"
+# The in-process engines a `local` deployment can run on (quotaflow/providers/local/).
+LocalEngine = Literal["transformers"]
+LocalDtype = Literal["auto", "float32", "float16", "bfloat16"]
+
+
+class Deployment(BaseModel):
+    """One place a model can be called: provider + endpoint + model + key."""
+
+    name: str = Field(
+        json_schema_extra={"default_text": "the table's NAME"},
+        description="The deployment's name: `NAME` of its `[deployments.NAME]` table, set from "
+        "the table (routes, metrics, limits and provenance name it).")
+    provider: ProviderKind = Field(
+        description="The kind of provider: `openai` (any OpenAI-compatible API), `mock` "
+        "(simulated, in process), `local` (a model in the worker), `anthropic` (the Messages "
+        "API), `openai-batch` or `anthropic-batch` (the providers' Batch APIs, bulk jobs "
+        "only).")
+    model: str = Field(
+        description="The model sent to the provider (a `local` deployment's: the name "
+        "requests use and answers carry). A model with no route goes to every deployment "
+        "whose `model` it is.")
+    base_url: str | None = Field(
+        default=None,
+        description="The provider's URL: required for `openai` (e.g. "
+        "`https://api.openai.com/v1`), `anthropic` (`https://api.anthropic.com`; `/v1/messages` "
+        "is added) and the batch kinds.")
+    api_key_env: str | None = Field(
+        default=None,
+        description="The environment variable holding the API key, read at call time; the key "
+        "is never stored or logged. Unset: no key is sent.")
+    rpm: int = Field(
+        gt=0,
+        description="Requests per minute; `rpm` x `burst_seconds` / 60 must hold a request. "
+        "Batch kinds default to a figure that never binds (their batch limits stand "
+        "instead).")
+    tpm: int = Field(
+        default=0, gt=0, json_schema_extra={"default_text": "required, or itpm + otpm"},
+        description="Tokens per minute, input and output together (OpenAI's TPM); required "
+        "unless an `anthropic` deployment gives `itpm` and `otpm`, whose sum it then is.")
+    itpm: int | None = Field(
+        default=None, gt=0,
+        description="`anthropic` only: input tokens per minute, limited apart from output "
+        "(set with `otpm`, instead of `tpm`).")
+    otpm: int | None = Field(
+        default=None, gt=0,
+        description="`anthropic` only: output tokens per minute (set with `itpm`).")
+    anthropic_version: str = Field(
+        default=ANTHROPIC_VERSION,
+        description="`anthropic` and `anthropic-batch`: the `anthropic-version` header of every "
+        "call.")
+    burst_seconds: float = Field(
+        default=60.0, gt=0, le=60,
+        description="The window the provider enforces its per-minute limits over: 60 for a "
+        "minute, 1 for providers that enforce per second (OpenAI says it may). The buckets "
+        "hold limit x `burst_seconds` / 60.")
+    default_max_tokens: int = Field(
+        default=1024, gt=0,
+        description="Counted at admission (and sent to Anthropic, which requires one) when a "
+        "request sets no max tokens; keep it at or above the provider's own default so "
+        "quotaflow never under-counts.")
+    reconcile_usage: bool | Literal["auto"] = Field(
+        default="auto",
+        description="Whether the provider gives back the unused part of `max_tokens` after a "
+        "call: `auto` learns it from its rate-limit headers (no refunds until they show "
+        "them), `true` and `false` force it (`true` for a server sending no such headers, "
+        "such as vLLM).")
+    safety_margin_s: float = Field(
+        default=0.25, ge=0, le=10,
+        description="Budget kept in hand, in seconds of refill: at least the time a request "
+        "takes to reach the provider (a full provider bucket loses that refill).")
+    timeout_s: float = Field(default=60.0, gt=0,
+                             description="Seconds one HTTP call to the provider may take.")
+    max_concurrency: int = Field(
+        default=16, gt=0,
+        description="Calls in flight per batch run on this deployment; raise it (64-256) to "
+        "feed an inference server's batching.")
+    weight: float = Field(
+        default=1.0, gt=0,
+        description="Routing: utilisation is divided by it, so a deployment of weight 2 runs "
+        "twice as full as its peers, and ties are broken in proportion to the weights.")
+    quota: str | None = Field(
+        default=None,
+        description="Deployments naming one quota share one upstream limit (one key or "
+        "organisation behind several endpoints): they spend one budget, must declare the same "
+        "limits, and a 429 quiets them all.")
+    circuit_failures: int = Field(
+        default=5, gt=0,
+        description="The circuit opens after this many failures in a row (5xx, timeouts, "
+        "resets, malformed answers; never 429s).")
+    circuit_cooldown_s: float = Field(
+        default=30.0, gt=0,
+        description="How long an open circuit waits before it lets one probe request through.")
+    input_per_mtok: float | None = Field(
+        default=None, ge=0,
+        description="Price per million prompt tokens (with `output_per_mtok`: both or "
+        "neither); without prices usage is counted but its cost is unknown.")
+    output_per_mtok: float | None = Field(
+        default=None, ge=0, description="Price per million completion tokens.")
+    cached_input_per_mtok: float | None = Field(
+        default=None, ge=0,
+        description="Price per million cached prompt tokens (needs the other two prices).")
+    currency: str = Field(
+        default="USD", min_length=3, max_length=3,
+        description="The prices' currency: one for all priced deployments.")
+
+    batch_max_lines: int | None = Field(
+        default=None, gt=0,
+        description="`openai-batch` / `anthropic-batch`: the most lines one provider batch "
+        "holds (unset: the provider's own limit, 50,000 at OpenAI, 100,000 at Anthropic).")
+    batch_max_bytes: int | None = Field(
+        default=None, gt=0,
+        description="Batch kinds: the most bytes one provider batch holds (unset: 200 MB at "
+        "OpenAI, 256 MB at Anthropic).")
+    batch_max_tokens: int | None = Field(
+        default=None, gt=0,
+        description="Batch kinds: the most estimated prompt tokens one provider batch holds "
+        "(your organisation's enqueued-token limit; unset: none).")
+    completion_window: str = Field(
+        default="24h", description="`openai-batch`: the completion window its batches ask for.")
+
+    engine: LocalEngine = Field(
+        default="transformers",
+        description="`local`: the in-process engine (transformers, the one so far).")
+    model_path: str | None = Field(
+        default=None,
+        description="`local` (required): a directory written by `save_pretrained` (weights "
+        "and tokenizer), or a hub id where the worker may download.")
+    dtype: LocalDtype = Field(
+        default="auto",
+        description="`local`: `auto` is bfloat16 on a GPU that supports it (float16 without "
+        "bf16), float32 on a CPU (CPUs are slow in half precision).")
+    device: str = Field(
+        default="auto",
+        description="`local`: `auto` is cuda when present, else cpu; or `cpu`, `cuda`, "
+        "`cuda:1`. A named device that is not there is refused before the model loads.")
+    max_batch_size: int = Field(
+        default=16, gt=0, le=4096, description="`local`: the most requests in one model batch.")
+    max_batch_tokens: int = Field(
+        default=65536, gt=0,
+        description="`local`: the most padded tokens in one model batch (rows x (longest "
+        "prompt + largest max_tokens)), which bounds its memory.")
+    max_wait_ms: float = Field(
+        default=20.0, ge=0, le=10_000,
+        description="`local`: how long the first request of a model batch waits for more to "
+        "join it.")
+    default_temperature: float = Field(
+        default=1.0, ge=0, le=2,
+        description="`local`: the temperature of requests that set none (0: greedy).")
+    default_top_p: float = Field(default=1.0, gt=0, le=1,
+                                 description="`local`: the top_p of requests that set none.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _batch_defaults(cls, value: Any) -> Any:
+        """A batch deployment is never admitted call by call: its provider's batch limits
+        stand instead of rpm/tpm, which default to figures that never bind."""
+        if isinstance(value, dict) and value.get("provider") in BATCH_KINDS:
+            value = {"rpm": 1_000_000, "tpm": 1_000_000_000, **value}
+        return value
+
+    @model_validator(mode="after")
+    def _check(self) -> "Deployment":
+        if self.provider in BATCH_KINDS and not self.base_url:
+            raise ValueError(f"provider {self.provider!r} needs base_url (e.g. "
+                             "https://api.openai.com/v1 or https://api.anthropic.com)")
+        if self.provider == "openai" and not self.base_url:
+            raise ValueError("provider 'openai' needs base_url (e.g. http://127.0.0.1:8000/v1)")
+        if self.provider == "anthropic" and not self.base_url:
+            raise ValueError("provider 'anthropic' needs base_url (e.g. https://api.anthropic.com;"
+                             " quotaflow calls {base_url}/v1/messages)")
+        self._check_token_limits()
+        if self.provider == "local" and not self.model_path:
+            raise ValueError("provider 'local' needs model_path (a directory written by "
+                             "save_pretrained, e.g. /models/qwen2.5-0.5b-instruct)")
+        if (self.input_per_mtok is None) != (self.output_per_mtok is None):
+            raise ValueError("set both input_per_mtok and output_per_mtok, or neither")
+        if self.cached_input_per_mtok is not None and self.input_per_mtok is None:
+            raise ValueError("cached_input_per_mtok needs input_per_mtok and output_per_mtok")
+        if self.rpm * self.burst_seconds / 60 < 1:
+            raise ValueError(
+                f"rpm {self.rpm} x burst_seconds {self.burst_seconds:g} / 60 holds less than "
+                "one request, so nothing could ever be sent; raise rpm or burst_seconds")
+        return self
+
+    def _check_token_limits(self) -> None:
+        """tpm, or (anthropic only) itpm and otpm: one token budget or two."""
+        split = (self.itpm is not None, self.otpm is not None)
+        if any(split) and self.provider != "anthropic":
+            raise ValueError(f"itpm/otpm are Anthropic's separate input and output token limits;"
+                             f" provider {self.provider!r} has one token limit: set tpm")
+        if split == (True, False) or split == (False, True):
+            raise ValueError("set itpm and otpm together (Anthropic limits input and output "
+                             "tokens apart), or neither and tpm")
+        if all(split):
+            assert self.itpm is not None and self.otpm is not None
+            if self.tpm and self.tpm != self.itpm + self.otpm:  # the sum: validated before
+                raise ValueError("set tpm or itpm and otpm, not both: with itpm and otpm the "
+                                 "input and output tokens have separate budgets")
+            self.tpm = self.itpm + self.otpm
+        elif not self.tpm:
+            more = " (or itpm and otpm)" if self.provider == "anthropic" else ""
+            raise ValueError(f"tpm{more} is required: the provider's tokens-per-minute limit")
+
+    @property
+    def is_batch(self) -> bool:
+        """Its lines go to the provider's Batch API (quotaflow/offload/)."""
+        return self.provider in BATCH_KINDS
+
+    @property
+    def batch_limits(self) -> tuple[int, int, int | None]:
+        """(lines, bytes, prompt tokens) one provider batch may hold."""
+        lines, size = BATCH_LIMITS.get(self.provider, (50_000, 200 * 1024 * 1024))
+        return (min(lines, self.batch_max_lines or lines),
+                min(size, self.batch_max_bytes or size), self.batch_max_tokens)
+
+    @property
+    def split_tokens(self) -> bool:
+        """Input and output tokens are limited apart (itpm and otpm)."""
+        return self.itpm is not None and self.otpm is not None
+
+    @cached_property
+    def prices(self) -> Prices | None:
+        """What its tokens cost, or None where the file gives no prices."""
+        if self.input_per_mtok is None or self.output_per_mtok is None:
+            return None
+        return Prices(self.input_per_mtok, self.output_per_mtok, self.cached_input_per_mtok,
+                      self.currency.upper())
+
+    @property
+    def budget_name(self) -> str:
+        """The limiter bucket this deployment spends: its quota's, or its own."""
+        return f"quota:{self.quota}" if self.quota else self.name
+
+    def api_key(self) -> str | None:
+        """The key from the environment, read at call time and never stored."""
+        if not self.api_key_env:
+            return None
+        key = os.environ.get(self.api_key_env)
+        if not key:
+            raise ConfigError(
+                f"deployment {self.name!r} reads its API key from ${self.api_key_env}, "
+                "which is not set"
+            )
+        return key

@@ -1,0 +1,203 @@
+"""The job service: the one place jobs are created, read, cancelled and finished.
+
+The API, the CLI and the workers all come through here, so every view of a
+job (REST, CLI, embedded run) reports the same statuses and counts.
+"""
+
+import uuid
+from datetime import timedelta
+from typing import IO
+
+from sqlalchemy import case, delete, select, update
+from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.sql.selectable import ScalarSelect
+
+from quotaflow.config import Settings
+from quotaflow.constants import DEFAULT_TENANT
+from quotaflow.deployments.catalog import Deployments
+from quotaflow.dispatch.queues import Dispatcher, batch_refs
+from quotaflow.errors import JobNotFound, JobStateError
+from quotaflow.models import Item, ItemStatus, Job, JobStatus, Result, utcnow
+
+# A job may ask for more tries per request than the default, within reason.
+MAX_ATTEMPTS_LIMIT = 20
+
+
+def new_request_id() -> str:
+    return f"batch_req_{uuid.uuid4().hex}"
+
+
+def stable_request_id(job_id: str, line_no: int) -> str:
+    """An id for a line that never reached a provider, the same on every download."""
+    return f"batch_req_{uuid.uuid5(uuid.NAMESPACE_URL, f'{job_id}/{line_no}').hex}"
+
+
+def create_job(
+    sessions: sessionmaker[Session],
+    stream: IO[bytes],
+    *,
+    settings: Settings,
+    deployments: Deployments,
+    dispatcher: Dispatcher,
+    queue: str,
+    filename: str | None = None,
+    metadata: dict[str, str] | None = None,
+    max_attempts: int | None = None,
+    tenant: str = DEFAULT_TENANT,
+    output_format: str | None = None,
+    dedup: bool | None = None,
+) -> Job:
+    """Store a JSONL file as a job and dispatch its batches, or store nothing at all.
+
+    Lines that fail validation become failed items with their line number and
+    reason; the job runs its good lines. A file-level problem (empty, too big,
+    duplicate custom_id, no valid line) raises InputFileError and nothing of the file
+    is written. Identical requests whose answer cannot differ (or all, or none, as
+    `dedup` says) are stored once as sent and otherwise as waiting for that one's
+    answer. The work is quotaflow.ingest.pipeline's; this is its entry point for `quotaflow
+    run` and other in-process callers, which the tenant token quota (an API matter)
+    does not apply to.
+    """
+    from quotaflow.ingest import pipeline as ingest  # ingest builds on this module
+
+    spec = ingest.JobSpec(queue=queue, tenant=tenant, filename=filename, metadata=metadata,
+                          max_attempts=max_attempts, enforce_quota=False,
+                          output_format=output_format, dedup=dedup)
+    return ingest.create_job(sessions, stream, settings=settings, deployments=deployments,
+                             dispatcher=dispatcher, spec=spec).job
+
+
+def get_job(session: Session, job_id: str, tenant: str | None = None) -> Job:
+    """The job; with `tenant`, only if it is that tenant's (another's is "not found")."""
+    job = session.get(Job, job_id)
+    if job is None or (tenant is not None and job.tenant != tenant):
+        raise JobNotFound(f"no job with id {job_id!r}")
+    return job
+
+
+def list_jobs(session: Session, limit: int = 20, after: str | None = None,
+              tenant: str | None = None) -> list[Job]:
+    """Newest first; `after` is the id of the last job of the previous page."""
+    query = select(Job).order_by(Job.created_at.desc(), Job.id.desc()).limit(limit)
+    if tenant is not None:
+        query = query.where(Job.tenant == tenant)
+    if after is not None:
+        anchor = get_job(session, after, tenant)
+        query = query.where(Job.created_at <= anchor.created_at, Job.id != anchor.id)
+    return list(session.scalars(query))
+
+
+def cancel_job(sessions: sessionmaker[Session], job_id: str) -> Job:
+    """Stop new calls for the job; calls in flight finish and keep their results."""
+    with sessions.begin() as session:
+        job = get_job(session, job_id)
+        if job.status in (JobStatus.CANCELLING, JobStatus.CANCELLED):
+            return job
+        if job.status not in JobStatus.ACTIVE:
+            raise JobStateError(f"job {job_id} is {job.status} and can no longer be cancelled")
+        job.status = JobStatus.CANCELLING
+        job.cancelling_at = utcnow()
+        session.execute(update(Item)
+                        .where(Item.job_id == job_id,
+                               Item.status.in_((ItemStatus.PENDING, ItemStatus.WAITING)))
+                        .values(status=ItemStatus.CANCELLED))
+    finish_if_done(sessions, job_id)
+    with sessions() as session:
+        return get_job(session, job_id)
+
+
+def retry_failed(sessions: sessionmaker[Session], job_id: str, dispatcher: Dispatcher,
+                 settings: Settings) -> int:
+    """Run a job's failed requests again; invalid lines are not retried (they would fail
+    the same way). Returns how many requests were queued again."""
+    with sessions.begin() as session:
+        # Held: a retention sweep marking its results deleted waits for, or is seen by, this.
+        job = session.get(Job, job_id, with_for_update={"key_share": True}) or get_job(
+            session, job_id)
+        if job.deleted_at is not None:
+            raise JobStateError(f"job {job_id}'s results were deleted; it cannot be retried")
+        if job.status not in (JobStatus.IN_PROGRESS, JobStatus.COMPLETED):
+            raise JobStateError(f"job {job_id} is {job.status}; only in-progress or completed "
+                                "jobs can retry their failed requests")
+        failed = (Item.job_id == job_id, Item.status == ItemStatus.FAILED,
+                  Item.body.is_not(None))
+        # A failed duplicate waits for its original again rather than being sent itself.
+        lines = sorted(session.scalars(
+            update(Item)
+            .where(*failed, Item.duplicate_of.is_(None))
+            .values(status=ItemStatus.PENDING, lease_owner=None,
+                    lease_expires_at=utcnow() + timedelta(seconds=settings.queue_patience_s))
+            .returning(Item.line_no)).all())
+        waiting = session.scalars(
+            update(Item).where(*failed, Item.duplicate_of.is_not(None))
+            .values(status=ItemStatus.WAITING, lease_owner=None, lease_expires_at=None)
+            .returning(Item.line_no)).all()
+        if not lines and not waiting:
+            return 0
+        session.execute(delete(Result).where(Result.job_id == job_id,
+                                             Result.line_no.in_([*lines, *waiting])))
+        job.status = JobStatus.IN_PROGRESS
+        job.finalizing_at = job.completed_at = None
+        job.notified_at = None  # its next end is an event of its own (webhooks)
+        queue = job.queue
+    dispatcher.dispatch(queue, batch_refs(job_id, lines, settings.batch_size))
+    return len(lines) + len(waiting)
+
+
+def expire_overdue(sessions: sessionmaker[Session]) -> list[str]:
+    """Jobs past their completion window: unsent requests expire, the job is `expired`.
+
+    Calls in flight finish and keep their results; partial results stay downloadable.
+    """
+    now = utcnow()
+    with sessions.begin() as session:
+        overdue = session.scalars(
+            update(Job)
+            .where(Job.status == JobStatus.IN_PROGRESS, Job.expires_at < now)
+            .values(status=JobStatus.EXPIRED, expired_at=now)
+            .returning(Job.id)).all()
+        if overdue:
+            session.execute(update(Item)
+                            .where(Item.job_id.in_(overdue),
+                                   Item.status.in_((ItemStatus.PENDING, ItemStatus.WAITING)))
+                            .values(status=ItemStatus.EXPIRED))
+    return list(overdue)
+
+
+def finish_if_done(sessions: sessionmaker[Session], job_id: str) -> None:
+    """Move the job to its final status once no item is pending or running."""
+    with sessions.begin() as session:
+        close_if_done(session, job_id)
+
+
+def close_if_done(session: Session, job_id: str) -> None:
+    """finish_if_done inside the caller's transaction. One conditional UPDATE on the
+    table (not the ORM entity: this runs after every batch), safe to run from every
+    worker at once."""
+    jobs = Job.__table__.c
+    now = utcnow()
+    running = jobs.status == JobStatus.IN_PROGRESS
+    session.execute(
+        update(Job.__table__)
+        .where(jobs.id == job_id,
+               jobs.status.in_((JobStatus.IN_PROGRESS, JobStatus.CANCELLING)),
+               *(_last_line(job_id, status).is_(None) for status in ItemStatus.OPEN))
+        .values(status=case((running, JobStatus.COMPLETED), else_=JobStatus.CANCELLED),
+                finalizing_at=case((running, now), else_=jobs.finalizing_at),
+                completed_at=case((running, now), else_=jobs.completed_at),
+                cancelled_at=case((running, jobs.cancelled_at), else_=now)))
+
+
+def _last_line(job_id: str, status: str) -> ScalarSelect[int]:
+    """The job's last line in this status: a backward walk of (job_id, status, line_no).
+
+    Not EXISTS over the statuses at once: the planner may answer that with a scan of
+    all the job's items, and the first open item in table order comes after every
+    closed one. The open items are the newest lines (pending) or claims (running), so
+    read backwards the index finds one at once while the job runs.
+    """
+    items = Item.__table__.c
+    return (select(items.line_no).where(items.job_id == job_id, items.status == status)
+            .order_by(items.line_no.desc()).limit(1).scalar_subquery())
+
+

@@ -1,0 +1,246 @@
+"""An item's way through a worker: claimed under a lease, given back, or closed with its result.
+
+Claims are conditional UPDATE ... RETURNING with a lease, so two workers never
+run one item at once and a dead worker's items are claimed again once its
+lease runs out. Results are insert-or-ignore, so a batch that runs twice
+still leaves one result per item.
+"""
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy import and_, case, exists, func, or_, select, update
+from sqlalchemy.orm import Session, sessionmaker
+
+from quotaflow.db import insert_ignore
+from quotaflow.dispatch.queues import BatchRef
+from quotaflow.jobs.service import new_request_id
+from quotaflow.jsoncodec import RawJson
+from quotaflow.models import Item, ItemStatus, Job, JobStatus, Result, utcnow
+from quotaflow.providers.base import ProviderResponse
+from quotaflow.providers.outcomes import Failure, Outcome, Provenance, Shared
+from quotaflow.tenants.spend import Charge, Ledger
+
+# Core tables, not ORM entities: an ORM-enabled UPDATE costs several times the CPU of
+# the same statement on the table, and these run for every batch and chunk.
+ITEMS = Item.__table__
+RESULTS = Result.__table__
+JOBS = Job.__table__
+
+
+@dataclass(frozen=True)
+class ClaimedItem:
+    line_no: int
+    custom_id: str | None
+    body: dict[str, Any]
+    attempts: int
+    body_hash: str | None = None
+    route: str | None = None  # its route's name, decided at ingest
+
+
+def claim(sessions: sessionmaker[Session], ref: BatchRef, owner: str,
+          lease: timedelta) -> list[ClaimedItem]:
+    """Take the batch's pending items (and items whose lease ran out) for this worker."""
+    now = utcnow()
+    job_running = exists().where(JOBS.c.id == ref.job_id, JOBS.c.status == JobStatus.IN_PROGRESS)
+    statement = (
+        update(ITEMS)
+        .where(ITEMS.c.job_id == ref.job_id,
+               ITEMS.c.line_no.between(ref.first_line, ref.last_line),
+               or_(ITEMS.c.status == ItemStatus.PENDING,
+                   and_(ITEMS.c.status == ItemStatus.RUNNING, ITEMS.c.lease_expires_at < now)),
+               job_running)
+        .values(status=ItemStatus.RUNNING, attempts=ITEMS.c.attempts + 1,
+                lease_owner=owner, lease_expires_at=now + lease)
+        .returning(ITEMS.c.line_no, ITEMS.c.custom_id, ITEMS.c.body, ITEMS.c.attempts,
+                   ITEMS.c.body_hash, ITEMS.c.route)
+    )
+    with sessions.begin() as session:
+        rows = session.execute(statement).all()
+    return sorted((ClaimedItem(*row) for row in rows), key=lambda item: item.line_no)
+
+
+def release(sessions: sessionmaker[Session], job_id: str, owner: str,
+            items: list[ClaimedItem], queued_until: datetime) -> None:
+    """Give unstarted items back: they were claimed, but no budget was spent on them.
+
+    `queued_until` is when their retry message, if it never comes, counts as lost.
+    """
+    with sessions.begin() as session:
+        session.execute(
+            update(ITEMS)
+            .where(ITEMS.c.job_id == job_id, ITEMS.c.line_no.in_([i.line_no for i in items]),
+                   ITEMS.c.lease_owner == owner, ITEMS.c.status == ItemStatus.RUNNING)
+            .values(status=ItemStatus.PENDING, lease_owner=None, lease_expires_at=queued_until,
+                    attempts=ITEMS.c.attempts - 1))
+
+
+def end_unsent(sessions: sessionmaker[Session], job_id: str, owner: str,
+               items: list[ClaimedItem], status: str) -> None:
+    """Close claimed items that will not be sent (their job was cancelled or expired);
+    their error lines say so (jobs.iter_output)."""
+    with sessions.begin() as session:
+        session.execute(
+            update(ITEMS)
+            .where(ITEMS.c.job_id == job_id, ITEMS.c.line_no.in_([i.line_no for i in items]),
+                   ITEMS.c.lease_owner == owner, ITEMS.c.status == ItemStatus.RUNNING)
+            .values(status=status, lease_owner=None, lease_expires_at=None))
+
+
+def leased_elsewhere_for(session: Session, ref: BatchRef) -> float | None:
+    """Seconds until the last foreign lease in the range runs out, or None if none is held."""
+    latest = session.scalar(
+        select(func.max(ITEMS.c.lease_expires_at))
+        .where(ITEMS.c.job_id == ref.job_id,
+               ITEMS.c.line_no.between(ref.first_line, ref.last_line),
+               ITEMS.c.status == ItemStatus.RUNNING))
+    if latest is None:
+        return None
+    if latest.tzinfo is None:  # SQLite hands datetimes back without their zone
+        latest = latest.replace(tzinfo=utcnow().tzinfo)
+    return max(1.0, (latest - utcnow()).total_seconds() + 1.0)
+
+
+def store_many(sessions: sessionmaker[Session], job_id: str,
+               entries: Sequence[tuple[ClaimedItem, Outcome]],
+               share: bool = True,
+               provenance: Sequence[Provenance | None] | None = None,
+               billing: Ledger | None = None) -> tuple[int, int]:
+    """Write a chunk of results in one transaction, close their items, and share each
+    result with the identical requests waiting for it (unless `share` is False: the
+    job has none); (succeeded, failed), the sharers included. `provenance`, one per
+    entry where given, says which deployment answered each, after how many calls, when.
+    `billing` is given the answered calls whose rows this transaction stored (a
+    spend.Billing adds them to the spend ledger; a run's hooks, their `before_store`).
+
+    A statement per chunk, not per result: a round trip per answer was most of a
+    worker's time. Results are insert-or-ignore, and an item's status follows the
+    row that is stored, so when another worker stored first its result stands.
+    """
+    if not entries:
+        return 0, 0
+    now = utcnow()
+    rows = [_result_row(job_id, item, outcome, now) for item, outcome in entries]
+    if provenance is not None:
+        for row, record in zip(rows, provenance, strict=True):
+            if record is not None:
+                _stamp(row, record)
+    lines = [item.line_no for item, _ in entries]
+    with sessions.begin() as session:
+        session.execute(insert_ignore(session, RESULTS), rows)
+        stored = select(RESULTS.c.error).where(RESULTS.c.job_id == ITEMS.c.job_id,
+                                            RESULTS.c.line_no == ITEMS.c.line_no).scalar_subquery()
+        closed = session.execute(
+            update(ITEMS)
+            .where(ITEMS.c.job_id == job_id, ITEMS.c.line_no.in_(lines),
+                   ITEMS.c.status.in_(ItemStatus.OPEN))
+            .values(status=case((stored.is_(None), ItemStatus.SUCCEEDED),
+                                else_=ItemStatus.FAILED),
+                    lease_owner=None, lease_expires_at=None)
+            .returning(ITEMS.c.line_no, ITEMS.c.status)).all()
+        if billing is not None and provenance is not None:
+            # An item is open exactly while it has no result (results and the item's
+            # closing are one transaction; retrying a line deletes its result first), so
+            # the items this statement closed are the rows this transaction inserted:
+            # those are billed, and a chunk stored twice is billed once. (Not INSERT ...
+            # RETURNING: rendering that per row doubled the write's CPU.)
+            billing.record(session, job_id,
+                           _charges(entries, provenance, {line for line, _ in closed}), now)
+        shared = _share(session, job_id, lines, now) if share else []
+    statuses = [status for _, status in closed] + shared
+    succeeded = sum(status == ItemStatus.SUCCEEDED for status in statuses)
+    return succeeded, len(statuses) - succeeded
+
+
+def _charges(entries: Sequence[tuple[ClaimedItem, Outcome]],
+             provenance: Sequence[Provenance | None], inserted: set[int]) -> list[Charge]:
+    """The answered calls among the rows just inserted: what the provider will bill."""
+    return [Charge(record.deployment, outcome.prompt_tokens, outcome.completion_tokens,
+                   outcome.cached_tokens)
+            for (item, outcome), record in zip(entries, provenance, strict=True)
+            if record is not None and isinstance(outcome, ProviderResponse)
+            and item.line_no in inserted]
+
+
+def _result_row(job_id: str, item: ClaimedItem, outcome: Outcome,
+                now: datetime) -> dict[str, Any]:
+    row: dict[str, Any] = dict(job_id=job_id, line_no=item.line_no, custom_id=item.custom_id,
+                               request_id=new_request_id(), created_at=now, prompt_tokens=0,
+                               completion_tokens=0, error=None, shared_from=None,
+                               **_NO_PROVENANCE)
+    if isinstance(outcome, Failure):
+        error: dict[str, Any] = {"code": str(outcome.code), "line": item.line_no,
+                                 "message": outcome.message}
+        if outcome.attempts is not None:
+            error["attempts"] = outcome.attempts
+        row.update(status_code=outcome.status_code, response=outcome.body, error=error)
+    elif isinstance(outcome, Shared):
+        row.update(status_code=outcome.status_code, response=outcome.body,
+                   shared_from=outcome.source)
+    else:
+        row.update(status_code=outcome.status_code,
+                   response=RawJson(outcome.raw) if outcome.raw is not None else outcome.body,
+                   prompt_tokens=outcome.prompt_tokens,
+                   completion_tokens=outcome.completion_tokens,
+                   provider_request_id=outcome.request_id)
+    return row
+
+
+# Every row names every column: one INSERT ... VALUES shape for the whole chunk.
+_NO_PROVENANCE: dict[str, Any] = dict(deployment=None, attempts=None, admitted_at=None,
+                                      sent_at=None, answered_at=None, provider_request_id=None)
+
+
+def _stamp(row: dict[str, Any], record: Provenance) -> None:
+    stamp = datetime.fromtimestamp
+    row.update(deployment=record.deployment, attempts=record.attempts,
+               admitted_at=stamp(record.admitted_at, UTC), sent_at=stamp(record.sent_at, UTC),
+               answered_at=stamp(record.answered_at, UTC))
+
+
+def _share(session: Session, job_id: str, lines: list[int], now: datetime) -> list[str]:
+    """Give the items waiting on these lines the same answers; none is billed twice.
+
+    One UPDATE finds nothing in the common case (no identical requests waiting); the
+    stored originals are read only when some are.
+    """
+    answered = exists().where(RESULTS.c.job_id == job_id,
+                              RESULTS.c.line_no == ITEMS.c.duplicate_of)
+    twins = session.execute(
+        update(ITEMS)
+        .where(ITEMS.c.job_id == job_id, ITEMS.c.duplicate_of.in_(lines),
+               ITEMS.c.status == ItemStatus.WAITING, answered)
+        .values(status=case((answered.where(RESULTS.c.error.is_(None)), ItemStatus.SUCCEEDED),
+                            else_=ItemStatus.FAILED))
+        .returning(ITEMS.c.line_no, ITEMS.c.custom_id, ITEMS.c.duplicate_of,
+                   ITEMS.c.status)).all()
+    if not twins:
+        return []
+    originals = {row.line_no: row for row in session.execute(
+        select(RESULTS).where(RESULTS.c.job_id == job_id,
+                             RESULTS.c.line_no.in_({twin.duplicate_of for twin in twins})))}
+    rows = []
+    for line_no, custom_id, duplicate_of, _ in twins:
+        original = originals[duplicate_of]
+        source = original.shared_from or {"id": original.request_id,
+                                          "custom_id": original.custom_id, "batch_id": job_id}
+        error = None if original.error is None else {**original.error, "line": line_no}
+        rows.append(dict(job_id=job_id, line_no=line_no, custom_id=custom_id,
+                         request_id=new_request_id(), status_code=original.status_code,
+                         response=original.response, error=error, prompt_tokens=0,
+                         completion_tokens=0, shared_from=source, created_at=now,
+                         **_NO_PROVENANCE))
+    session.execute(insert_ignore(session, RESULTS), rows)
+    return [twin.status for twin in twins]
+
+
+def renew(sessions: sessionmaker[Session], job_id: str, owner: str, lease: timedelta) -> int:
+    """Extend this worker's leases: a live worker's items must never look abandoned."""
+    with sessions.begin() as session:
+        return session.execute(
+            update(ITEMS)
+            .where(ITEMS.c.job_id == job_id, ITEMS.c.lease_owner == owner,
+                   ITEMS.c.status == ItemStatus.RUNNING)
+            .values(lease_expires_at=utcnow() + lease)).rowcount
