@@ -27,8 +27,8 @@ from limits.storage import RedisStorage
 from limits.strategies import MovingWindowRateLimiter
 
 from quotaflow.budget.buckets import RedisLimiter
-from quotaflow.budget.limiter import Budget
 from quotaflow.db import upgrade
+from quotaflow.deployments.limits import Budget
 
 REDIS_URL = os.environ.get("QUOTAFLOW_BENCH_REDIS_URL", "redis://127.0.0.1:6379/14")
 PG_URL = os.environ.get("QUOTAFLOW_BENCH_DATABASE_URL",

@@ -33,11 +33,11 @@ from typing import NamedTuple
 
 from bench.e2e import ThrowawayPostgres, ThrowawayRedis, _process_table, tree_cpu
 from quotaflow.budget.buckets import RedisLimiter
-from quotaflow.budget.limiter import Budget
 from quotaflow.config import Settings
 from quotaflow.db import session_factory, upgrade
+from quotaflow.deployments.limits import Budget
 from quotaflow.dispatch.queues import BatchRef
-from quotaflow.jobs import service as jobs
+from quotaflow.ingest import pipeline
 from quotaflow.providers.base import ProviderResponse
 from quotaflow.providers.outcomes import Provenance
 from quotaflow.results.leases import claim, store_many
@@ -71,9 +71,9 @@ def make_job(url: str, lines: int) -> str:
     data = "".join(f'{{"custom_id": "r{i}", "method": "POST", "url": "/v1/chat/completions", '
                    f'"body": {{"model": "m", "messages": [{{"role": "user", "content": '
                    f'"question {i}"}}]}}}}\n' for i in range(lines)).encode()
-    return jobs.create_job(sessions, io.BytesIO(data), settings=settings,
-                           deployments=settings.load_deployments(), dispatcher=_NoDispatch(),
-                           queue="bulk").id
+    return pipeline.create_job_in_process(
+        sessions, io.BytesIO(data), settings=settings, deployments=settings.load_deployments(),
+        dispatcher=_NoDispatch(), queue="bulk").id
 
 
 def _write(url: str, seconds: float, out: "multiprocessing.Queue[float]", job_id: str,

@@ -17,6 +17,7 @@ from quotaflow.db import upgrade
 from quotaflow.deployments.catalog import Deployments
 from quotaflow.dispatch.queues import BatchRef, CollectingDispatcher
 from quotaflow.execution import BatchExecutor
+from quotaflow.ingest import pipeline
 from quotaflow.jobs import service as jobs
 from quotaflow.jobs import view as job_view
 from quotaflow.results.output import iter_output
@@ -39,9 +40,9 @@ def run_file(settings: Settings, input_path: Path, output: IO[str], errors_path:
     sessions, dispatcher = runtime.sessions, runtime.dispatcher
     assert isinstance(dispatcher, CollectingDispatcher)
     with input_path.open("rb") as handle:
-        job = jobs.create_job(sessions, handle, settings=settings,
-                              deployments=runtime.deployments, dispatcher=dispatcher,
-                              queue=queue, filename=input_path.name, dedup=dedup)
+        job = pipeline.create_job_in_process(
+            sessions, handle, settings=settings, deployments=runtime.deployments,
+            dispatcher=dispatcher, queue=queue, filename=input_path.name, dedup=dedup)
     executor = runtime.executor
     with sessions() as session:
         pending = job_view.job_object(session, jobs.get_job(session, job.id))["request_counts"]

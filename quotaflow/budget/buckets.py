@@ -13,8 +13,9 @@ from pathlib import Path
 
 import redis
 
-from quotaflow.budget.limiter import Admission, Budget, Levels, Limiter, Refunds, Settlement
+from quotaflow.budget.limiter import Admission, Levels, Limiter, Settlement
 from quotaflow.constants import REDIS_PREFIX
+from quotaflow.deployments.limits import Budget, Refunds
 from quotaflow.errors import ServiceUnavailable
 
 SCRIPT = Path(__file__).with_name("lua") / "bucket.lua"

@@ -24,8 +24,8 @@ from typing import Protocol
 
 import redis
 
-from quotaflow.budget.limiter import Budget
 from quotaflow.constants import REDIS_PREFIX
+from quotaflow.deployments.limits import Budget
 from quotaflow.errors import ServiceUnavailable
 
 SCRIPT = Path(__file__).with_name("lua") / "fair.lua"

@@ -25,8 +25,8 @@ import dataclasses
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from quotaflow.budget.limiter import Budget
 from quotaflow.deployments.catalog import Deployments
+from quotaflow.deployments.limits import Budget
 
 RPM, TPM = "rpm", "tpm"
 
@@ -57,7 +57,7 @@ def route_budgets(deployments: Deployments, route_name: str) -> dict[str, Budget
     route = deployments.route_named(route_name)
     if route is None:
         return {}
-    budgets = (_combined(Budget.of(deployments.deployments[name])) for name in route.deployments)
+    budgets = (_combined(deployments.deployments[name].budget) for name in route.deployments)
     return {budget.name: budget for budget in budgets}
 
 

@@ -18,7 +18,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 
 from quotaflow.budget.circuit import Circuit, CircuitBreaker, CircuitState
-from quotaflow.budget.limiter import Budget, Limiter
+from quotaflow.budget.limiter import Limiter
 from quotaflow.deployments.catalog import Deployment, Deployments, Route
 from quotaflow.errors import ServiceUnavailable
 
@@ -101,7 +101,7 @@ class Router:
             if not circuit.usable:
                 waits.append(circuit.wait_s)
                 continue
-            budget = Budget.of(deployment)
+            budget = deployment.budget
             levels = self.limiter.levels(budget)
             if levels.blocked_s > 0:  # cooling down after a 429
                 waits.append(levels.blocked_s)

@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
+from quotaflow.deployments.limits import Budget, Refunds
 from quotaflow.deployments.pricing import Prices
 from quotaflow.errors import ConfigError
 
@@ -249,6 +250,17 @@ class Deployment(BaseModel):
             return None
         return Prices(self.input_per_mtok, self.output_per_mtok, self.cached_input_per_mtok,
                       self.currency.upper())
+
+    @cached_property
+    def budget(self) -> Budget:
+        """Its limits as the limiter's buckets see them: derived here, once, for every
+        reader (routing, admission, estimates, gauges)."""
+        tpm, itpm = self.tpm, 0.0
+        if self.itpm is not None and self.otpm is not None:
+            tpm, itpm = self.otpm, self.itpm
+        return Budget(self.budget_name, self.rpm, tpm, self.burst_seconds,
+                      flight_timeout_s=4 * self.timeout_s + 60, margin_s=self.safety_margin_s,
+                      refunds=Refunds.of(self.reconcile_usage), itpm=itpm)
 
     @property
     def budget_name(self) -> str:

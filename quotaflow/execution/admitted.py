@@ -4,8 +4,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from quotaflow.budget.limiter import Admission, Budget
+from quotaflow.budget.limiter import Admission
 from quotaflow.deployments.catalog import Deployment
+from quotaflow.deployments.limits import Budget
 from quotaflow.providers import Provider
 from quotaflow.results.leases import ClaimedItem
 

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 
 from quotaflow.budget.fair_share import FairShare, Share, budget_seconds
-from quotaflow.budget.limiter import Budget
+from quotaflow.deployments.limits import Budget
 from quotaflow.errors import ServiceUnavailable
 
 ALONE_S = 0.25

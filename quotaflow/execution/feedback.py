@@ -21,8 +21,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from quotaflow.budget.circuit import CircuitBreaker
-from quotaflow.budget.limiter import Budget, Limiter, Settlement
+from quotaflow.budget.limiter import Limiter, Settlement
 from quotaflow.deployments.catalog import Deployment
+from quotaflow.deployments.limits import Budget
 from quotaflow.errors import ProviderError, ServiceUnavailable
 from quotaflow.execution.admitted import Admitted
 from quotaflow.providers import ProviderResponse

@@ -36,8 +36,8 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy.orm import Session
 
-from quotaflow.budget.limiter import Budget
 from quotaflow.deployments.catalog import Route
+from quotaflow.deployments.limits import Budget
 from quotaflow.execution.admitted import Admitted
 from quotaflow.results.leases import ClaimedItem
 from quotaflow.tenants.spend import Charge

@@ -5,7 +5,6 @@ translated for the other family (quotaflow/providers/translate/); a field that h
 equivalent there fails the line here, naming it.
 """
 
-from quotaflow.budget.limiter import Budget
 from quotaflow.budget.tokens import admission_tokens, max_output_tokens, prompt_tokens
 from quotaflow.deployments.catalog import Deployment, Deployments
 from quotaflow.errors import ConfigError, RequestTooLarge, Untranslatable
@@ -22,7 +21,7 @@ class Preparer:
 
     def __init__(self, deployments: Deployments, providers: ProviderPool) -> None:
         self.providers = providers
-        self.budgets = {d.name: Budget.of(d) for d in deployments.deployments.values()}
+        self.budgets = {d.name: d.budget for d in deployments.deployments.values()}
 
     def prepare(self, url: str, deployment: Deployment, item: ClaimedItem) -> Admitted | Failure:
         """The item as `deployment` would receive it, or why it cannot go there."""

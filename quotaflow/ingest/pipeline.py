@@ -1,7 +1,7 @@
 """Ingest: the one pass that turns a JSONL file into a job, or leaves nothing at all.
 
 POST /jobs, POST /v1/batches (quotaflow/compat/openai_batches.py) and `quotaflow run` (through
-jobs.create_job) all come here, so "count the tokens, check the tenant's quota,
+create_job_in_process) all come here, so "count the tokens, check the tenant's quota,
 store the job" is written once. The file is read once, as it streams: each line
 is parsed, validated, counted for the tenant's token quota, hashed for in-job
 dedup and handed to the database as one row (PostgreSQL COPY, quotaflow/ingest/bulkwrite.py).
@@ -262,3 +262,35 @@ def _locate(stream: IO[bytes], custom_id: str, max_line_bytes: int) -> tuple[int
             if len(found) == 2:
                 return tuple(found)
     return None, None
+
+
+def create_job_in_process(
+    sessions: sessionmaker[Session],
+    stream: IO[bytes],
+    *,
+    settings: Settings,
+    deployments: Deployments,
+    dispatcher: Dispatcher,
+    queue: str,
+    filename: str | None = None,
+    metadata: dict[str, str] | None = None,
+    max_attempts: int | None = None,
+    tenant: str = DEFAULT_TENANT,
+    output_format: str | None = None,
+    dedup: bool | None = None,
+) -> Job:
+    """Store a JSONL file as a job and dispatch its batches, or store nothing at all.
+
+    Lines that fail validation become failed items with their line number and
+    reason; the job runs its good lines. A file-level problem (empty, too big,
+    duplicate custom_id, no valid line) raises InputFileError and nothing of the file
+    is written. Identical requests whose answer cannot differ (or all, or none, as
+    `dedup` says) are stored once as sent and otherwise as waiting for that one's
+    answer. This is ingest's entry point for `quotaflow run` and other
+    in-process callers, which the tenant token quota (an API matter) does not apply to.
+    """
+    spec = JobSpec(queue=queue, tenant=tenant, filename=filename, metadata=metadata,
+                   max_attempts=max_attempts, enforce_quota=False,
+                   output_format=output_format, dedup=dedup)
+    return create_job(sessions, stream, settings=settings, deployments=deployments,
+                      dispatcher=dispatcher, spec=spec).job

@@ -6,15 +6,12 @@ job (REST, CLI, embedded run) reports the same statuses and counts.
 
 import uuid
 from datetime import timedelta
-from typing import IO
 
 from sqlalchemy import case, delete, select, update
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.sql.selectable import ScalarSelect
 
 from quotaflow.config import Settings
-from quotaflow.constants import DEFAULT_TENANT
-from quotaflow.deployments.catalog import Deployments
 from quotaflow.dispatch.queues import Dispatcher, batch_refs
 from quotaflow.errors import JobNotFound, JobStateError
 from quotaflow.models import Item, ItemStatus, Job, JobStatus, Result, utcnow
@@ -30,41 +27,6 @@ def new_request_id() -> str:
 def stable_request_id(job_id: str, line_no: int) -> str:
     """An id for a line that never reached a provider, the same on every download."""
     return f"batch_req_{uuid.uuid5(uuid.NAMESPACE_URL, f'{job_id}/{line_no}').hex}"
-
-
-def create_job(
-    sessions: sessionmaker[Session],
-    stream: IO[bytes],
-    *,
-    settings: Settings,
-    deployments: Deployments,
-    dispatcher: Dispatcher,
-    queue: str,
-    filename: str | None = None,
-    metadata: dict[str, str] | None = None,
-    max_attempts: int | None = None,
-    tenant: str = DEFAULT_TENANT,
-    output_format: str | None = None,
-    dedup: bool | None = None,
-) -> Job:
-    """Store a JSONL file as a job and dispatch its batches, or store nothing at all.
-
-    Lines that fail validation become failed items with their line number and
-    reason; the job runs its good lines. A file-level problem (empty, too big,
-    duplicate custom_id, no valid line) raises InputFileError and nothing of the file
-    is written. Identical requests whose answer cannot differ (or all, or none, as
-    `dedup` says) are stored once as sent and otherwise as waiting for that one's
-    answer. The work is quotaflow.ingest.pipeline's; this is its entry point for `quotaflow
-    run` and other in-process callers, which the tenant token quota (an API matter)
-    does not apply to.
-    """
-    from quotaflow.ingest import pipeline as ingest  # ingest builds on this module
-
-    spec = ingest.JobSpec(queue=queue, tenant=tenant, filename=filename, metadata=metadata,
-                          max_attempts=max_attempts, enforce_quota=False,
-                          output_format=output_format, dedup=dedup)
-    return ingest.create_job(sessions, stream, settings=settings, deployments=deployments,
-                             dispatcher=dispatcher, spec=spec).job
 
 
 def get_job(session: Session, job_id: str, tenant: str | None = None) -> Job:

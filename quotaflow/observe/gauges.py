@@ -18,19 +18,21 @@ on every message (protocol 2 records no send time). A message without it
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 import redis
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 from sqlalchemy import func, select
+from sqlalchemy.orm import Session, sessionmaker
 
-from quotaflow.budget.circuit import CircuitState
-from quotaflow.budget.limiter import Budget
+from quotaflow.budget.circuit import CircuitBreaker, CircuitState
+from quotaflow.budget.limiter import Limiter
+from quotaflow.config import Settings
 from quotaflow.constants import QUEUES, local_queue
+from quotaflow.deployments.catalog import Deployments
 from quotaflow.models import Item, ItemStatus, Job, JobStatus
-from quotaflow.runtime import Runtime
 from quotaflow.tenants.spend import costs_by_tenant
 
 log = logging.getLogger(__name__)
@@ -58,10 +60,29 @@ def _gauge(name: str, doc: str, labels: Iterable[str] = ()) -> GaugeMetricFamily
     return GaugeMetricFamily(name, doc, labels=list(labels))
 
 
+class StateSources(Protocol):
+    """What the gauges read: a process's Runtime has it all (quotaflow/runtime.py), and
+    naming only this keeps the arrow pointing down, from the wiring to the gauges."""
+
+    settings: Settings
+
+    @property
+    def deployments(self) -> Deployments: ...
+
+    @property
+    def limiter(self) -> Limiter: ...
+
+    @property
+    def breaker(self) -> CircuitBreaker: ...
+
+    @property
+    def sessions(self) -> sessionmaker[Session]: ...
+
+
 class StateCollector(Collector):
     """Reads the cluster's state from Redis and PostgreSQL on every collect()."""
 
-    def __init__(self, runtime: Runtime) -> None:
+    def __init__(self, runtime: StateSources) -> None:
         self.runtime = runtime
         url = runtime.settings.broker_url
         self._broker = (redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5)
@@ -92,7 +113,7 @@ class StateCollector(Collector):
             ("limit_tokens_per_minute", "The deployment's TPM limit"))}
         limiter = self.runtime.limiter
         for deployment in self.runtime.deployments.deployments.values():
-            budget = Budget.of(deployment)
+            budget = deployment.budget
             levels = limiter.levels(budget)
             for name, value in (("utilisation", levels.utilisation(budget)),
                                 ("available_requests", levels.requests),

@@ -22,7 +22,7 @@ from quotaflow.config import Settings
 from quotaflow.deployments.catalog import load_deployments
 from quotaflow.dispatch.queues import CollectingDispatcher
 from quotaflow.execution import BatchExecutor
-from quotaflow.jobs import service as jobs
+from quotaflow.ingest import pipeline
 from quotaflow.results.output import iter_output
 from tests.harness.anthropic_cluster import SCENARIOS, AnthropicCluster, Scenario
 from tests.harness.procs import Proc, free_port, quotaflow
@@ -62,9 +62,9 @@ def run_job(pg_sessions: sessionmaker[Session], pg_url: str, redis_url: str, tmp
     loaded = load_deployments(deployments)
     dispatcher = CollectingDispatcher()
     data = "".join(json.dumps(line) + "\n" for line in lines).encode()
-    job = jobs.create_job(pg_sessions, io.BytesIO(data), settings=settings, deployments=loaded,
-                          dispatcher=dispatcher, queue="realtime", output_format=output_format,
-                          max_attempts=max_attempts)
+    job = pipeline.create_job_in_process(
+        pg_sessions, io.BytesIO(data), settings=settings, deployments=loaded, dispatcher=dispatcher,
+        queue="realtime", output_format=output_format, max_attempts=max_attempts)
     executor = BatchExecutor(pg_sessions, loaded, RedisLimiter(redis_url), settings, defer=False)
     for ref in dispatcher.batches:
         executor.run(ref)

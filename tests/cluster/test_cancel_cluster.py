@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from quotaflow.config import Settings
+from quotaflow.ingest import pipeline
 from quotaflow.jobs import service as jobs
 from quotaflow.models import JobStatus
 from quotaflow.results import output
@@ -55,10 +56,10 @@ def test_no_admission_later_than_two_seconds_after_a_job_ends(
         settings = Settings(database_url=pg_url, broker_url=REDIS_URL,
                             deployments_file=deployments, completion_window_s=window,
                             _env_file=None)
-        job = jobs.create_job(pg_sessions, io.BytesIO(jsonl([chat_line(f"s{i}")
-                                                            for i in range(LINES)])),
-                              settings=settings, deployments=settings.load_deployments(),
-                              dispatcher=CeleryDispatcher(REDIS_URL), queue="standard")
+        job = pipeline.create_job_in_process(
+            pg_sessions, io.BytesIO(jsonl([chat_line(f"s{i}") for i in range(LINES)])),
+            settings=settings, deployments=settings.load_deployments(),
+            dispatcher=CeleryDispatcher(REDIS_URL), queue="standard")
         # When it is cancelled at a quarter done, or its window ends (15 s: about 150 sent)
         if how == "cancel":
             deadline = time.monotonic() + 60

@@ -15,6 +15,7 @@ from sqlalchemy import update
 from quotaflow.budget.buckets import LocalLimiter
 from quotaflow.dispatch.queues import BatchRef
 from quotaflow.execution import BatchExecutor
+from quotaflow.ingest import pipeline
 from quotaflow.jobs import service as jobs
 from quotaflow.models import Job, JobStatus
 from quotaflow.results import output
@@ -35,10 +36,10 @@ def _run_in_background(pg_sessions, settings, tmp_path: Path, provider: str):
         def dispatch(self, queue: str, refs: list[BatchRef]) -> None:
             batches.extend(refs)
 
-    job = jobs.create_job(pg_sessions, io.BytesIO(jsonl([chat_line(f"c{i}")
-                                                         for i in range(LINES)])),
-                          settings=settings, deployments=settings.load_deployments(),
-                          dispatcher=Collect(), queue="realtime")
+    job = pipeline.create_job_in_process(
+        pg_sessions, io.BytesIO(jsonl([chat_line(f"c{i}") for i in range(LINES)])),
+        settings=settings, deployments=settings.load_deployments(), dispatcher=Collect(),
+        queue="realtime")
     executor = BatchExecutor(pg_sessions, settings.load_deployments(), LocalLimiter(), settings)
     reports = []
     thread = threading.Thread(target=lambda: reports.append(executor.run(batches[0])))
@@ -102,10 +103,9 @@ def test_a_batch_goes_on_at_once_when_its_probe_closes_the_circuit(
         def dispatch(self, queue: str, refs: list[BatchRef]) -> None:
             batches.extend(refs)
 
-    job = jobs.create_job(pg_sessions, io.BytesIO(jsonl([chat_line(f"p{i}")
-                                                         for i in range(20)])),
-                          settings=settings, deployments=deployments, dispatcher=Collect(),
-                          queue="realtime")
+    job = pipeline.create_job_in_process(
+        pg_sessions, io.BytesIO(jsonl([chat_line(f"p{i}") for i in range(20)])), settings=settings,
+        deployments=deployments, dispatcher=Collect(), queue="realtime")
     executor = BatchExecutor(pg_sessions, deployments, LocalLimiter(), settings)
     executor.breaker.record_failure(deployments.deployments["slow"])
     time.sleep(0.3)

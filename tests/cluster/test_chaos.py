@@ -13,7 +13,7 @@ from sqlalchemy import func, select
 
 from quotaflow.config import Settings
 from quotaflow.db import session_factory
-from quotaflow.jobs import service as jobs
+from quotaflow.ingest import pipeline
 from quotaflow.models import Item
 from tests.harness.cluster import (
     deployment_file,
@@ -49,10 +49,10 @@ def test_sigkilled_worker_loses_nothing(pg_url: str, pg_sessions, tmp_path: Path
         # by the queue patience, so it is short here too.
         settings = Settings(database_url=pg_url, broker_url=REDIS_URL, batch_size=5,
                             queue_patience_s=5, deployments_file=deployments, _env_file=None)
-        job = jobs.create_job(pg_sessions, io.BytesIO(jsonl([chat_line(f"c{i}")
-                                                            for i in range(100)])),
-                              settings=settings, deployments=settings.load_deployments(),
-                              dispatcher=CeleryDispatcher(REDIS_URL), queue="standard")
+        job = pipeline.create_job_in_process(
+            pg_sessions, io.BytesIO(jsonl([chat_line(f"c{i}") for i in range(100)])),
+            settings=settings, deployments=settings.load_deployments(),
+            dispatcher=CeleryDispatcher(REDIS_URL), queue="standard")
         # When the first worker is killed outright while it holds claimed items
         deadline = time.monotonic() + 60
         while not _claimed_by_both(sessions, job.id):

@@ -10,7 +10,7 @@ import redis
 
 from quotaflow.config import Settings
 from quotaflow.db import session_factory
-from quotaflow.jobs import service as jobs
+from quotaflow.ingest import pipeline
 from tests.harness.cluster import (
     deployment_file,
     one_result_per_line,
@@ -46,10 +46,10 @@ def test_postgres_restart_loses_nothing(tmp_path: Path, throwaway_postgres) -> N
         procs += start_workers(env, tmp_path, "pg")
         settings = Settings(database_url=pg_url, broker_url=REDIS_URL, batch_size=5,
                             deployments_file=deployments, _env_file=None)
-        job = jobs.create_job(sessions, io.BytesIO(jsonl([chat_line(f"p{i}")
-                                                         for i in range(120)])),
-                              settings=settings, deployments=settings.load_deployments(),
-                              dispatcher=CeleryDispatcher(REDIS_URL), queue="standard")
+        job = pipeline.create_job_in_process(
+            sessions, io.BytesIO(jsonl([chat_line(f"p{i}") for i in range(120)])),
+            settings=settings, deployments=settings.load_deployments(),
+            dispatcher=CeleryDispatcher(REDIS_URL), queue="standard")
         # When PostgreSQL stops mid-job for five seconds
         deadline = time.monotonic() + 60
         while results_stored(sessions, job.id) < 10:

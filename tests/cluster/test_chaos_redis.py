@@ -9,7 +9,7 @@ import pytest
 
 from quotaflow.config import Settings
 from quotaflow.db import session_factory
-from quotaflow.jobs import service as jobs
+from quotaflow.ingest import pipeline
 from tests.harness.cluster import (
     deployment_file,
     one_result_per_line,
@@ -44,10 +44,10 @@ def test_redis_restart_loses_nothing(pg_url: str, pg_sessions, tmp_path: Path,
         # (the default queue patience, an hour: only noticing the restart can resume it)
         settings = Settings(database_url=pg_url, broker_url=redis_url, batch_size=5,
                             deployments_file=deployments, _env_file=None)
-        job = jobs.create_job(pg_sessions, io.BytesIO(jsonl([chat_line(f"q{i}")
-                                                            for i in range(120)])),
-                              settings=settings, deployments=settings.load_deployments(),
-                              dispatcher=CeleryDispatcher(redis_url), queue="standard")
+        job = pipeline.create_job_in_process(
+            pg_sessions, io.BytesIO(jsonl([chat_line(f"q{i}") for i in range(120)])),
+            settings=settings, deployments=settings.load_deployments(),
+            dispatcher=CeleryDispatcher(redis_url), queue="standard")
         # When Redis goes away mid-job and comes back empty
         deadline = time.monotonic() + 60
         while results_stored(sessions, job.id) < 10:

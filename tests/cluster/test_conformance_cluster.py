@@ -18,6 +18,7 @@ from typing import Any
 from sqlalchemy.orm import Session, sessionmaker
 
 from quotaflow.config import Settings
+from quotaflow.ingest import pipeline
 from quotaflow.jobs import service as jobs
 from quotaflow.results.output import iter_output
 from tests.harness import conformance
@@ -56,9 +57,10 @@ def job_lines(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def run(sessions: sessionmaker[Session], settings: Settings, lines: list[dict]
         ) -> dict[str, dict]:
     """The job's output and error lines by custom_id, once it has ended."""
-    job = jobs.create_job(sessions, io.BytesIO(jsonl(lines)), settings=settings,
-                          deployments=settings.load_deployments(),
-                          dispatcher=CeleryDispatcher(settings.broker_url), queue="realtime")
+    job = pipeline.create_job_in_process(
+        sessions, io.BytesIO(jsonl(lines)), settings=settings,
+        deployments=settings.load_deployments(), dispatcher=CeleryDispatcher(settings.broker_url),
+        queue="realtime")
     deadline = time.monotonic() + 120
     while True:
         with sessions() as session:

@@ -15,6 +15,7 @@ from quotaflow.budget.buckets import LocalLimiter
 from quotaflow.config import Settings
 from quotaflow.dispatch.queues import CollectingDispatcher
 from quotaflow.execution import BatchExecutor
+from quotaflow.ingest import pipeline
 from quotaflow.jobs import service as jobs
 from quotaflow.jobs import view as job_view
 from quotaflow.models import Item
@@ -54,10 +55,10 @@ def submit(sessions, settings: Settings, lines: list[dict], max_attempts: int | 
            tenant: str = "default", dedup: bool | None = None
            ) -> tuple[str, CollectingDispatcher]:
     dispatcher = CollectingDispatcher()
-    job = jobs.create_job(sessions, io.BytesIO(jsonl(lines)), settings=settings,
-                          deployments=settings.load_deployments(), dispatcher=dispatcher,
-                          queue="realtime", max_attempts=max_attempts, tenant=tenant,
-                          dedup=dedup)
+    job = pipeline.create_job_in_process(
+        sessions, io.BytesIO(jsonl(lines)), settings=settings,
+        deployments=settings.load_deployments(), dispatcher=dispatcher, queue="realtime",
+        max_attempts=max_attempts, tenant=tenant, dedup=dedup)
     return job.id, dispatcher
 
 

@@ -28,6 +28,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from quotaflow.budget.tokens import admission_tokens, prompt_tokens
 from quotaflow.config import Settings
 from quotaflow.db import session_factory
+from quotaflow.ingest import pipeline
 from quotaflow.jobs import service as jobs
 from quotaflow.jobs import view as job_view
 from quotaflow.results import output
@@ -54,10 +55,10 @@ class EndpointCluster:
     key: str
 
     def submit(self, lines: list[dict], queue: str = "realtime") -> str:
-        job = jobs.create_job(self.sessions, io.BytesIO(jsonl(lines)), settings=self.settings,
-                              deployments=self.settings.load_deployments(),
-                              dispatcher=CeleryDispatcher(self.settings.broker_url),
-                              queue=queue)
+        job = pipeline.create_job_in_process(
+            self.sessions, io.BytesIO(jsonl(lines)), settings=self.settings,
+            deployments=self.settings.load_deployments(),
+            dispatcher=CeleryDispatcher(self.settings.broker_url), queue=queue)
         return job.id
 
     def finish(self, job_id: str, timeout: float = 120) -> dict:

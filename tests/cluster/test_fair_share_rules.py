@@ -7,7 +7,7 @@ import time
 import pytest
 
 from quotaflow.budget.fair_share import QUANTUM_S, RedisFairShare, budget_seconds
-from quotaflow.budget.limiter import Budget
+from quotaflow.deployments.limits import Budget
 from quotaflow.execution.fairness import TenantShare
 
 BUDGET = Budget("fair-rules", rpm=1200, tpm=60000)

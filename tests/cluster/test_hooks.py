@@ -10,7 +10,7 @@ from quotaflow.budget.buckets import LocalLimiter
 from quotaflow.dispatch.queues import BatchRef
 from quotaflow.execution import BatchExecutor
 from quotaflow.execution.hooks import BatchHook, Hooks
-from quotaflow.jobs import service as jobs
+from quotaflow.ingest import pipeline
 from quotaflow.models import Item, ItemStatus
 from quotaflow.results import output
 from tests.harness.factories import chat_line, jsonl
@@ -30,10 +30,10 @@ def _job(pg_sessions, settings, tmp_path: Path, lines: int) -> tuple[str, BatchR
         def dispatch(self, queue: str, refs: list[BatchRef]) -> None:
             batches.extend(refs)
 
-    job = jobs.create_job(pg_sessions, io.BytesIO(jsonl([chat_line(f"h{i}")
-                                                         for i in range(lines)])),
-                          settings=settings, deployments=settings.load_deployments(),
-                          dispatcher=Collect(), queue="standard")
+    job = pipeline.create_job_in_process(
+        pg_sessions, io.BytesIO(jsonl([chat_line(f"h{i}") for i in range(lines)])),
+        settings=settings, deployments=settings.load_deployments(), dispatcher=Collect(),
+        queue="standard")
     return job.id, batches[0]
 
 

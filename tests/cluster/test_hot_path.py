@@ -13,11 +13,12 @@ from sqlalchemy import event
 
 from quotaflow.budget.buckets import RedisLimiter
 from quotaflow.budget.circuit import RedisCircuitBreaker
-from quotaflow.budget.limiter import Budget, Settlement
+from quotaflow.budget.limiter import Settlement
 from quotaflow.db import get_engine
+from quotaflow.deployments.limits import Budget
 from quotaflow.dispatch.queues import BatchRef
 from quotaflow.execution import BatchExecutor
-from quotaflow.jobs import service as jobs
+from quotaflow.ingest import pipeline
 from tests.harness.factories import chat_line, jsonl
 
 ANSWER = (b'{"id":"chatcmpl-1","object":"chat.completion","created":1,"model":"m",'
@@ -101,10 +102,10 @@ def _job(pg_sessions, settings, tmp_path: Path, provider: str, lines: int,
     settings.deployments_file = tmp_path / "d.toml"
     settings.batch_size = batch_size
     collect = _Collect()
-    job = jobs.create_job(pg_sessions, io.BytesIO(jsonl([chat_line(f"r{i}")
-                                                         for i in range(lines)])),
-                          settings=settings, deployments=settings.load_deployments(),
-                          dispatcher=collect, queue="realtime")
+    job = pipeline.create_job_in_process(
+        pg_sessions, io.BytesIO(jsonl([chat_line(f"r{i}") for i in range(lines)])),
+        settings=settings, deployments=settings.load_deployments(), dispatcher=collect,
+        queue="realtime")
     return job.id, collect.batches
 
 

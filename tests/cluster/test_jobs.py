@@ -15,6 +15,7 @@ from quotaflow.dispatch.queues import BatchRef
 from quotaflow.dispatch.reaper import reap
 from quotaflow.errors import InputFileError, JobStateError
 from quotaflow.execution import LIMITER_DOWN_BACKOFF_S, BatchExecutor
+from quotaflow.ingest import pipeline
 from quotaflow.jobs import service as jobs
 from quotaflow.jobs import view as job_view
 from quotaflow.models import Item, Job, JobStatus, Result, utcnow
@@ -38,9 +39,9 @@ class Collect:
 
 def create(sessions: sessionmaker[Session], settings: Settings, data: bytes,
            dispatcher: Collect | None = None) -> Job:
-    return jobs.create_job(sessions, io.BytesIO(data), settings=settings,
-                           deployments=settings.load_deployments(),
-                           dispatcher=dispatcher or Collect(), queue="bulk", filename="in.jsonl")
+    return pipeline.create_job_in_process(
+        sessions, io.BytesIO(data), settings=settings, deployments=settings.load_deployments(),
+        dispatcher=dispatcher or Collect(), queue="bulk", filename="in.jsonl")
 
 
 def executor(sessions: sessionmaker[Session], settings: Settings) -> BatchExecutor:

@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from quotaflow.config import Settings
 from quotaflow.dispatch.queues import BatchRef
-from quotaflow.jobs import service as jobs
+from quotaflow.ingest import pipeline
 from tests.harness.cluster import deployment_file, job_status, start_provider
 from tests.harness.factories import chat_line, jsonl
 from tests.harness.procs import Proc, free_port, quotaflow
@@ -156,10 +156,10 @@ def test_provider_counters_summed_over_the_workers_equal_the_providers_own(
         metered: Metered, pg_sessions: sessionmaker[Session]) -> None:
     # Given a job of distinct requests against a provider that fails 5% with 500, 5% with 429
     lines = [chat_line(f"m-{i}", f"question {i} about the moon") for i in range(LINES)]
-    job = jobs.create_job(pg_sessions, io.BytesIO(jsonl(lines)), settings=metered.settings,
-                          deployments=metered.settings.load_deployments(),
-                          dispatcher=CeleryDispatcher(metered.settings.broker_url),
-                          queue="standard")
+    job = pipeline.create_job_in_process(
+        pg_sessions, io.BytesIO(jsonl(lines)), settings=metered.settings,
+        deployments=metered.settings.load_deployments(),
+        dispatcher=CeleryDispatcher(metered.settings.broker_url), queue="standard")
     # When the API and the workers are scraped while it runs
     during: list[tuple[dict, float]] = []
     deadline = time.monotonic() + 180

@@ -12,6 +12,7 @@ from quotaflow.config import Settings
 from quotaflow.deployments.catalog import Deployments, load_deployments
 from quotaflow.dispatch.queues import BatchRef, PlacingDispatcher
 from quotaflow.dispatch.reaper import reap
+from quotaflow.ingest import pipeline
 from quotaflow.jobs import service as jobs
 from quotaflow.models import Item
 from tests.harness.factories import chat_line, jsonl
@@ -68,9 +69,9 @@ def mixed_file() -> bytes:
 def create(sessions: sessionmaker[Session], settings: Settings, placed: Deployments,
            dispatcher: Recording) -> str:
     settings = settings.model_copy(update={"batch_size": 10})
-    job = jobs.create_job(sessions, io.BytesIO(mixed_file()), settings=settings,
-                          deployments=placed, queue="bulk",
-                          dispatcher=PlacingDispatcher(dispatcher, sessions, placed))
+    job = pipeline.create_job_in_process(
+        sessions, io.BytesIO(mixed_file()), settings=settings, deployments=placed, queue="bulk",
+        dispatcher=PlacingDispatcher(dispatcher, sessions, placed))
     return job.id
 
 

@@ -14,7 +14,7 @@ from quotaflow.budget.buckets import LocalLimiter
 from quotaflow.config import Settings
 from quotaflow.dispatch.queues import CollectingDispatcher
 from quotaflow.execution import BatchExecutor
-from quotaflow.jobs import service as jobs
+from quotaflow.ingest import pipeline
 from quotaflow.models import Job, Result
 from quotaflow.results import output as downloads
 from tests.harness.factories import chat_line, jsonl
@@ -47,9 +47,10 @@ def mock_deployments(tmp_path: Path) -> Iterator[Path]:
 def run_job(sessions: sessionmaker[Session], settings: Settings, count: int) -> Job:
     """A job of `count` chat lines, every batch run to its end in this process."""
     dispatcher = CollectingDispatcher()
-    job = jobs.create_job(sessions, io.BytesIO(jsonl([chat_line(f"r{i}") for i in range(count)])),
-                          settings=settings, deployments=settings.load_deployments(),
-                          dispatcher=dispatcher, queue="bulk", filename="in.jsonl")
+    job = pipeline.create_job_in_process(
+        sessions, io.BytesIO(jsonl([chat_line(f"r{i}") for i in range(count)])), settings=settings,
+        deployments=settings.load_deployments(), dispatcher=dispatcher, queue="bulk",
+        filename="in.jsonl")
     executor = BatchExecutor(sessions, settings.load_deployments(), LocalLimiter(), settings,
                              defer=False)
     for ref in dispatcher.batches:

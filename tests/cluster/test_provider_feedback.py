@@ -11,8 +11,9 @@ import httpx
 import pytest
 
 from quotaflow.budget.buckets import LocalLimiter
-from quotaflow.budget.limiter import Budget
+from quotaflow.deployments.limits import Budget
 from quotaflow.execution import BatchExecutor
+from quotaflow.ingest import pipeline
 from quotaflow.jobs import service as jobs
 from tests.harness.cluster import start_provider
 from tests.harness.factories import chat_line, jsonl
@@ -47,9 +48,9 @@ def run_job(pg_sessions, settings, tmp_path: Path, provider: str, items: int,
             collected.extend(batches)
 
     data = io.BytesIO(jsonl([chat_line(f"r{i}") for i in range(items)]))
-    job = jobs.create_job(pg_sessions, data, settings=settings,
-                          deployments=settings.load_deployments(), dispatcher=Collect(),
-                          queue="realtime")
+    job = pipeline.create_job_in_process(
+        pg_sessions, data, settings=settings, deployments=settings.load_deployments(),
+        dispatcher=Collect(), queue="realtime")
     limiter = LocalLimiter()
     executor = BatchExecutor(pg_sessions, settings.load_deployments(), limiter, settings,
                              defer=False)

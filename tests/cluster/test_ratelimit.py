@@ -15,7 +15,8 @@ import pytest
 import redis
 
 from quotaflow.budget.buckets import RedisLimiter, bucket_key
-from quotaflow.budget.limiter import Budget, Settlement, sleep_time
+from quotaflow.budget.limiter import Settlement, sleep_time
+from quotaflow.deployments.limits import Budget
 from quotaflow.errors import ServiceUnavailable
 from tests.harness.servers import REDIS_URL
 

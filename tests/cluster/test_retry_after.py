@@ -15,6 +15,7 @@ from quotaflow.budget.buckets import LocalLimiter
 from quotaflow.dispatch.queues import CollectingDispatcher
 from quotaflow.execution import BatchExecutor
 from quotaflow.execution.retries import RetryPolicy
+from quotaflow.ingest import pipeline
 from quotaflow.jobs import service as jobs
 from tests.harness.cluster import deployment_file
 from tests.harness.factories import chat_line, jsonl
@@ -58,9 +59,10 @@ def test_a_429_asking_for_ten_minutes_waits_the_ceiling(pg_sessions, settings, t
     refused = httpx.post(f"{storm}/v1/chat/completions", json=chat_line("probe")["body"])
     assert (refused.status_code, refused.headers["retry-after"]) == (429, "600")
     dispatcher = CollectingDispatcher()
-    job = jobs.create_job(pg_sessions, io.BytesIO(jsonl([chat_line("a"), chat_line("b")])),
-                          settings=settings, deployments=settings.load_deployments(),
-                          dispatcher=dispatcher, queue="realtime", max_attempts=3)
+    job = pipeline.create_job_in_process(
+        pg_sessions, io.BytesIO(jsonl([chat_line("a"), chat_line("b")])), settings=settings,
+        deployments=settings.load_deployments(), dispatcher=dispatcher, queue="realtime",
+        max_attempts=3)
     executor = BatchExecutor(pg_sessions, settings.load_deployments(), LocalLimiter(), settings,
                              defer=False)
     # When the storm passes a moment after the first tries

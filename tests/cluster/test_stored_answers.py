@@ -6,7 +6,7 @@ import json
 from datetime import timedelta
 
 from quotaflow.dispatch.queues import BatchRef
-from quotaflow.jobs import service as jobs
+from quotaflow.ingest import pipeline
 from quotaflow.providers.base import ProviderResponse
 from quotaflow.results import leases, output
 from tests.harness.factories import chat_line, jsonl
@@ -17,9 +17,9 @@ def test_a_nul_in_an_answer_does_not_fail_its_chunk(pg_sessions, settings) -> No
         def dispatch(self, queue: str, refs: list) -> None:
             pass
 
-    job = jobs.create_job(pg_sessions, io.BytesIO(jsonl([chat_line("a"), chat_line("b")])),
-                          settings=settings, deployments=settings.load_deployments(),
-                          dispatcher=Collect(), queue="realtime")
+    job = pipeline.create_job_in_process(
+        pg_sessions, io.BytesIO(jsonl([chat_line("a"), chat_line("b")])), settings=settings,
+        deployments=settings.load_deployments(), dispatcher=Collect(), queue="realtime")
     first, second = leases.claim(pg_sessions, BatchRef(job.id, 1, 2), "w",
                                  timedelta(seconds=30))
     odd = rb'{"choices":[{"message":{"content":"a\u0000b \\u0000 stays"}}]}'

@@ -24,10 +24,12 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from quotaflow.budget.buckets import RedisLimiter, bucket_key
-from quotaflow.budget.limiter import Budget, Settlement
+from quotaflow.budget.limiter import Settlement
 from quotaflow.config import Settings
 from quotaflow.constants import ENDPOINT_CHAT, ENDPOINT_COMPLETIONS, ENDPOINTS
 from quotaflow.db import session_factory
+from quotaflow.deployments.limits import Budget
+from quotaflow.ingest import pipeline
 from quotaflow.jobs import service as jobs
 from quotaflow.jobs import view as job_view
 from quotaflow.models import Result
@@ -208,10 +210,10 @@ def run_jobs(sessions: sessionmaker[Session], settings: Settings, sent: list[dic
     by_url: dict[str, list[dict]] = {}
     for line in sent:
         by_url.setdefault(line["url"], []).append(line)
-    ids = [jobs.create_job(sessions, io.BytesIO(jsonl(group)), settings=settings,
-                           deployments=settings.load_deployments(),
-                           dispatcher=CeleryDispatcher(settings.broker_url),
-                           queue="realtime").id for group in by_url.values()]
+    ids = [pipeline.create_job_in_process(
+        sessions, io.BytesIO(jsonl(group)), settings=settings,
+        deployments=settings.load_deployments(), dispatcher=CeleryDispatcher(settings.broker_url),
+        queue="realtime").id for group in by_url.values()]
     deadline = time.monotonic() + timeout
     while True:
         with sessions() as session:
@@ -238,7 +240,7 @@ def finished(pg_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         workers = start_workers(env, workdir, "vllm")
         settings = Settings(database_url=pg_url, broker_url=REDIS_URL, batch_size=8,
                             deployments_file=path, _env_file=None)
-        budget = Budget.of(settings.load_deployments().deployments["vllm"])
+        budget = (settings.load_deployments().deployments["vllm"]).budget
         limiter = RedisLimiter(REDIS_URL)
         spent = limiter.acquire(budget, [SPENT_BEFORE], 0.0)
         limiter.settle(budget, [Settlement(spent.slot, SPENT_BEFORE, 0.0)])

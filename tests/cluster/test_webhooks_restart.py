@@ -15,7 +15,7 @@ from standardwebhooks import Webhook
 
 from quotaflow.config import Settings
 from quotaflow.db import get_engine
-from quotaflow.jobs import service as jobs
+from quotaflow.ingest import pipeline
 from quotaflow.models import Job
 from quotaflow.webhooks import endpoints
 from quotaflow.webhooks.tables import WebhookDelivery
@@ -74,9 +74,10 @@ def test_a_worker_killed_before_delivery_still_leads_to_one_delivery(
         [first] = start_workers(first_env, tmp_path, "hooks-first", count=1)
         procs.append(first)
         # Given a job that ended while the first worker ran
-        job = jobs.create_job(sessions, io.BytesIO(jsonl([chat_line("a"), chat_line("b")])),
-                              settings=settings, deployments=settings.load_deployments(),
-                              dispatcher=CeleryDispatcher(REDIS_URL), queue="realtime")
+        job = pipeline.create_job_in_process(
+            sessions, io.BytesIO(jsonl([chat_line("a"), chat_line("b")])), settings=settings,
+            deployments=settings.load_deployments(), dispatcher=CeleryDispatcher(REDIS_URL),
+            queue="realtime")
         deadline = time.monotonic() + 60
         while job_status(sessions, job.id) == "in_progress":
             assert time.monotonic() < deadline, first.log()

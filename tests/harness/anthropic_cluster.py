@@ -21,6 +21,7 @@ from quotaflow.budget.tokens import estimate_tokens
 from quotaflow.config import Settings
 from quotaflow.constants import ENDPOINT_CHAT
 from quotaflow.db import session_factory
+from quotaflow.ingest import pipeline
 from quotaflow.jobs import service as jobs
 from quotaflow.jobs import view as job_view
 from tests.harness.procs import Proc, free_port, quotaflow
@@ -176,9 +177,9 @@ class AnthropicCluster:
         sessions = session_factory(self.pg_url)
         lines = scenario.lines()
         data = "".join(json.dumps(line) + "\n" for line in lines).encode()
-        job = jobs.create_job(sessions, io.BytesIO(data), settings=settings,
-                              deployments=settings.load_deployments(),
-                              dispatcher=CeleryDispatcher(self.redis_url), queue="realtime")
+        job = pipeline.create_job_in_process(
+            sessions, io.BytesIO(data), settings=settings, deployments=settings.load_deployments(),
+            dispatcher=CeleryDispatcher(self.redis_url), queue="realtime")
         deadline = time.monotonic() + timeout
         while True:
             with sessions() as session:

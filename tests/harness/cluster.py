@@ -13,6 +13,7 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from quotaflow.config import Settings
+from quotaflow.ingest import pipeline
 from quotaflow.jobs import service as jobs
 from quotaflow.jobs import view as job_view
 from quotaflow.models import Result
@@ -90,9 +91,10 @@ def wait_until_finished(sessions: sessionmaker[Session], job_id: str, since: flo
 def submit_and_finish(sessions: sessionmaker[Session], settings: Settings, lines: list[dict],
                       timeout: float, queue: str = "realtime") -> dict:
     """Queue a job of `lines` on Celery and wait for it to leave in_progress; its view."""
-    job = jobs.create_job(sessions, io.BytesIO(jsonl(lines)), settings=settings,
-                          deployments=settings.load_deployments(),
-                          dispatcher=CeleryDispatcher(settings.broker_url), queue=queue)
+    job = pipeline.create_job_in_process(
+        sessions, io.BytesIO(jsonl(lines)), settings=settings,
+        deployments=settings.load_deployments(), dispatcher=CeleryDispatcher(settings.broker_url),
+        queue=queue)
     deadline = time.monotonic() + timeout
     while True:
         with sessions() as session:

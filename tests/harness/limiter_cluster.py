@@ -23,6 +23,7 @@ from quotaflow.budget.tokens import admission_tokens
 from quotaflow.config import Settings
 from quotaflow.constants import ENDPOINT_CHAT
 from quotaflow.db import session_factory
+from quotaflow.ingest import pipeline
 from quotaflow.jobs import service as jobs
 from quotaflow.jobs import view as job_view
 from quotaflow.providers.mock import simulated_body
@@ -199,9 +200,9 @@ class LimiterCluster:
         sessions = session_factory(self.pg_url)
         lines = scenario.lines()
         data = "".join(json.dumps(line) + "\n" for line in lines).encode()
-        job = jobs.create_job(sessions, io.BytesIO(data), settings=settings,
-                              deployments=settings.load_deployments(),
-                              dispatcher=CeleryDispatcher(self.redis_url), queue=scenario.queue)
+        job = pipeline.create_job_in_process(
+            sessions, io.BytesIO(data), settings=settings, deployments=settings.load_deployments(),
+            dispatcher=CeleryDispatcher(self.redis_url), queue=scenario.queue)
         deadline = time.monotonic() + timeout
         while True:
             with sessions() as session:

@@ -24,7 +24,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from quotaflow.config import Settings
 from quotaflow.db import session_factory, upgrade
-from quotaflow.jobs import service as jobs
+from quotaflow.ingest import pipeline
 from quotaflow.models import Job
 from quotaflow.offload.tables import ProviderBatch
 from tests.harness.factories import jsonl
@@ -74,9 +74,10 @@ class Cluster:
     def submit(self, sessions: sessionmaker[Session], lines: list[dict],
                queue: str = "bulk", **options: str) -> str:
         settings = self.settings
-        job = jobs.create_job(sessions, io.BytesIO(jsonl(lines)), settings=settings,
-                              deployments=settings.load_deployments(),
-                              dispatcher=CeleryDispatcher(REDIS_URL), queue=queue, **options)
+        job = pipeline.create_job_in_process(
+            sessions, io.BytesIO(jsonl(lines)), settings=settings,
+            deployments=settings.load_deployments(), dispatcher=CeleryDispatcher(REDIS_URL),
+            queue=queue, **options)
         return job.id
 
     def wait(self, sessions: sessionmaker[Session], job_id: str, timeout: float = 45) -> str:

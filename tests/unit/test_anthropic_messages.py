@@ -6,7 +6,6 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from quotaflow.budget.limiter import Budget
 from quotaflow.deployments.catalog import Deployment
 from quotaflow.errors import PermanentProviderError, RetryableProviderError
 from quotaflow.ingest.formats import parse_line
@@ -130,9 +129,9 @@ def deployment(**changes: Any) -> Deployment:
 def test_itpm_and_otpm_make_a_split_budget() -> None:
     made = deployment()
     assert made.split_tokens and made.tpm == 7200 and made.anthropic_version == "2023-06-01"
-    budget = Budget.of(made)
+    budget = made.budget
     assert budget.split and budget.itpm == 6000 and budget.tpm == 1200
-    assert not Budget.of(deployment(itpm=None, otpm=None, tpm=5000)).split
+    assert not (deployment(itpm=None, otpm=None, tpm=5000)).budget.split
 
 
 @pytest.mark.parametrize(("changes", "message"), [

@@ -5,7 +5,6 @@ import pytest
 
 from cli.estimate import duration as shown_duration
 from quotaflow.budget.job_time import duration, job_duration, route_budgets
-from quotaflow.budget.limiter import Budget
 from quotaflow.deployments.catalog import Deployment, Deployments, Route
 from quotaflow.ingest.tokenizers import CHARS_PER_4, counter_for, encoding_name
 
@@ -46,7 +45,7 @@ def _deployment(name: str, **limits: object) -> Deployment:
 def test_rpm_binds_and_the_full_bucket_counts() -> None:
     # 120 rpm over a minute: 119.5 requests at once (0.25 s of refill kept as margin),
     # then 2 a second: the 150th is admitted 15.25 s after the first, not 75 s.
-    budget = Budget.of(_deployment("a"))
+    budget = (_deployment("a")).budget
     took = duration([budget], requests=150, tokens=150 * 50, floor=0.0)
     assert took.binding == "rpm"
     assert took.seconds == pytest.approx(15.25)
@@ -55,7 +54,7 @@ def test_rpm_binds_and_the_full_bucket_counts() -> None:
 
 def test_tpm_binds_at_a_per_second_provider() -> None:
     # 6,000 tpm enforced per second: 100 tokens a second, 75 usable at once.
-    budget = Budget.of(_deployment("a", rpm=6_000, tpm=6_000, burst_seconds=1))
+    budget = (_deployment("a", rpm=6_000, tpm=6_000, burst_seconds=1)).budget
     took = duration([budget], requests=30, tokens=1_575, floor=0.0)
     assert took.binding == "tpm"
     assert took.seconds == pytest.approx(15.0)
@@ -63,14 +62,14 @@ def test_tpm_binds_at_a_per_second_provider() -> None:
 
 
 def test_a_queue_floor_slows_only_the_start() -> None:
-    budget = Budget.of(_deployment("a"))
+    budget = (_deployment("a")).budget
     realtime = duration([budget], 150, 1, floor=0.0).seconds
     bulk = duration([budget], 150, 1, floor=0.2).seconds  # 24 requests left to realtime
     assert bulk - realtime == pytest.approx(24 / 2)
 
 
 def test_a_job_that_fits_the_buckets_takes_no_time() -> None:
-    took = duration([Budget.of(_deployment("a"))], requests=10, tokens=500, floor=0.0)
+    took = duration([(_deployment("a")).budget], requests=10, tokens=500, floor=0.0)
     assert took.seconds == 0 and took.binding == "rpm"
 
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from quotaflow.budget.fair_share import NoFairShare, Share, budget_seconds
-from quotaflow.budget.limiter import Budget
+from quotaflow.deployments.limits import Budget
 from quotaflow.errors import ServiceUnavailable
 from quotaflow.execution.fairness import TenantShare, fair_sleep
 

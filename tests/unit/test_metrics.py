@@ -11,7 +11,6 @@ import orjson
 from prometheus_client import REGISTRY, CollectorRegistry, Histogram, generate_latest
 
 from cli.services import metrics_env
-from quotaflow.budget.limiter import Budget
 from quotaflow.config import Settings
 from quotaflow.constants import TASK_PROCESS_BATCH
 from quotaflow.db import upgrade
@@ -130,7 +129,7 @@ def test_the_apis_gauges_read_budgets_circuits_and_statuses_now(tmp_path: Path) 
     runtime = Runtime(Settings(database_url=url, deployments_file=deployments,
                                _env_file=None), in_process=True)
     deployment = runtime.deployments.deployments["gauged"]
-    runtime.limiter.acquire(Budget.of(deployment), [5000], 0.0)
+    runtime.limiter.acquire(deployment.budget, [5000], 0.0)
     runtime.breaker.record_failure(deployment)
     runtime.breaker.record_failure(deployment)
     with runtime.sessions.begin() as session:

@@ -18,6 +18,7 @@ from quotaflow.db import session_factory, upgrade
 from quotaflow.deployments.catalog import Deployment, load_deployments
 from quotaflow.dispatch.queues import BatchRef, CollectingDispatcher
 from quotaflow.execution.executor import BatchExecutor
+from quotaflow.ingest import pipeline
 from quotaflow.jobs import service as jobs
 from quotaflow.models import Item, Job, Result, Spend, utcnow
 from quotaflow.offload import OWNER
@@ -98,7 +99,7 @@ def env(tmp_path: Path) -> tuple[sessionmaker[Session], Settings, CollectingDisp
 
 def _job(env: Any, lines: int, queue: str = "bulk") -> str:
     sessions, settings, dispatcher = env
-    return jobs.create_job(sessions, io.BytesIO(jsonl([
+    return pipeline.create_job_in_process(sessions, io.BytesIO(jsonl([
         {"custom_id": f"c{i}", "method": "POST", "url": "/v1/chat/completions",
          "body": {"model": "m", "messages": [{"role": "user", "content": f"q{i}"}]}}
         for i in range(lines)])), settings=settings, deployments=settings.load_deployments(),

@@ -12,7 +12,8 @@ import uuid
 import pytest
 
 from quotaflow.budget.buckets import LocalLimiter
-from quotaflow.budget.limiter import Budget, Refunds, Settlement, sleep_time
+from quotaflow.budget.limiter import Settlement, sleep_time
+from quotaflow.deployments.limits import Budget, Refunds
 from quotaflow.errors import RequestTooLarge
 
 

@@ -7,7 +7,6 @@ import pytest
 
 from quotaflow.budget.buckets import LocalLimiter
 from quotaflow.budget.circuit import LocalCircuitBreaker
-from quotaflow.budget.limiter import Budget
 from quotaflow.budget.routing import Router
 from quotaflow.deployments.catalog import Deployment, Deployments, Route, load_deployments
 from quotaflow.errors import ConfigError
@@ -42,7 +41,7 @@ def route_of(chooser: Router) -> Route:
 
 
 def spend(chooser: Router, target: Deployment, requests: int) -> None:
-    admission = chooser.limiter.acquire(Budget.of(target), [1] * requests, 0.0)
+    admission = chooser.limiter.acquire(target.budget, [1] * requests, 0.0)
     assert admission.admitted == requests
 
 
@@ -83,7 +82,7 @@ def test_a_deployment_cooling_down_after_a_429_is_skipped() -> None:
     a, b = deployment("a"), deployment("b")
     chooser = router(a, b)
     spend(chooser, b, 300)
-    chooser.limiter.drain(Budget.of(a), 5.0)
+    chooser.limiter.drain(a.budget, 5.0)
     assert chooser.choose(route_of(chooser)).deployment.name == "b"
 
 
@@ -113,7 +112,7 @@ def test_fallbacks_are_used_in_order_only_when_the_group_is_unavailable() -> Non
     spend(chooser, second, 590)  # nearly empty, yet available: no fallback
     assert chooser.choose(route_of(chooser)).deployment.name in {"first", "second"}
     chooser.breaker.record_failure(first)
-    chooser.limiter.drain(Budget.of(second), 3.0)
+    chooser.limiter.drain(second.budget, 3.0)
     assert chooser.choose(route_of(chooser)).deployment.name == "cheap"
     chooser.breaker.record_failure(cheap)
     assert chooser.choose(route_of(chooser)).deployment.name == "cheaper"
@@ -122,7 +121,7 @@ def test_fallbacks_are_used_in_order_only_when_the_group_is_unavailable() -> Non
 def test_nothing_available_says_how_long_until_something_may_be() -> None:
     a, b = deployment("a"), deployment("b")
     chooser = router(a, b)
-    chooser.limiter.drain(Budget.of(a), 2.0)
+    chooser.limiter.drain(a.budget, 2.0)
     chooser.breaker.record_failure(b)  # open for 10 s
     choice = chooser.choose(route_of(chooser))
     assert choice.deployment is None
@@ -133,11 +132,11 @@ def test_deployments_sharing_a_quota_share_one_budget_and_are_siblings() -> None
     east, west = deployment("east", quota="org-1"), deployment("west", quota="org-1")
     other = deployment("other")
     chooser = router(east, west, other)
-    assert Budget.of(east).name == Budget.of(west).name != Budget.of(other).name
+    assert east.budget.name == west.budget.name != other.budget.name
     assert chooser.siblings(east) == {"west"}
     assert chooser.siblings(other) == frozenset()
     # A 429 on east drains the shared quota: west cools down too, the retry goes elsewhere
-    chooser.limiter.drain(Budget.of(east), 5.0)
+    chooser.limiter.drain(east.budget, 5.0)
     picks = {chooser.choose(route_of(chooser), exclude=chooser.siblings(east)).deployment.name
              for _ in range(20)}
     assert picks == {"other"}
@@ -153,7 +152,7 @@ def test_saturated_deployments_take_work_in_proportion_to_their_budgets() -> Non
         clock.now += 0.01
         for _ in range(5):
             choice = chooser.choose(route_of(chooser))
-            if chooser.limiter.acquire(Budget.of(choice.deployment), [1], 0.0).admitted:
+            if chooser.limiter.acquire(choice.deployment.budget, [1], 0.0).admitted:
                 sent[choice.deployment.name] += 1
     total = sum(sent.values())
     for member in members:

@@ -11,7 +11,8 @@ import uuid
 import pytest
 
 from quotaflow.budget.buckets import LocalLimiter
-from quotaflow.budget.limiter import Budget, Refunds, Settlement
+from quotaflow.budget.limiter import Settlement
+from quotaflow.deployments.limits import Budget, Refunds
 from quotaflow.errors import RequestTooLarge
 
 

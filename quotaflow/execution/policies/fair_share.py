@@ -12,7 +12,7 @@ import logging
 from collections.abc import Callable, Sequence
 
 from quotaflow.budget.fair_share import FairShare
-from quotaflow.budget.limiter import Budget
+from quotaflow.deployments.limits import Budget
 from quotaflow.errors import ServiceUnavailable
 from quotaflow.execution.admission import YIELD_S
 from quotaflow.execution.admitted import Admitted

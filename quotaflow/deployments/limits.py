@@ -1,0 +1,109 @@
+"""A deployment's limits as the limiter's buckets see them, derived once per deployment
+(`Deployment.budget`): routing, admission, estimates, gauges and `quotaflow limits` all read
+that one `Budget`.
+
+Each deployment has two continuously refilling buckets, requests and tokens, with
+capacity = limit x burst_seconds / 60 (quotaflow/budget/limiter.py has the rest of the
+limiter's vocabulary, quotaflow/budget/buckets.py the limiters).
+"""
+
+import enum
+from dataclasses import dataclass
+from functools import cached_property
+
+from quotaflow.errors import RequestTooLarge
+
+
+class Refunds(enum.IntEnum):
+    """Whether the provider gives back the unused part of max_tokens after a call."""
+
+    NEVER = 0
+    ALWAYS = 1
+    LEARNED = 2  # from its x-ratelimit-remaining-tokens headers
+
+    @classmethod
+    def of(cls, reconcile_usage: bool | str) -> "Refunds":
+        if reconcile_usage == "auto":
+            return cls.LEARNED
+        return cls.ALWAYS if reconcile_usage else cls.NEVER
+
+
+@dataclass(frozen=True)
+class Budget:
+    """One deployment's limits, as the buckets see them."""
+
+    name: str
+    rpm: float
+    tpm: float
+    burst_seconds: float = 60.0
+    # The longest a call can be in flight; an unsettled admission older than
+    # this is forgotten (its worker died).
+    flight_timeout_s: float = 300.0
+    # Refill kept in hand at admission: a provider whose bucket is full loses the
+    # refill of the time a request spends travelling to it (docs/architecture.md,
+    # "The limiter").
+    margin_s: float = 0.0
+    refunds: Refunds = Refunds.LEARNED
+    # Input tokens per minute where they have a bucket of their own (then `tpm` is the
+    # output tokens'); 0: the tokens bucket holds input and output together.
+    itpm: float = 0.0
+
+    @property
+    def split(self) -> bool:
+        """Input tokens have a bucket of their own (ITPM beside OTPM)."""
+        return self.itpm > 0
+
+    @property
+    def input_rate(self) -> float:
+        return self.itpm / 60
+
+    @property
+    def input_capacity(self) -> float:
+        return self.itpm * self.burst_seconds / 60
+
+    @property
+    def request_rate(self) -> float:
+        return self.rpm / 60
+
+    @property
+    def token_rate(self) -> float:
+        return self.tpm / 60
+
+    @property
+    def request_capacity(self) -> float:
+        return self.rpm * self.burst_seconds / 60
+
+    @property
+    def token_capacity(self) -> float:
+        return self.tpm * self.burst_seconds / 60
+
+    def check_fits(self, cost: int, input_cost: int = 0) -> None:
+        if self.split:
+            self._check_split(cost, input_cost)
+        elif cost > self.token_capacity:
+            raise RequestTooLarge(
+                f"the request needs {cost} tokens (prompt estimate + max_tokens) but deployment "
+                f"{self.name!r} admits at most {self.token_capacity:.0f} at once "
+                f"(tpm {self.tpm:g} x burst_seconds {self.burst_seconds:g} / 60); "
+                "lower max_tokens or shorten the prompt")
+
+    def _check_split(self, cost: int, input_cost: int) -> None:
+        for what, need, capacity, limit in (("input", input_cost, self.input_capacity, "itpm"),
+                                            ("output", cost, self.token_capacity, "otpm")):
+            if need > capacity:
+                rate = self.itpm if limit == "itpm" else self.tpm
+                raise RequestTooLarge(
+                    f"the request needs {need} {what} tokens but deployment {self.name!r} "
+                    f"admits at most {capacity:.0f} at once ({limit} {rate:g} x burst_seconds "
+                    f"{self.burst_seconds:g} / 60); "
+                    + ("shorten the prompt" if what == "input" else "lower max_tokens"))
+
+    @cached_property
+    def packed(self) -> str:
+        """The budget as bucket.lua's ARGV[2] reads it, built once."""
+        numbers: tuple[float, ...] = (
+            self.request_rate, self.request_capacity, self.token_rate, self.token_capacity,
+            self.flight_timeout_s, int(self.refunds))
+        if self.split:
+            numbers += (self.input_rate, self.input_capacity)
+        return " ".join(repr(float(n)) for n in numbers)
