@@ -34,7 +34,7 @@ def create_app() -> Celery:
         transport["queue_order_strategy"] = "priority"
     celery = Celery("quotaflow", broker=settings.broker_url,
                     include=["workers.tasks", "workers.reaper", "workers.webhooks",
-                             "workers.pbatch"])
+                             "workers.offload"])
     celery.conf.update(
         task_queues=[Queue(name) for name in QUEUES],
         task_default_queue=DEFAULT_QUEUE,

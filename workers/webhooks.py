@@ -8,35 +8,24 @@ QUOTAFLOW_WEBHOOK_SECRET_KEY it cannot sign, so it does not start.
 """
 
 import logging
-import threading
 
-from celery.signals import worker_ready, worker_shutting_down
+from celery.signals import worker_ready
 
 from quotaflow.config import get_settings
 from quotaflow.errors import QuotaflowError
 from quotaflow.runtime import Runtime
 from quotaflow.webhooks.loop import CLAIM_LIMIT, DeliveryLoop
 from quotaflow.webhooks.signing import master_key
+from workers import rounds
 
 log = logging.getLogger(__name__)
-_stop = threading.Event()
 
 
 def deliver_forever() -> None:
     settings = get_settings()
     loop = DeliveryLoop(Runtime(settings).sessions, settings)
-    interval = settings.webhook_poll_interval_s
-    delay = 0.0
-    try:
-        while not _stop.wait(delay):
-            delay = interval
-            try:
-                if loop.round() >= CLAIM_LIMIT:
-                    delay = 0.0  # more are due: no pause
-            except Exception:  # a Postgres outage must not end the loop
-                log.exception("webhook round failed; trying again in %.1fs", interval)
-    finally:
-        loop.close()
+    rounds.run_rounds("webhook", lambda: loop.round() >= CLAIM_LIMIT,
+                      settings.webhook_poll_interval_s, loop.close)
 
 
 @worker_ready.connect
@@ -50,9 +39,4 @@ def start_delivery(**_kwargs: object) -> None:
     except QuotaflowError as exc:
         log.info("webhook delivery is off in this worker: %s", exc)
         return
-    threading.Thread(target=deliver_forever, name="quotaflow-webhooks", daemon=True).start()
-
-
-@worker_shutting_down.connect
-def stop_delivery(**_kwargs: object) -> None:
-    _stop.set()
+    rounds.start("quotaflow-webhooks", deliver_forever)

@@ -2,7 +2,7 @@
 
 The Celery task and the embedded runner both come through BatchExecutor, which
 reads top to bottom. The loop itself is admission.py (which deployment, how much
-budget) and attempts.py (calls and retries); lease renewal (leasing.py), provider
+budget) and attempts.py (calls and retries); lease renewal (lease_renewal.py), provider
 feedback (feedback.py) and result writing (writer.py, flushing.py) run beside it,
 the last two a chunk at a time. The policies that vary from run to run (fair
 shares, cross-job reuse, provider-batch offload, the spend switch, the metrics
@@ -34,7 +34,7 @@ from quotaflow.execution.facts import JobFacts, JobFactsCache
 from quotaflow.execution.feedback import Feedback
 from quotaflow.execution.flushing import flush_when_due, store_all
 from quotaflow.execution.hooks import Hooks
-from quotaflow.execution.leasing import keep_leases
+from quotaflow.execution.lease_renewal import keep_leases
 from quotaflow.execution.loops import PROVIDERS, ProviderPool
 from quotaflow.execution.policies import Policies
 from quotaflow.execution.prepare import Preparer

@@ -2,7 +2,7 @@
 provider batch one step: upload, poll (passing on cancel, expiry and a window about to
 be missed), collect.
 
-Every worker runs it in a thread of its main process (workers/pbatch.py), as it runs the
+Every worker runs it in a thread of its main process (workers/offload.py), as it runs the
 webhook deliverer. Claims are SKIP LOCKED and move the batch's next_poll_at a lease
 (QUOTAFLOW_PROVIDER_BATCH_LEASE_S) ahead, so any number of workers poll together
 without doing a step twice, and a worker killed mid-step leaves a claim that lapses:

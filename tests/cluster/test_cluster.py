@@ -73,6 +73,9 @@ model = "slow-model"
 api_key_env = "QF_TEST_PROVIDER_KEY"
 rpm = 60000
 tpm = 50000000
+# 8 calls in flight per batch: a 1,000-line job takes over 10 s, time for a cancel from a
+# CLI that starts slowly on a busy machine
+max_concurrency = 8
 
 [routes]
 "slow" = "slow-http"

@@ -8,7 +8,7 @@ import pytest
 
 from quotaflow.budget.fair_share import QUANTUM_S, RedisFairShare, budget_seconds
 from quotaflow.deployments.limits import Budget
-from quotaflow.execution.fairness import TenantShare
+from quotaflow.execution.policies.tenant_share import TenantShare
 
 BUDGET = Budget("fair-rules", rpm=1200, tpm=60000)
 

@@ -1,4 +1,4 @@
-"""A batch run's side of fair shares (quotaflow/execution/fairness.py), against a fake
+"""A batch run's side of fair shares (quotaflow/execution/policies/tenant_share.py), against a fake
 store: what is charged and when, the lone tenant's fewer asks, and a store that is down
 letting work through (the limiter still keeps the budget)."""
 
@@ -9,7 +9,7 @@ import pytest
 from quotaflow.budget.fair_share import NoFairShare, Share, budget_seconds
 from quotaflow.deployments.limits import Budget
 from quotaflow.errors import ServiceUnavailable
-from quotaflow.execution.fairness import TenantShare, fair_sleep
+from quotaflow.execution.policies.tenant_share import TenantShare, fair_sleep
 
 BUDGET = Budget("unit", rpm=600, tpm=6000)  # 10 requests or 100 tokens a second
 

@@ -3,7 +3,7 @@
 Before claiming, a run of a tenant that others wait behind in the queue gives way
 (claims nothing, comes back in YIELD_S); once claimed it counts as running, asks
 before each acquire whether its tenant is ahead of the others on that budget
-(execution/fairness.py), is charged what the limiter admitted, and at a wait may
+(execution/policies/tenant_share.py), is charged what the limiter admitted, and at a wait may
 hand its slot back to a tenant waiting for a worker. Realtime runs get no such hook:
 realtime has workers of its own.
 """
@@ -17,8 +17,8 @@ from quotaflow.errors import ServiceUnavailable
 from quotaflow.execution.admission import YIELD_S
 from quotaflow.execution.admitted import Admitted
 from quotaflow.execution.batch import BatchRun
-from quotaflow.execution.fairness import TenantShare, fair_sleep
 from quotaflow.execution.hooks import BatchHook
+from quotaflow.execution.policies.tenant_share import TenantShare, fair_sleep
 from quotaflow.results.leases import ClaimedItem
 
 log = logging.getLogger(__name__)

@@ -11,17 +11,16 @@ QUOTAFLOW_PROVIDER_BATCH_LOOP=false turns it off for one worker.
 """
 
 import logging
-import threading
 
-from celery.signals import worker_ready, worker_shutting_down
+from celery.signals import worker_ready
 
 from quotaflow.config import get_settings
 from quotaflow.offload.loop import CLAIM_LIMIT, ProviderBatchLoop
 from quotaflow.runtime import Runtime
+from workers import rounds
 from workers.dispatch import CeleryDispatcher
 
 log = logging.getLogger(__name__)
-_stop = threading.Event()
 
 
 def poll_forever() -> None:
@@ -31,17 +30,8 @@ def poll_forever() -> None:
                              runtime.dispatcher)
     # Twice per poll interval: a batch due now waits half an interval at most.
     interval = min(settings.provider_batch_poll_s, max(0.1, settings.provider_batch_gather_s)) / 2
-    delay = 0.0
-    try:
-        while not _stop.wait(delay):
-            delay = interval
-            try:
-                if loop.round() >= CLAIM_LIMIT:
-                    delay = 0.0  # more are due: no pause
-            except Exception:  # a Postgres outage must not end the loop
-                log.exception("provider batch round failed; trying again in %.1fs", interval)
-    finally:
-        loop.close()
+    rounds.run_rounds("provider batch", lambda: loop.round() >= CLAIM_LIMIT, interval,
+                      loop.close)
 
 
 @worker_ready.connect
@@ -53,9 +43,4 @@ def start_polling(**_kwargs: object) -> None:
         return
     if not any(d.is_batch for d in settings.load_deployments().deployments.values()):
         return  # no batch deployment: nothing to poll
-    threading.Thread(target=poll_forever, name="quotaflow-provider-batches", daemon=True).start()
-
-
-@worker_shutting_down.connect
-def stop_polling(**_kwargs: object) -> None:
-    _stop.set()
+    rounds.start("quotaflow-provider-batches", poll_forever)
