@@ -18,7 +18,9 @@ from pathlib import Path
 import pytest
 import redis
 
-from quotaflow.limiters import bucket_key
+from quotaflow.errors import ServiceUnavailable
+from quotaflow.limiters import RedisLimiter, bucket_key
+from quotaflow.ratelimit import Budget
 from tests.harness.limiter_cluster import LimiterCluster, Scenario
 from tests.harness.redis_cluster import RedisClusterServers
 from tests.harness.servers import REDIS_URL
@@ -44,7 +46,7 @@ def on_two_masters(servers: RedisClusterServers) -> tuple[Scenario, Scenario]:
     raise AssertionError("every name hashed to one master")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClusterServers]:
     with RedisClusterServers(tmp_path_factory.mktemp("redis-cluster"), FIRST_PORT) as servers:
         yield servers
@@ -87,3 +89,30 @@ def test_a_master_dies_mid_run_and_its_replica_carries_the_budget(
     # the workers untranslated and their batches failed, to be retried much later).
     assert during[kept.name] > 0, during
     assert outcomes[kept.name].utilisation >= 0.9, outcomes[kept.name]
+
+
+def test_slots_with_no_node_left_make_the_limiter_wait_not_fail(
+        tmp_path: Path) -> None:
+    # A master and its replica both gone: with require-full-coverage yes (Redis's default)
+    # the whole cluster answers CLUSTERDOWN, and the dead slots' node refuses connections.
+    # Either way a worker must see ServiceUnavailable (it gives the batch back and tries
+    # again later), never another exception that would fail the batch.
+    with RedisClusterServers(tmp_path, FIRST_PORT, full_coverage=True) as servers:
+        limiter = RedisLimiter(servers.url)
+        budgets = [Budget(f"down-{n}", 1_200, 10**6, 60) for n in range(12)]
+        for budget in budgets:
+            assert limiter.acquire(budget, [10], 0.0).admitted == 1
+        dead = servers.master_of(bucket_key(budgets[0].name))
+        for port in [dead, *servers.replicas_of(dead)]:
+            servers.kill(port)
+        lost = [b for b in budgets if servers.master_of(bucket_key(b.name)) == dead]
+        live = [b for b in budgets if b not in lost]
+        assert lost and live
+        deadline = time.monotonic() + 30
+        while servers.client(servers.master_ports()[0]).cluster("info")[
+                "cluster_state"] == "ok":
+            assert time.monotonic() < deadline, "the cluster never saw its slots uncovered"
+            time.sleep(0.1)
+        for budget in (lost[0], live[0]):
+            with pytest.raises(ServiceUnavailable, match="limiter's Redis is unreachable"):
+                limiter.acquire(budget, [10], 0.0)

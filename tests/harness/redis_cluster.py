@@ -17,9 +17,10 @@ import redis
 from redis.crc import key_slot
 
 # A master unreachable this long is failed over by its replica: short, so a test
-# sees the promotion within a few seconds (Redis's default is 15 s). The nodes serve
-# the slots they hold while another master's are down (require-full-coverage no, as
-# docs/scaling.md advises): a budget on a live master never waits for a failover.
+# sees the promotion within a few seconds (Redis's default is 15 s). Unless told
+# `full_coverage`, the nodes serve the slots they hold while another master's are down
+# (require-full-coverage no, as docs/scaling.md advises): a budget on a live master
+# never waits for a failover.
 NODE_TIMEOUT_MS = 1000
 SLOTS = 16384
 
@@ -30,11 +31,12 @@ class RedisClusterServers:
     `redis-cli --cluster create` wants three."""
 
     def __init__(self, workdir: Path, first_port: int, masters: int = 3,
-                 replicas: int = 1) -> None:
+                 replicas: int = 1, full_coverage: bool = False) -> None:
         binary = shutil.which("redis-server")
         assert binary and shutil.which("redis-cli"), "redis-server is installed by scripts/test"
         self.binary, self.workdir = binary, workdir
         self.masters, self.replicas = masters, replicas
+        self.full_coverage = "yes" if full_coverage else "no"
         self.ports = list(range(first_port, first_port + masters * (1 + replicas)))
         self.procs: dict[int, subprocess.Popen] = {}
 
@@ -66,8 +68,8 @@ class RedisClusterServers:
                 [self.binary, "--port", str(port), "--bind", "127.0.0.1",
                  "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
                  "--cluster-node-timeout", str(NODE_TIMEOUT_MS),
-                 "--cluster-require-full-coverage", "no", "--save", "", "--appendonly", "no",
-                 "--dir", str(folder), "--logfile", "redis.log"],
+                 "--cluster-require-full-coverage", self.full_coverage, "--save", "",
+                 "--appendonly", "no", "--dir", str(folder), "--logfile", "redis.log"],
                 stdout=subprocess.DEVNULL, start_new_session=True)
         for port in self.ports:
             self._wait(lambda p=port: self.client(p).ping(), f"node {port} did not start")
@@ -111,6 +113,10 @@ class RedisClusterServers:
                 if start <= slot <= end:
                     return int(master[1])
         raise LookupError(f"no live node serves slot {slot}")
+
+    def replicas_of(self, port: int) -> list[int]:
+        info = self.client(port).info("replication")
+        return [int(info[f"slave{n}"]["port"]) for n in range(info["connected_slaves"])]
 
     def kill(self, port: int) -> None:
         """SIGKILL one node by its pid: no shutdown, no last write to its replica."""
