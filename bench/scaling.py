@@ -18,7 +18,9 @@ and result writes per second at saturation, from P client processes at once.
 - --redis-cluster: acquisitions/s only, against one plain Redis and Redis Clusters of
   1 and 3 masters (no replicas; tests/harness/redis_cluster.py, on --cluster-port and
   the 3 ports after it), each client with a budget of its own, the budgets spread evenly
-  over the masters; with each master's CPU per acquisition.
+  over the masters; with each master's CPU per acquisition. --fair-share: each
+  acquisition after a fair-share ask, as workers do by default (all fair-share state is
+  one hash tag, so on one master).
 
 Both servers are throwaway ones of the benchmark's own (bench/e2e.py's), so the
 machine's shared servers are never touched.
@@ -44,6 +46,7 @@ from quotaflow import jobs
 from quotaflow.config import Settings
 from quotaflow.db import session_factory, upgrade
 from quotaflow.dispatch import BatchRef
+from quotaflow.fairshare import RedisFairShare
 from quotaflow.leases import claim, store_many
 from quotaflow.limiters import RedisLimiter, bucket_key
 from quotaflow.outcomes import Provenance
@@ -63,11 +66,16 @@ class _NoDispatch:
 
 
 def _acquire(url: str, seconds: float, out: "multiprocessing.Queue[float]",
-             name: str = "bench-scaling") -> None:
+             name: str = "bench-scaling", fair: bool = False) -> None:
+    """Acquire in a loop; `fair`: ask the tenant's fair share first, as a worker does
+    before each acquisition when QUOTAFLOW_FAIR_SHARE is on (the default)."""
     limiter = RedisLimiter(url)
+    shares = RedisFairShare(url) if fair else None
     budget = Budget(name, 10**9, 10**12, 60)
     calls, started = 0, time.monotonic()
     while time.monotonic() < started + seconds:
+        if shares is not None:
+            shares.ask(budget, "bench", 1.0, 0.0)
         limiter.acquire(budget, [100], 0.0)
         calls += 1
     out.put(calls / (time.monotonic() - started))
@@ -144,14 +152,14 @@ def saturate(target: object, url: str, clients: int, seconds: float, server: int
     return Rate(total, 1000 * cpu / (total * seconds))  # each client ran `seconds`
 
 
-def saturate_masters(url: str, names: list[str], seconds: float, pids: list[int]
-                     ) -> tuple[float, list[float]]:
+def saturate_masters(url: str, names: list[str], seconds: float, pids: list[int],
+                     fair: bool = False) -> tuple[float, list[float]]:
     """The sum of one client process per budget in `names` acquiring for `seconds`, and
     each of the `pids` (a cluster's masters) CPU-ms per acquisition of all the clients:
     the busiest master is the ceiling."""
     before = _process_table()
     out: multiprocessing.Queue[float] = multiprocessing.Queue()
-    procs = [multiprocessing.Process(target=_acquire, args=(url, seconds, out, name))
+    procs = [multiprocessing.Process(target=_acquire, args=(url, seconds, out, name, fair))
              for name in names]
     for proc in procs:
         proc.start()
@@ -174,7 +182,8 @@ def spread(servers: RedisClusterServers, count: int) -> list[str]:
     return names
 
 
-def cluster_main(clients: list[int], seconds: float, first_port: int, workdir: Path) -> None:
+def cluster_main(clients: list[int], seconds: float, first_port: int, workdir: Path,
+                 fair: bool = False) -> None:
     """All three servers up at once and measured in turn for each number of clients, so
     that the machine's other load, which drifts, falls on each alike."""
     redis_server = ThrowawayRedis(workdir)
@@ -183,8 +192,9 @@ def cluster_main(clients: list[int], seconds: float, first_port: int, workdir: P
     print(f"machine: {platform.node()} {platform.machine()}, {os.cpu_count()} cores, "
           f"Python {platform.python_version()}, Redis {redis_server.version}, redis-py "
           f"{redis.__version__}; clients and servers share the machine")
-    print("acquisitions per second, summed over the clients, each on a budget of its own "
-          "(each master's CPU-ms per acquisition)")
+    print("acquisitions per second, summed over the clients, each on a budget of its own"
+          f"{', each after a fair-share ask' if fair else ''} (each master's CPU-ms per "
+          "acquisition)")
     print(f"{'clients':>7} {'one Redis':>18} {'cluster, 1 master':>22} "
           f"{'cluster, 3 masters':>32}")
     try:
@@ -192,11 +202,12 @@ def cluster_main(clients: list[int], seconds: float, first_port: int, workdir: P
             cluster.start()
         for n in clients:
             rate, (ms,) = saturate_masters(redis_server.url, [f"bench-{i}" for i in range(n)],
-                                           seconds, [redis_server.popen.pid])
+                                           seconds, [redis_server.popen.pid], fair)
             cells = [f"{rate:,.0f} ({ms:.3f})"]
             for cluster in clusters:
                 pids = [cluster.procs[port].pid for port in cluster.master_ports()]
-                rate, each = saturate_masters(cluster.url, spread(cluster, n), seconds, pids)
+                rate, each = saturate_masters(cluster.url, spread(cluster, n), seconds, pids,
+                                              fair)
                 cells.append(f"{rate:,.0f} ({' / '.join(f'{m:.3f}' for m in each)})")
             print(f"{n:>7} {cells[0]:>18} {cells[1]:>22} {cells[2]:>32}", flush=True)
     finally:
@@ -213,12 +224,14 @@ def main() -> None:
                         help="acquisitions/s on one Redis and on clusters of 1 and 3 masters")
     parser.add_argument("--cluster-port", type=int, default=7100,
                         help="the first of the clusters' ports (4 in use; bus ports +10000)")
+    parser.add_argument("--fair-share", action="store_true",
+                        help="with --redis-cluster: ask the fair share before each acquisition")
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="qf-bench-scaling-"))
     if args.redis_cluster:
         try:
             cluster_main([int(n) for n in args.clients.split(",")], args.seconds,
-                         args.cluster_port, workdir)
+                         args.cluster_port, workdir, args.fair_share)
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
         return
