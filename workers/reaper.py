@@ -47,7 +47,8 @@ def reap_forever() -> None:
     while not _stop.wait(delay):
         delay = interval
         try:
-            lock = lock or connect(settings.limiter_url or settings.broker_url)
+            if lock is None:
+                lock = connect(settings.limiter_url or settings.broker_url)
             # One reaper per round, cluster-wide; the lock lapses by itself.
             if lock.set(LOCK_KEY, "1", nx=True, px=int(interval * 1000 * 0.9)):
                 lost = broker.restarted()
