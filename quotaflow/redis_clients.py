@@ -57,6 +57,9 @@ def check_url(url: str) -> str:
 
 def _seeds(url: str) -> list[ClusterNode]:
     parts = urlsplit(url)
+    if parts.query:
+        raise ValueError("a cluster URL takes no ?options (they would be ignored): give "
+                         "host:port seeds, and credentials before an @")
     if parts.path.strip("/") not in ("", "0"):
         raise ValueError(f"a Redis Cluster has only database 0, not {parts.path.strip('/')!r}; "
                          "drop the path from the URL")

@@ -42,6 +42,7 @@ def test_a_single_redis_is_still_plain(url: str) -> None:
     ("redis+cluster://", "at least one node"),
     ("redis+cluster://h:port", "'h:port' is not host:port"),
     ("memcached://h:11211", "unknown scheme 'memcached'"),
+    ("rediss+cluster://h:7000?ssl_cert_reqs=none", "takes no ?options"),
 ])
 def test_an_unusable_url_says_why(url: str, reason: str) -> None:
     with pytest.raises(ValueError, match=re.escape(reason)):
