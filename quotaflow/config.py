@@ -305,7 +305,7 @@ class Settings(BaseSettings):
     @field_validator("redis_url")
     @classmethod
     def _redis_url(cls, value: str | None) -> str | None:
-        return None if value is None else check_url(value)
+        return check_url(value) if value else None  # empty: unset, the broker's
 
     @field_validator("broker_url")
     @classmethod
