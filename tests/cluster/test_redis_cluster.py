@@ -3,11 +3,13 @@ workers share two budgets that live on different masters, at strict providers, a
 the master of one budget is SIGKILLed mid-run. Its replica takes over; nothing is
 lost, nothing is sent twice, and the 429s are counted.
 
-What holds with today's code: the replica had the budget's hash (replication on
-loopback is faster than the kill), so the budget carries on where it was and the
-provider refuses nothing. A replica that missed the last writes would see a fuller
-bucket than the provider's; starting a budget recreated after lost state empty is
-issue 28's part 4, not this test's.
+What holds with today's code, and is asserted: the replica had the budget's hash
+(replication on loopback outruns the kill), so the budget carries on where it was and
+the provider refuses nothing (0 x 429). What depends on issue 28's part 4 ("fail safe
+on lost state"): a replica that missed the last writes holds a hash that is neither
+missing nor from another broker run, only older, and its bucket is fuller than the
+provider's by what it missed; a master and replica both lost would recreate the hash
+full. Neither happens here.
 """
 
 import os
