@@ -87,8 +87,9 @@ def test_a_master_dies_mid_run_and_its_replica_carries_the_budget(
         assert outcome.rejected_429 == 0, outcome
     assert failover_s < 10
     # The other master's budget was never stopped by the failover: it kept admitting, and
-    # was used as fully as without one (0.96-0.99 here; 0.63 when a cluster error reached
-    # the workers untranslated and their batches failed, to be retried much later).
+    # was used as fully as without one (0.96-0.99 here). With require-full-coverage yes
+    # and cluster errors untranslated, one run of two fell to 0.63 (batches failed, to be
+    # retried much later); the next test catches the untranslated errors every time.
     assert during[kept.name] > 0, during
     assert outcomes[kept.name].utilisation >= 0.9, outcomes[kept.name]
 
