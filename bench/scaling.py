@@ -3,6 +3,7 @@ and result writes per second at saturation, from P client processes at once.
 
     python -m bench.scaling                  # P = 1, 2, 4 (about a minute)
     python -m bench.scaling --clients 1,8
+    python -m bench.scaling --redis-cluster  # acquisitions/s on 1 Redis, 1 and 3 masters
 
 - acquisitions/s: each process calls RedisLimiter.acquire (one Lua call: both buckets,
   one deployment, limits nothing reaches) in a loop for --seconds; the sum of all.
@@ -13,6 +14,13 @@ and result writes per second at saturation, from P client processes at once.
   process's results stored per second (the job's ingest is not counted); then the
   same with a job of its own per process, whose spend rows no other process takes.
   PostgreSQL keeps its defaults (fsync and synchronous_commit on).
+
+- --redis-cluster: acquisitions/s only, against one plain Redis and Redis Clusters of
+  1 and 3 masters (no replicas; tests/harness/redis_cluster.py, on --cluster-port and
+  the 3 ports after it), each client with a budget of its own, the budgets spread evenly
+  over the masters; with each master's CPU per acquisition. --fair-share: each
+  acquisition after a fair-share ask, as workers do by default (all fair-share state is
+  one hash tag, so on one master).
 
 Both servers are throwaway ones of the benchmark's own (bench/e2e.py's), so the
 machine's shared servers are never touched.
@@ -31,8 +39,11 @@ from datetime import timedelta
 from pathlib import Path
 from typing import NamedTuple
 
+import redis
+
 from bench.e2e import ThrowawayPostgres, ThrowawayRedis, _process_table, tree_cpu
-from quotaflow.budget.buckets import RedisLimiter
+from quotaflow.budget.buckets import RedisLimiter, bucket_key
+from quotaflow.budget.fair_share import RedisFairShare
 from quotaflow.config import Settings
 from quotaflow.db import session_factory, upgrade
 from quotaflow.deployments.limits import Budget
@@ -42,6 +53,7 @@ from quotaflow.providers.base import ProviderResponse
 from quotaflow.providers.outcomes import Provenance
 from quotaflow.results.leases import claim, store_many
 from quotaflow.tenants.spend import Billing
+from tests.harness.redis_cluster import RedisClusterServers
 
 CHUNK = 16  # a worker stores a batch's answers a chunk at a time
 BATCH = 100
@@ -53,11 +65,17 @@ class _NoDispatch:
         """Nothing runs the batches: the benchmark claims them itself."""
 
 
-def _acquire(url: str, seconds: float, out: "multiprocessing.Queue[float]") -> None:
+def _acquire(url: str, seconds: float, out: "multiprocessing.Queue[float]",
+             name: str = "bench-scaling", fair: bool = False) -> None:
+    """Acquire in a loop; `fair`: ask the tenant's fair share first, as a worker does
+    before each acquisition when QUOTAFLOW_FAIR_SHARE is on (the default)."""
     limiter = RedisLimiter(url)
-    budget = Budget("bench-scaling", 10**9, 10**12, 60)
+    shares = RedisFairShare(url) if fair else None
+    budget = Budget(name, 10**9, 10**12, 60)
     calls, started = 0, time.monotonic()
     while time.monotonic() < started + seconds:
+        if shares is not None:
+            shares.ask(budget, "bench", 1.0, 0.0)
         limiter.acquire(budget, [100], 0.0)
         calls += 1
     out.put(calls / (time.monotonic() - started))
@@ -134,12 +152,89 @@ def saturate(target: object, url: str, clients: int, seconds: float, server: int
     return Rate(total, 1000 * cpu / (total * seconds))  # each client ran `seconds`
 
 
+def saturate_masters(url: str, names: list[str], seconds: float, pids: list[int],
+                     fair: bool = False) -> tuple[float, list[float]]:
+    """The sum of one client process per budget in `names` acquiring for `seconds`, and
+    each of the `pids` (a cluster's masters) CPU-ms per acquisition of all the clients:
+    the busiest master is the ceiling."""
+    before = _process_table()
+    out: multiprocessing.Queue[float] = multiprocessing.Queue()
+    procs = [multiprocessing.Process(target=_acquire, args=(url, seconds, out, name, fair))
+             for name in names]
+    for proc in procs:
+        proc.start()
+    total = sum(out.get(timeout=seconds + 300) for _ in procs)
+    for proc in procs:
+        proc.join()
+    after = _process_table()
+    return total, [1000 * (tree_cpu([pid], after) - tree_cpu([pid], before))
+                   / (total * seconds) for pid in pids]
+
+
+def spread(servers: RedisClusterServers, count: int) -> list[str]:
+    """`count` budget names, dealt over the cluster's masters in turn."""
+    masters, names, n = servers.master_ports(), [], 0
+    while len(names) < count:
+        name = f"bench-{n}"
+        if servers.master_of(bucket_key(name)) == masters[len(names) % len(masters)]:
+            names.append(name)
+        n += 1
+    return names
+
+
+def cluster_main(clients: list[int], seconds: float, first_port: int, workdir: Path,
+                 fair: bool = False) -> None:
+    """All three servers up at once and measured in turn for each number of clients, so
+    that the machine's other load, which drifts, falls on each alike."""
+    redis_server = ThrowawayRedis(workdir)
+    clusters = [RedisClusterServers(workdir / "one", first_port, 1, replicas=0),
+                RedisClusterServers(workdir / "three", first_port + 1, 3, replicas=0)]
+    print(f"machine: {platform.node()} {platform.machine()}, {os.cpu_count()} cores, "
+          f"Python {platform.python_version()}, Redis {redis_server.version}, redis-py "
+          f"{redis.__version__}; clients and servers share the machine")
+    print("acquisitions per second, summed over the clients, each on a budget of its own"
+          f"{', each after a fair-share ask' if fair else ''} (each master's CPU-ms per "
+          "acquisition)")
+    print(f"{'clients':>7} {'one Redis':>18} {'cluster, 1 master':>22} "
+          f"{'cluster, 3 masters':>32}")
+    try:
+        for cluster in clusters:
+            cluster.start()
+        for n in clients:
+            rate, (ms,) = saturate_masters(redis_server.url, [f"bench-{i}" for i in range(n)],
+                                           seconds, [redis_server.popen.pid], fair)
+            cells = [f"{rate:,.0f} ({ms:.3f})"]
+            for cluster in clusters:
+                pids = [cluster.procs[port].pid for port in cluster.master_ports()]
+                rate, each = saturate_masters(cluster.url, spread(cluster, n), seconds, pids,
+                                              fair)
+                cells.append(f"{rate:,.0f} ({' / '.join(f'{m:.3f}' for m in each)})")
+            print(f"{n:>7} {cells[0]:>18} {cells[1]:>22} {cells[2]:>32}", flush=True)
+    finally:
+        redis_server.stop()
+        for cluster in clusters:
+            cluster.stop()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--clients", default="1,2,4")
     parser.add_argument("--seconds", type=float, default=8.0)
+    parser.add_argument("--redis-cluster", action="store_true",
+                        help="acquisitions/s on one Redis and on clusters of 1 and 3 masters")
+    parser.add_argument("--cluster-port", type=int, default=7100,
+                        help="the first of the clusters' ports (4 in use; bus ports +10000)")
+    parser.add_argument("--fair-share", action="store_true",
+                        help="with --redis-cluster: ask the fair share before each acquisition")
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="qf-bench-scaling-"))
+    if args.redis_cluster:
+        try:
+            cluster_main([int(n) for n in args.clients.split(",")], args.seconds,
+                         args.cluster_port, workdir, args.fair_share)
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+        return
     redis_server, postgres = ThrowawayRedis(workdir), ThrowawayPostgres([])
     try:
         pg_url = postgres.start()

@@ -22,6 +22,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from quotaflow.constants import QUEUE_BULK, QUEUE_REALTIME, QUEUE_STANDARD
 from quotaflow.deployments.catalog import Deployments, load_deployments
 from quotaflow.errors import ConfigError
+from quotaflow.redis_clients import check_url, is_cluster_url
 
 # Svix's schedule: at once, then 5 s, 5 min, 30 min, 2 h, 5 h, 10 h, 10 h (about a day).
 WEBHOOK_RETRY_SCHEDULE_S = (0.0, 5.0, 300.0, 1800.0, 7200.0, 18000.0, 36000.0, 36000.0)
@@ -42,8 +43,10 @@ class Settings(BaseSettings):
         "executes batches in its own process.")
     redis_url: str | None = Field(
         default=None,
-        description="The limiter's and circuit breakers' Redis; defaults to `BROKER_URL`. With "
-        "both unset the limiter is in process (the embedded `quotaflow run`).")
+        description="The limiter's, circuit breakers' and fair shares' Redis; defaults to "
+        "`BROKER_URL`. `redis+cluster://host:port[,host:port...]` (or `rediss+cluster://`) "
+        "names a Redis Cluster, whose masters then share the budgets (the broker stays a "
+        "plain Redis). With both unset the limiter is in process (the embedded `quotaflow run`).")
     deployments_file: Path | None = Field(
         default=None,
         description="The TOML deployments file: which providers serve which models, their "
@@ -299,6 +302,19 @@ class Settings(BaseSettings):
                                  ) from exc
         return value
 
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_url(cls, value: str | None) -> str | None:
+        return check_url(value) if value else None  # empty: unset, the broker's
+
+    @field_validator("broker_url")
+    @classmethod
+    def _plain_broker(cls, value: str | None) -> str | None:
+        if value is not None and is_cluster_url(value):
+            raise ValueError("Celery's broker must be one Redis, not a Redis Cluster: name the "
+                             "cluster in QUOTAFLOW_REDIS_URL and a plain redis:// here")
+        return value
+
     @field_validator("task_time_limit")
     @classmethod
     def _below_visibility(cls, value: int, info) -> int:
@@ -333,4 +349,8 @@ def get_settings() -> Settings:
     try:
         return Settings()
     except ValidationError as exc:
-        raise ConfigError(f"invalid QUOTAFLOW_* setting:\n{exc}") from exc
+        # Each variable and why, not its value: a URL may hold a password.
+        problems = "\n".join(
+            f"QUOTAFLOW_{'_'.join(map(str, error['loc'])).upper()}: {error['msg']}"
+            for error in exc.errors(include_url=False, include_input=False))
+        raise ConfigError(f"invalid QUOTAFLOW_* setting:\n{problems}") from exc

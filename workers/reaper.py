@@ -19,6 +19,7 @@ from quotaflow.constants import REDIS_PREFIX
 from quotaflow.dispatch.broker_watch import BrokerWatch
 from quotaflow.dispatch.reaper import reap
 from quotaflow.jobs.service import expire_overdue
+from quotaflow.redis_clients import RedisClient, connect
 from quotaflow.runtime import Runtime
 from workers.dispatch import CeleryDispatcher
 
@@ -34,7 +35,9 @@ def reap_forever() -> None:
     runtime = Runtime(get_settings(), CeleryDispatcher)
     settings, sessions = runtime.settings, runtime.sessions
     interval = settings.reap_interval_s
-    lock = redis.Redis.from_url(settings.limiter_url or settings.broker_url)
+    # The lock is on the limiter's Redis, which may be a cluster (made in the loop: one
+    # that is down at start must not end the reaper).
+    lock: RedisClient | None = None
     broker = BrokerWatch(redis.Redis.from_url(settings.broker_url), sessions)
     # Queued again where they were first sent: a local deployment's batches to its queues.
     dispatcher = runtime.dispatcher
@@ -44,6 +47,8 @@ def reap_forever() -> None:
     while not _stop.wait(delay):
         delay = interval
         try:
+            if lock is None:
+                lock = connect(settings.limiter_url or settings.broker_url)
             # One reaper per round, cluster-wide; the lock lapses by itself.
             if lock.set(LOCK_KEY, "1", nx=True, px=int(interval * 1000 * 0.9)):
                 lost = broker.restarted()

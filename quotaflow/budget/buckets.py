@@ -11,12 +11,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import redis
-
 from quotaflow.budget.limiter import Admission, Levels, Limiter, Settlement
 from quotaflow.constants import REDIS_PREFIX
 from quotaflow.deployments.limits import Budget, Refunds
 from quotaflow.errors import ServiceUnavailable
+from quotaflow.redis_clients import UNREACHABLE, connect
 
 SCRIPT = Path(__file__).with_name("lua") / "bucket.lua"
 EPS = 1e-9
@@ -37,13 +36,13 @@ class RedisLimiter:
 
     def __init__(self, url: str) -> None:
         self._url = url
-        self._redis = redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5)
+        self._redis = connect(url, socket_timeout=5, socket_connect_timeout=5)
         self._script = self._redis.register_script(SCRIPT.read_text())
 
     def _call(self, budget: Budget, op: str, *extra: str) -> list[float]:
         try:
             reply = self._script(keys=[bucket_key(budget.name)], args=[op, budget.packed, *extra])
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
+        except UNREACHABLE as exc:
             raise ServiceUnavailable(
                 f"the limiter's Redis is unreachable ({exc.__class__.__name__}); check "
                 "QUOTAFLOW_REDIS_URL and that Redis is running — work waits until it is back"

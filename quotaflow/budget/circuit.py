@@ -19,11 +19,10 @@ from enum import IntEnum
 from pathlib import Path
 from typing import Protocol
 
-import redis
-
 from quotaflow.constants import REDIS_PREFIX
 from quotaflow.deployments.catalog import Deployment
 from quotaflow.errors import ServiceUnavailable
+from quotaflow.redis_clients import UNREACHABLE, connect
 
 SCRIPT = Path(__file__).with_name("lua") / "circuit.lua"
 # A probe that has not answered in its deployment's timeout plus this is presumed lost.
@@ -83,7 +82,7 @@ class RedisCircuitBreaker:
     """
 
     def __init__(self, url: str, closed_for_s: float = 0.0) -> None:
-        self._redis = redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5)
+        self._redis = connect(url, socket_timeout=5, socket_connect_timeout=5)
         self._script = self._redis.register_script(SCRIPT.read_text())
         self._closed_for_s = closed_for_s
         self._closed_until: dict[str, float] = {}
@@ -92,7 +91,7 @@ class RedisCircuitBreaker:
     def _call(self, deployment: Deployment, op: str, *extra: str) -> tuple[bool, Circuit]:
         try:
             reply = self._script(keys=[circuit_key(deployment.name)], args=[op, *extra])
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
+        except UNREACHABLE as exc:
             raise ServiceUnavailable(
                 f"the circuit breaker's Redis is unreachable ({exc.__class__.__name__}); "
                 "check QUOTAFLOW_REDIS_URL and that Redis is running") from exc

@@ -22,11 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-import redis
-
 from quotaflow.constants import REDIS_PREFIX
 from quotaflow.deployments.limits import Budget
 from quotaflow.errors import ServiceUnavailable
+from quotaflow.redis_clients import UNREACHABLE, connect
 
 SCRIPT = Path(__file__).with_name("lua") / "fair.lua"
 # A tenant that has not asked for a budget this long no longer has demand for it.
@@ -119,7 +118,7 @@ class RedisFairShare:
 
     def __init__(self, url: str, active_ttl_s: float = ACTIVE_TTL_S,
                  quantum_s: float = QUANTUM_S) -> None:
-        self._redis = redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5)
+        self._redis = connect(url, socket_timeout=5, socket_connect_timeout=5)
         self._script = self._redis.register_script(SCRIPT.read_text())
         self._ttl = repr(float(active_ttl_s))
         self._quantum = repr(float(quantum_s))
@@ -127,7 +126,7 @@ class RedisFairShare:
     def _call(self, budget: str, *args: str) -> str:
         try:
             reply = self._script(keys=[fair_key(budget), SLOTS_KEY], args=list(args))
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
+        except UNREACHABLE as exc:
             raise ServiceUnavailable(
                 f"the limiter's Redis is unreachable ({exc.__class__.__name__}); check "
                 "QUOTAFLOW_REDIS_URL and that Redis is running") from exc

@@ -16,6 +16,8 @@ Servers and processes
     api_app          the API in this process (FastAPI's TestClient) on given settings
     webhook_receiver an HTTP endpoint that records webhook deliveries
     promtool         Prometheus's checker on deploy/monitoring/
+    redis_cluster    a real Redis Cluster on loopback (masters, replicas, a master
+                     killed by pid, its failover awaited)
 
 Clusters for one question each (a test asserts on them, a bench prints their table)
     limiter_cluster, anthropic_cluster, openai_cluster, pbatch_cluster, fair_cluster,

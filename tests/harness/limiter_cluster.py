@@ -142,8 +142,12 @@ class LimiterCluster:
     """Start the providers and workers once; run each scenario as one job."""
 
     def __init__(self, pg_url: str, redis_url: str, workdir: Path,
-                 scenarios: tuple[Scenario, ...] | None = None) -> None:
+                 scenarios: tuple[Scenario, ...] | None = None,
+                 limiter_url: str | None = None) -> None:
+        """`redis_url` is the broker's; `limiter_url` (QUOTAFLOW_REDIS_URL) another Redis or
+        a Redis Cluster for the budgets, else the broker's."""
         self.pg_url, self.redis_url, self.workdir = pg_url, redis_url, workdir
+        self.limiter_url = limiter_url
         self.scenarios = SCENARIOS if scenarios is None else scenarios
         self.procs: list[Proc] = []
         self.providers: dict[str, str] = {}
@@ -174,7 +178,8 @@ class LimiterCluster:
             self.deployments_file.write_text("\n".join(deployments))
             self.env = {**env, "QUOTAFLOW_DATABASE_URL": self.pg_url,
                         "QUOTAFLOW_BROKER_URL": self.redis_url,
-                        "QUOTAFLOW_DEPLOYMENTS_FILE": str(self.deployments_file)}
+                        "QUOTAFLOW_DEPLOYMENTS_FILE": str(self.deployments_file),
+                        **({"QUOTAFLOW_REDIS_URL": self.limiter_url} if self.limiter_url else {})}
             workers = [Proc(f"worker{n}", quotaflow(
                 "worker", "--queues", "realtime,standard,bulk", "--concurrency", str(CONCURRENCY),
                 "--name", f"limiter{n}@qftest"), self.env, self.workdir) for n in range(WORKERS)]
@@ -194,19 +199,31 @@ class LimiterCluster:
             proc.stop()
 
     def run(self, scenario: Scenario, timeout: float = 240) -> Outcome:
+        return self.wait(scenario, self.submit(scenario), timeout)
+
+    def submit(self, scenario: Scenario) -> str:
+        """Queue the scenario's job; its id."""
         settings = Settings(database_url=self.pg_url, broker_url=self.redis_url,
                             deployments_file=self.deployments_file, batch_size=5,
                             _env_file=None)
+        data = "".join(json.dumps(line) + "\n" for line in scenario.lines()).encode()
+        return pipeline.create_job_in_process(
+            session_factory(self.pg_url), io.BytesIO(data), settings=settings,
+            deployments=settings.load_deployments(), dispatcher=CeleryDispatcher(self.redis_url),
+            queue=scenario.queue).id
+
+    def admitted(self, scenario: Scenario) -> int:
+        """Requests the scenario's provider has admitted so far."""
+        return httpx.get(f"{self.providers[scenario.name]}/stats").json()["admitted"]
+
+    def wait(self, scenario: Scenario, job_id: str, timeout: float = 240) -> Outcome:
+        """Wait for the job to end; the provider's figures for it."""
         sessions = session_factory(self.pg_url)
         lines = scenario.lines()
-        data = "".join(json.dumps(line) + "\n" for line in lines).encode()
-        job = pipeline.create_job_in_process(
-            sessions, io.BytesIO(data), settings=settings, deployments=settings.load_deployments(),
-            dispatcher=CeleryDispatcher(self.redis_url), queue=scenario.queue)
         deadline = time.monotonic() + timeout
         while True:
             with sessions() as session:
-                view = job_view.job_object(session, jobs.get_job(session, job.id))
+                view = job_view.job_object(session, jobs.get_job(session, job_id))
             if view["status"] not in ("in_progress", "validating"):
                 break
             if time.monotonic() > deadline:

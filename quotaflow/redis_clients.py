@@ -1,0 +1,95 @@
+"""One way to open the limiter's Redis: a single server, or a Redis Cluster.
+
+The limiter, the circuit breakers and the fair shares keep their state in
+Redis (`QUOTAFLOW_REDIS_URL`). One server is a ceiling on acquisitions per
+second and a single point of failure; a Redis Cluster spreads the budgets over
+its masters and fails over to a replica when one dies. Operators name a
+cluster by its scheme, as other clients do:
+
+    redis+cluster://host:7000                 one seed node; the rest are discovered
+    redis+cluster://host1:7000,host2:7000     several seeds, tried in turn
+    rediss+cluster://user:secret@host:7000    TLS and ACL credentials as in redis://
+
+A cluster has one database, so a URL naming another (`/3`) is refused. Every
+script call keeps its keys in one slot (the hash tags of limiters.bucket_key,
+circuit.circuit_key and fairshare.fair_key), and nothing here scans keys or
+pipelines across them, so the cluster client routes each call to one master.
+
+The broker stays a plain Redis: Celery's Redis transport cannot use a cluster.
+"""
+
+from urllib.parse import unquote, urlsplit
+
+import redis
+from redis.cluster import ClusterNode, RedisCluster
+from redis.exceptions import ClusterError, RedisClusterException, TryAgainError
+
+from quotaflow.errors import ServiceUnavailable
+
+CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
+PLAIN_SCHEMES = ("redis", "rediss", "unix")
+# What a Redis, or a cluster between a master's death and its replica's promotion,
+# raises when it cannot answer now but may shortly: the caller waits and asks again.
+UNREACHABLE: tuple[type[Exception], ...] = (
+    redis.ConnectionError, redis.TimeoutError, ClusterError, TryAgainError,
+    RedisClusterException)
+
+RedisClient = redis.Redis | RedisCluster
+
+
+def is_cluster_url(url: str) -> bool:
+    return urlsplit(url).scheme in CLUSTER_SCHEMES
+
+
+def check_url(url: str) -> str:
+    """`url`, if it names a Redis or a Redis Cluster this module can open; else a
+    ValueError that says what is wrong (the settings show it with the variable's name)."""
+    parts = urlsplit(url)
+    if parts.scheme in PLAIN_SCHEMES:
+        return url
+    if parts.scheme not in CLUSTER_SCHEMES:
+        raise ValueError(
+            f"unknown scheme {parts.scheme!r}: use redis://, rediss:// or unix:// for one "
+            "Redis, redis+cluster:// or rediss+cluster:// for a Redis Cluster")
+    _seeds(url)
+    return url
+
+
+def _seeds(url: str) -> list[ClusterNode]:
+    parts = urlsplit(url)
+    if parts.query:
+        raise ValueError("a cluster URL takes no ?options (they would be ignored): give "
+                         "host:port seeds, and credentials before an @")
+    if parts.path.strip("/") not in ("", "0"):
+        raise ValueError(f"a Redis Cluster has only database 0, not {parts.path.strip('/')!r}; "
+                         "drop the path from the URL")
+    hosts = parts.netloc.rpartition("@")[2]
+    seeds = []
+    for seed in filter(None, hosts.split(",")):
+        host, _, port = seed.rpartition(":") if ":" in seed else (seed, "", "6379")
+        if not host or not port.isdigit():
+            raise ValueError(f"seed node {seed!r} is not host:port")
+        seeds.append(ClusterNode(host.strip("[]"), int(port)))
+    if not seeds:
+        raise ValueError("name at least one node of the cluster, e.g. redis+cluster://host:7000")
+    return seeds
+
+
+def connect(url: str, **options: float) -> RedisClient:
+    """A client for the Redis or Redis Cluster `url` names; `options` are socket timeouts.
+
+    A cluster client reads the slot map when it is made: a cluster that cannot be
+    reached then is a ServiceUnavailable, which a worker answers by trying again later.
+    """
+    if not is_cluster_url(url):
+        return redis.Redis.from_url(url, **options)
+    parts = urlsplit(url)
+    try:
+        return RedisCluster(
+            startup_nodes=_seeds(url), ssl=CLUSTER_SCHEMES[parts.scheme] == "rediss",
+            username=unquote(parts.username) if parts.username else None,
+            password=unquote(parts.password) if parts.password else None, **options)
+    except UNREACHABLE as exc:
+        raise ServiceUnavailable(
+            f"no node of the Redis Cluster in QUOTAFLOW_REDIS_URL answered "
+            f"({exc.__class__.__name__}); check that the cluster is up") from exc
