@@ -135,6 +135,7 @@ def status(job_id: str, watch: bool, as_json: bool) -> None:
                f"cost={cost_text(job.get('cost'))}")
     if job.get("stop_reason"):
         click.echo(f"stopped sending: {job['stop_reason']}")
+    click.echo(f"bound: {api.job_bound(job_id)['summary']}")
 
 
 def _watch(api: ApiClient, job: dict) -> dict:

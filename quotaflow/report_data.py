@@ -14,6 +14,7 @@ from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from quotaflow import job_view
+from quotaflow.bound import Bound
 from quotaflow.deployments import Deployments
 from quotaflow.errors import ConfigError
 from quotaflow.jobs import get_job
@@ -51,6 +52,7 @@ class ReportData:
     budgets: dict[str, tuple[int, int]]  # deployment -> (rpm, tpm)
     errors: list[dict[str, Any]]  # {code, count, examples: [{line, custom_id, message}]}
     split: list[dict[str, Any]]  # per deployment: requests, succeeded, tokens, mean latency
+    bound: Bound | None = None  # what bound the job (bound.py), where the caller read it
 
 
 SPAN = """
