@@ -89,7 +89,8 @@ class Browser:
                 return value
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{expression!r} still false after {timeout}s "
-                                   f"at {self.evaluate('location.href')}")
+                                   f"at {self.evaluate('location.href')}: "
+                                   f"{self.evaluate('document.body.innerText')[:600]}")
             time.sleep(every)
 
     def fill(self, selector: str, text: str) -> None:
