@@ -35,8 +35,8 @@ from api.deps import (
 )
 from api.jobs import QueueFilter, StatusFilter
 from quotaflow import bound_data, console_data, job_view, jobs, output, report_data, retention
-from quotaflow.config import Settings
 from quotaflow.constants import QUEUES
+from quotaflow.errors import ConfigError
 from quotaflow.models import JobStatus
 from quotaflow.pricing import money
 from quotaflow.ratelimit import describe
@@ -109,18 +109,32 @@ def job_list(request: Request, sessions: SessionsDep, who: ViewerDep,
 
 
 @router.get("/jobs/{job_id}")
-def job_page(job_id: IdPath, request: Request, sessions: SessionsDep, who: ViewerDep,
-             deployments: DeploymentsDep, settings: SettingsDep) -> HTMLResponse:
+def job_page(job_id: IdPath, request: Request, sessions: SessionsDep,
+             who: ViewerDep) -> HTMLResponse:
     return page(request, "job.html", who=who,
-                **_job_context(sessions, job_id, who, deployments, settings))
+                **_job_context(sessions, job_id, who))
 
 
 @router.get("/jobs/{job_id}/live")
-def job_live(job_id: IdPath, request: Request, sessions: SessionsDep, who: ViewerDep,
-             deployments: DeploymentsDep, settings: SettingsDep) -> HTMLResponse:
-    """The job page's live part: status, progress, counts, what bound it, its buttons."""
+def job_live(job_id: IdPath, request: Request, sessions: SessionsDep,
+             who: ViewerDep) -> HTMLResponse:
+    """The job page's live part: status, progress, counts, its buttons."""
     return page(request, "job_live.html", who=who,
-                **_job_context(sessions, job_id, who, deployments, settings))
+                **_job_context(sessions, job_id, who))
+
+
+@router.get("/jobs/{job_id}/bound")
+def job_bound(job_id: IdPath, request: Request, sessions: SessionsDep, who: ViewerDep,
+              deployments: DeploymentsDep, settings: SettingsDep) -> HTMLResponse:
+    """What bound the job: its own fragment, refreshed less often than the progress (it
+    aggregates every result of the job)."""
+    with sessions() as session:
+        final = jobs.get_job(session, job_id, who.tenant).status in JobStatus.FINAL
+        try:
+            bound = bound_data.job_bound(session, job_id, deployments, settings, who.tenant)
+        except ConfigError:  # not PostgreSQL: the section says so instead
+            bound = None
+    return page(request, "job_bound.html", bound=bound, final=final)
 
 
 @router.get("/jobs/{job_id}/plots")
@@ -187,13 +201,11 @@ def limits(request: Request, who: ViewerDep, deployments: DeploymentsDep,
                 grafana=settings.grafana_url)
 
 
-def _job_context(sessions: Any, job_id: str, who: Viewer, deployments: Any,
-                 settings: Settings) -> dict[str, Any]:
+def _job_context(sessions: Any, job_id: str, who: Viewer) -> dict[str, Any]:
     with sessions() as session:
         job = job_view.job_object(session, jobs.get_job(session, job_id, who.tenant))
         errors = [] if job["deleted"] else console_data.first_errors(session, job_id)
-        bound = bound_data.job_bound(session, job_id, deployments, settings, who.tenant)
-    return {"job": _row(job), "errors": errors, "bound": bound}
+    return {"job": _row(job), "errors": errors}
 
 
 def _row(job: dict[str, Any]) -> dict[str, Any]:

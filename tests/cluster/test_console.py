@@ -140,7 +140,8 @@ def test_sign_in_watch_a_job_open_its_errors_and_cancel_it(
     assert "provider_error" in browser.text("#errors tbody")
     # The report's plots load into the page; what bound it is said
     browser.wait_for("document.querySelectorAll('#plots figure svg').length === 4", 60)
-    assert browser.text("#bound")
+    browser.wait_for("document.querySelector('#bound[data-cause=\"budget\"]') !== null", 30)
+    assert "the budget is the limit" in browser.text("#bound")
     job_shot = tmp_path / "console-job.png"
     browser.screenshot(job_shot)
 

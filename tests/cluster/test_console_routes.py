@@ -62,7 +62,7 @@ def test_a_tenant_sees_its_own_jobs_only(console, pg_sessions, settings) -> None
     assert mine.id in page.text and theirs.id not in page.text
     assert 'name="viewport"' in page.text and "<label for=\"status\">" in page.text
     assert console.get(f"/console/jobs/{mine.id}").status_code == 200
-    for path in ("", "/live", "/plots", "/download/output"):
+    for path in ("", "/live", "/bound", "/plots", "/download/output"):
         other = console.get(f"/console/jobs/{theirs.id}{path}")
         assert other.status_code == 404, path
         assert "Not found" in other.text
