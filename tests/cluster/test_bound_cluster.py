@@ -1,9 +1,10 @@
 """What bound a job (quotaflow/bound.py) on jobs made to be bound by one thing each, run
 by a real Celery worker against the strict mock provider: a tight RPM (budget), calls of
-500 ms at max_concurrency 2 (provider), and small batches taken one at a time by a
-worker of one slot (workers). The API's /jobs/{id}/bound, the report and `quotaflow
-status` say the same."""
+500 ms at max_concurrency 2 in one batch (provider), and batches of 2 lines taken one at
+a time by a worker of one slot, with 16 calls allowed in flight (workers). The API's
+/jobs/{id}/bound, the report and `quotaflow status` say the same."""
 
+import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,9 +71,11 @@ def setup(pg_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Set
             proc.stop()
 
 
-def run(setup: Setup, sessions, model: str, count: int) -> tuple[str, bound_data.Bound]:
+def run(setup: Setup, sessions, model: str, count: int,
+        batch_size: int = 2) -> tuple[str, bound_data.Bound]:
     lines = [chat_line(f"{model}-{i}", model=model) for i in range(count)]
-    job = submit_and_finish(sessions, setup.settings, lines, timeout=90)
+    settings = setup.settings.model_copy(update={"batch_size": batch_size})
+    job = submit_and_finish(sessions, settings, lines, timeout=90)
     assert job["status"] == "completed", job
     with sessions() as session:
         found = bound_data.job_bound(session, job["id"], setup.settings.load_deployments(),
@@ -90,7 +93,6 @@ def test_a_tight_rpm_is_budget_bound(setup: Setup, pg_sessions) -> None:
     assert (api["cause"], api["deployment"], api["dimension"]) == ("budget", "tight", "rpm")
     report = httpx.get(f"{setup.api_url}/jobs/{job_id}/report", timeout=60).text
     assert "What bound this job" in report and "data-cause='budget'" in report
-    import subprocess
     status = subprocess.run(quotaflow("status", job_id), env=setup.env, capture_output=True,
                             text=True, timeout=60)
     assert status.returncode == 0, status.stderr
@@ -98,7 +100,8 @@ def test_a_tight_rpm_is_budget_bound(setup: Setup, pg_sessions) -> None:
 
 
 def test_calls_at_max_concurrency_are_provider_bound(setup: Setup, pg_sessions) -> None:
-    _, bound = run(setup, pg_sessions, "narrow", 12)
+    # One batch of 12: the worker keeps its 2 calls in flight from start to end
+    _, bound = run(setup, pg_sessions, "narrow", 12, batch_size=12)
     assert (bound.cause, bound.deployment) == ("provider", "narrow"), bound
     assert "max_concurrency (now 2)" in bound.advice
 
