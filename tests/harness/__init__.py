@@ -16,6 +16,8 @@ Servers and processes
     api_app          the API in this process (FastAPI's TestClient) on given settings
     webhook_receiver an HTTP endpoint that records webhook deliveries
     promtool         Prometheus's checker on deploy/monitoring/
+    browser          Debian's headless Chromium driven over the DevTools protocol
+                     (navigate, evaluate, click, screenshot): the console's test
 
 Clusters for one question each (a test asserts on them, a bench prints their table)
     limiter_cluster, anthropic_cluster, openai_cluster, pbatch_cluster, fair_cluster,
