@@ -3,7 +3,8 @@
 `api.jobs` holds quotaflow's own job routes, `api.limits` the deployments' budgets
 (operator keys), `api.webhooks` the tenant's webhook endpoints and deliveries, `api.v1`
 OpenAI's Files and Batch APIs, `api.messages_batches` Anthropic's Message Batches API,
-`api.metrics` Prometheus's /metrics (open). The OpenAPI
+`api.metrics` Prometheus's /metrics (open), `api.console` the jobs console in the
+browser (/console). The OpenAPI
 docs are at /docs and list every status a route answers (api.openapi); errors become
 answers in one place (api.errors); every answer carries an x-request-id (api.request_id).
 """
@@ -11,7 +12,7 @@ answers in one place (api.errors); every answer carries an x-request-id (api.req
 from fastapi import FastAPI
 from sqlalchemy import text
 
-from api import errors, jobs, limits, messages_batches, metrics, openapi, v1, webhooks
+from api import console, errors, jobs, limits, messages_batches, metrics, openapi, v1, webhooks
 from api.deps import SessionDep
 from api.errors import responses
 from api.request_id import RequestIdMiddleware
@@ -36,6 +37,7 @@ def create_app() -> FastAPI:
     app.include_router(messages_batches.router)
     app.include_router(webhooks.router)
     app.include_router(metrics.router)
+    console.install(app)  # the jobs console at /console, after errors.install
     return app
 
 

@@ -1,7 +1,7 @@
 """quotaflow's own job routes: create a job from a JSONL upload, follow it, download results.
 
-Routes only translate HTTP to quotaflow.ingest.pipeline and quotaflow.jobs.service calls, and
-act for the tenant of the request's API key (api.deps.tenant): another tenant's job is
+Routes only translate HTTP to quotaflow.ingest.pipeline and quotaflow.jobs.service calls,
+and act for the tenant of the request's API key (api.deps.tenant): another tenant's job is
 "not found". The OpenAI-compatible routes under /v1 are api.v1.
 """
 
@@ -28,19 +28,23 @@ from api.errors import responses
 from api.v1 import FORM_OVERHEAD_BYTES
 from quotaflow.compat import retention
 from quotaflow.config import get_settings
-from quotaflow.constants import DEFAULT_QUEUE
+from quotaflow.constants import DEFAULT_QUEUE, QUEUES
 from quotaflow.errors import InvalidParameter
 from quotaflow.ingest import estimate
 from quotaflow.ingest import pipeline as ingest
 from quotaflow.jobs import service as jobs
 from quotaflow.jobs import view as job_view
-from quotaflow.observe import report_data
+from quotaflow.models import JobStatus
+from quotaflow.observe import bound_data, report_data
 from quotaflow.results import output
 
 JSONL = "application/jsonl"
 REPLAYED_HEADER = "Idempotent-Replayed"
 
 router = APIRouter(tags=["jobs"])
+# The list's filters: a job's statuses and queues (Literal of the tuples' values).
+StatusFilter = Literal[JobStatus.ACTIVE + JobStatus.FINAL]  # type: ignore[valid-type]
+QueueFilter = Literal[QUEUES]  # type: ignore[valid-type]
 
 
 @router.post("/jobs", status_code=201,
@@ -96,8 +100,14 @@ def create_job(
 @router.get("/jobs", responses=responses(401, 404))
 def list_jobs(session: SessionDep, tenant: TenantDep,
               limit: Annotated[int, Query(ge=1, le=100)] = 20,
-              after: AfterQuery = None) -> dict[str, Any]:
-    page = jobs.list_jobs(session, limit=limit + 1, after=after, tenant=tenant)
+              after: AfterQuery = None,
+              status: Annotated[StatusFilter | None, Query(
+                  description="Only jobs in this status")] = None,
+              queue: Annotated[QueueFilter | None, Query(
+                  description="Only jobs of this queue")] = None) -> dict[str, Any]:
+    """The tenant's jobs, newest first, paged by `after` (the last id of a page)."""
+    page = jobs.list_jobs(session, limit=limit + 1, after=after, tenant=tenant,
+                          status=status, queue=queue)
     data = [job_view.job_object(session, job) for job in page[:limit]]
     return {"object": "list", "data": data,
             "first_id": data[0]["id"] if data else None,
@@ -152,14 +162,26 @@ def error_lines(job_id: IdPath, sessions: SessionsDep, tenant: TenantDep) -> Str
                              "content": {"text/html": {"schema": {"type": "string"}}}},
                        **responses(401, 404)})
 def job_report(job_id: IdPath, session: SessionDep, deployments: DeploymentsDep,
-               tenant: TenantDep) -> HTMLResponse:
+               settings: SettingsDep, tenant: TenantDep) -> HTMLResponse:
     """The job's report: one self-contained HTML page (plots as inline SVG) of its
-    admissions against each deployment's budget, outcomes, latency, errors and usage."""
+    admissions against each deployment's budget, what bound it, outcomes, latency, errors
+    and usage."""
     from quotaflow.observe import report  # matplotlib loads on the first report, not at start
 
     retention.require_results(jobs.get_job(session, job_id, tenant))  # 404 once deleted
     data = report_data.report_data(session, job_id, report_data.budgets(deployments), tenant)
+    data.bound = bound_data.job_bound(session, job_id, deployments, settings, tenant)
     return HTMLResponse(report.render(data))
+
+
+@router.get("/jobs/{job_id}/bound", responses=responses(401, 404))
+def job_bound(job_id: IdPath, session: SessionDep, deployments: DeploymentsDep,
+              settings: SettingsDep, tenant: TenantDep) -> dict[str, Any]:
+    """What bound the job: seconds of its time per cause (a deployment's budget and
+    which limit, calls in flight at max_concurrency, waiting for workers, 429 pauses),
+    the top cause and what would make it faster (quotaflow/observe/bound.py)."""
+    found = bound_data.job_bound(session, job_id, deployments, settings, tenant)
+    return {"object": "job.bound", "id": job_id, **found.as_json(), "summary": found.summary()}
 
 
 def _own(sessions: sessionmaker[Session], job_id: str, tenant: str) -> None:

@@ -126,6 +126,10 @@ class ApiClient:
     def get_job(self, job_id: str) -> dict[str, Any]:
         return self._request("GET", f"/jobs/{job_id}").json()
 
+    def job_bound(self, job_id: str) -> dict[str, Any]:
+        """What bound the job and what would make it faster (quotaflow/observe/bound.py)."""
+        return self._request("GET", f"/jobs/{job_id}/bound").json()
+
     def list_jobs(self, limit: int) -> list[dict[str, Any]]:
         return self._request("GET", "/jobs", params={"limit": limit}).json()["data"]
 

@@ -1,5 +1,6 @@
 """`quotaflow`: every command a user runs, from the quick start to the cluster."""
 
+import contextlib
 import json
 import logging
 import os
@@ -135,6 +136,8 @@ def status(job_id: str, watch: bool, as_json: bool) -> None:
                f"cost={cost_text(job.get('cost'))}")
     if job.get("stop_reason"):
         click.echo(f"stopped sending: {job['stop_reason']}")
+    with contextlib.suppress(QuotaflowError):  # an older API, or one without PostgreSQL
+        click.echo(f"bound: {api.job_bound(job_id)['summary']}")
 
 
 def _watch(api: ApiClient, job: dict) -> dict:

@@ -201,6 +201,14 @@ class Settings(BaseSettings):
         "flower` refuses to start without it unless given `--no-auth` (Flower's own "
         "`FLOWER_BASIC_AUTH` counts too).")
     flower_port: int = Field(default=5555, description="The port `quotaflow flower` serves on.")
+    flower_url: str | None = Field(
+        default=None,
+        description="Flower's address as operators reach it (e.g. `http://ops.example:5555`): "
+        "the console's budgets page links to it. Unset: no link.")
+    grafana_url: str | None = Field(
+        default=None,
+        description="Grafana's address as operators reach it (e.g. `http://ops.example:3000`): "
+        "the console's budgets page links to it. Unset: no link.")
 
     auth: bool = Field(
         default=True,

@@ -38,11 +38,17 @@ def get_job(session: Session, job_id: str, tenant: str | None = None) -> Job:
 
 
 def list_jobs(session: Session, limit: int = 20, after: str | None = None,
-              tenant: str | None = None) -> list[Job]:
-    """Newest first; `after` is the id of the last job of the previous page."""
+              tenant: str | None = None, status: str | None = None,
+              queue: str | None = None) -> list[Job]:
+    """Newest first; `after` is the id of the last job of the previous page; `status`
+    and `queue` keep only the jobs that have them (the same cursor pages them)."""
     query = select(Job).order_by(Job.created_at.desc(), Job.id.desc()).limit(limit)
     if tenant is not None:
         query = query.where(Job.tenant == tenant)
+    if status is not None:
+        query = query.where(Job.status == status)
+    if queue is not None:
+        query = query.where(Job.queue == queue)
     if after is not None:
         anchor = get_job(session, after, tenant)
         query = query.where(Job.created_at <= anchor.created_at, Job.id != anchor.id)

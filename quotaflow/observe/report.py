@@ -30,8 +30,6 @@ def render(data: ReportData) -> str:
     """The whole page."""
     job = data.job
     counts = job["request_counts"]
-    t0 = _start(data)
-    per = f"per minute, in buckets of {data.bucket_s} s"
     parts = [
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
         f"<title>quotaflow report {_e(job['id'])}</title><style>{STYLE}</style></head><body>",
@@ -41,16 +39,8 @@ def render(data: ReportData) -> str:
         f"{counts['total']} requests: {counts['completed']} completed, {counts['failed']} "
         f"failed, {counts['pending']} pending, {counts['cancelled']} cancelled, "
         f"{counts['expired']} expired</p>",
-        "<h2>Requests per minute admitted, against each deployment's RPM</h2>",
-        _figure("requests", data, data.requests_per_min, t0, "requests / min",
-                {name: rpm for name, (rpm, _) in data.budgets.items()}),
-        "<h2>Tokens per minute admitted (tokens used), against each deployment's TPM</h2>",
-        _figure("tokens", data, data.tokens_per_min, t0, "tokens / min",
-                {name: tpm for name, (_, tpm) in data.budgets.items()}),
-        f"<h2>Completed and failed requests ({per})</h2>",
-        _figure("outcomes", data, data.outcomes_per_min, t0, "requests / min", {}),
-        "<h2>Latency at the provider (sent to answered), p50 and p95</h2>",
-        _figure("latency", data, data.latency_s, t0, "seconds", {}),
+        *_bound(data),
+        *(f"<h2>{_e(title)}</h2>\n{figure}" for title, figure in plots(data)),
         "<h2>Split across deployments</h2>", _split(data), _split_table(data),
         "<h2>Errors by code</h2>", _errors(data),
         "<h2>Usage</h2>", _table(("input tokens", "output tokens", "total tokens"),
@@ -59,6 +49,24 @@ def render(data: ReportData) -> str:
         "</body></html>",
     ]
     return "\n".join(parts)
+
+
+def plots(data: ReportData) -> list[tuple[str, str]]:
+    """The time plots, each (title, <figure>): the report's, and the console's job page."""
+    t0 = _start(data)
+    per = f"per minute, in buckets of {data.bucket_s} s"
+    return [
+        ("Requests per minute admitted, against each deployment's RPM",
+         _figure("requests", data, data.requests_per_min, t0, "requests / min",
+                 {name: rpm for name, (rpm, _) in data.budgets.items()})),
+        ("Tokens per minute admitted (tokens used), against each deployment's TPM",
+         _figure("tokens", data, data.tokens_per_min, t0, "tokens / min",
+                 {name: tpm for name, (_, tpm) in data.budgets.items()})),
+        (f"Completed and failed requests ({per})",
+         _figure("outcomes", data, data.outcomes_per_min, t0, "requests / min", {})),
+        ("Latency at the provider (sent to answered), p50 and p95",
+         _figure("latency", data, data.latency_s, t0, "seconds", {})),
+    ]
 
 
 def _start(data: ReportData) -> float:
@@ -133,6 +141,18 @@ def _wrap(name: str, figure: Any, attrs: dict[str, str]) -> str:
     svg = svg[svg.index("<svg"):]  # no XML prolog or DOCTYPE inside HTML
     shown = " ".join(f'{key}="{_e(value)}"' for key, value in attrs.items())
     return f'<figure class="plot" id="plot-{name}" {shown}>{svg}</figure>'
+
+
+def _bound(data: ReportData) -> list[str]:
+    """Where the job's time went and what would make it faster (quotaflow/observe/bound.py)."""
+    if data.bound is None:
+        return []
+    total = data.bound.total_s or 1.0
+    rows = [(name, f"{secs:,.1f}", f"{secs / total:.0%}")
+            for name, secs in sorted(data.bound.seconds.items(), key=lambda kv: -kv[1])]
+    return ["<h2>What bound this job</h2>",
+            f"<p id='bound' data-cause='{_e(data.bound.cause)}'>{_e(data.bound.advice)}</p>",
+            _table(("where the time went", "seconds", "share"), rows)]
 
 
 def _split_table(data: ReportData) -> str:

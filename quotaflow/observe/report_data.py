@@ -17,6 +17,7 @@ from quotaflow.deployments.catalog import Deployments
 from quotaflow.errors import ConfigError
 from quotaflow.jobs import view as job_view
 from quotaflow.jobs.service import get_job
+from quotaflow.observe.bound import Bound
 
 MAX_BUCKETS = 60
 WIDTHS_S = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 21600, 86400)
@@ -51,6 +52,7 @@ class ReportData:
     budgets: dict[str, tuple[int, int]]  # deployment -> (rpm, tpm)
     errors: list[dict[str, Any]]  # {code, count, examples: [{line, custom_id, message}]}
     split: list[dict[str, Any]]  # per deployment: requests, succeeded, tokens, mean latency
+    bound: Bound | None = None  # what bound the job (bound.py), where the caller read it
 
 
 SPAN = """

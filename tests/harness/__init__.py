@@ -18,6 +18,8 @@ Servers and processes
     promtool         Prometheus's checker on deploy/monitoring/
     redis_cluster    a real Redis Cluster on loopback (masters, replicas, a master
                      killed by pid, its failover awaited)
+    browser          Debian's headless Chromium driven over the DevTools protocol
+                     (navigate, evaluate, click, screenshot): the console's test
 
 Clusters for one question each (a test asserts on them, a bench prints their table)
     limiter_cluster, anthropic_cluster, openai_cluster, pbatch_cluster, fair_cluster,
