@@ -14,6 +14,7 @@ from typing import Any
 from sqlalchemy import and_, case, exists, func, or_, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
+from quotaflow import resultwrite
 from quotaflow.db import insert_ignore
 from quotaflow.dispatch import BatchRef
 from quotaflow.jobs import new_request_id
@@ -129,17 +130,10 @@ def store_many(sessions: sessionmaker[Session], job_id: str,
                 _stamp(row, record)
     lines = [item.line_no for item, _ in entries]
     with sessions.begin() as session:
-        session.execute(insert_ignore(session, RESULTS), rows)
-        stored = select(RESULTS.c.error).where(RESULTS.c.job_id == ITEMS.c.job_id,
-                                            RESULTS.c.line_no == ITEMS.c.line_no).scalar_subquery()
-        closed = session.execute(
-            update(ITEMS)
-            .where(ITEMS.c.job_id == job_id, ITEMS.c.line_no.in_(lines),
-                   ITEMS.c.status.in_(ItemStatus.OPEN))
-            .values(status=case((stored.is_(None), ItemStatus.SUCCEEDED),
-                                else_=ItemStatus.FAILED),
-                    lease_owner=None, lease_expires_at=None)
-            .returning(ITEMS.c.line_no, ITEMS.c.status)).all()
+        if resultwrite.supported(session):  # one statement (resultwrite.py)
+            closed = resultwrite.store_chunk(session, job_id, rows, now)
+        else:
+            closed = _store_and_close(session, job_id, rows, lines)
         if billing is not None and provenance is not None:
             # An item is open exactly while it has no result (results and the item's
             # closing are one transaction; retrying a line deletes its result first), so
@@ -152,6 +146,23 @@ def store_many(sessions: sessionmaker[Session], job_id: str,
     statuses = [status for _, status in closed] + shared
     succeeded = sum(status == ItemStatus.SUCCEEDED for status in statuses)
     return succeeded, len(statuses) - succeeded
+
+
+def _store_and_close(session: Session, job_id: str, rows: list[dict[str, Any]],
+                     lines: list[int]) -> list[tuple[int, str]]:
+    """SQLite's way (the embedded runner): insert-or-ignore, then close the items after
+    the rows stored, whoever stored them."""
+    session.execute(insert_ignore(session, RESULTS), rows)
+    stored = select(RESULTS.c.error).where(RESULTS.c.job_id == ITEMS.c.job_id,
+                                        RESULTS.c.line_no == ITEMS.c.line_no).scalar_subquery()
+    return [(line, status) for line, status in session.execute(
+        update(ITEMS)
+        .where(ITEMS.c.job_id == job_id, ITEMS.c.line_no.in_(lines),
+               ITEMS.c.status.in_(ItemStatus.OPEN))
+        .values(status=case((stored.is_(None), ItemStatus.SUCCEEDED),
+                            else_=ItemStatus.FAILED),
+                lease_owner=None, lease_expires_at=None)
+        .returning(ITEMS.c.line_no, ITEMS.c.status))]
 
 
 def _charges(entries: Sequence[tuple[ClaimedItem, Outcome]],
