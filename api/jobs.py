@@ -26,7 +26,7 @@ from api.deps import (
 )
 from api.errors import responses
 from api.v1 import FORM_OVERHEAD_BYTES
-from quotaflow import estimate, ingest, job_view, jobs, output, report_data, retention
+from quotaflow import estimate, ingest, job_view, jobs, output_pieces, report_data, retention
 from quotaflow.config import get_settings
 from quotaflow.constants import DEFAULT_QUEUE
 from quotaflow.errors import InvalidParameter
@@ -202,6 +202,6 @@ def _stream(sessions: sessionmaker[Session], job_id: str, errors: bool) -> Strea
 
     def chunks() -> Iterator[bytes]:
         with sessions() as session:
-            yield from output.output_chunks(output.iter_output(session, job_id, errors=errors))
+            yield from output_pieces.output_pieces(session, job_id, errors=errors)
 
     return StreamingResponse(chunks(), media_type=JSONL)

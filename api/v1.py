@@ -26,7 +26,7 @@ from api.deps import (
     TenantDep,
 )
 from api.errors import responses
-from quotaflow import batches, files, jobs, output, retention
+from quotaflow import batches, files, jobs, retention
 from quotaflow.config import get_settings
 
 router = APIRouter(prefix="/v1", tags=["OpenAI-compatible"])
@@ -122,7 +122,7 @@ def file_content(file_id: IdPath, sessions: SessionsDep, tenant: TenantDep) -> S
 
 def _lines(sessions: sessionmaker[Session], virtual: files.VirtualFile) -> Iterator[bytes]:
     with sessions() as session:
-        yield from output.output_chunks(files.virtual_lines(session, virtual))
+        yield from files.virtual_pieces(session, virtual)
 
 
 def _chunks(sessions: sessionmaker[Session], file_id: str) -> Iterator[bytes]:
