@@ -24,7 +24,7 @@ from pathlib import Path
 import orjson
 import psycopg
 
-from bench.e2e import Bench, machine, quotaflow, wait_with_rusage
+from bench.e2e import Bench, _process_table, machine, quotaflow, tree_cpu, wait_with_rusage
 from bench.ingest import peak_rss_mb, write_file
 
 POLL_S = 0.2
@@ -72,9 +72,13 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, float]:
             bench._stop(worker)
 
         output = workdir / "results.jsonl"
+        api_cpu = tree_cpu([bench.api.pid], _process_table())
+        pg_cpu = tree_cpu([bench.postgres.pid], _process_table())
         download = bench._start("results", quotaflow("results", job_id, "-o", str(output)), env)
         download_use = wait_with_rusage(download, args.timeout, "results")
         downloaded = time.monotonic()
+        api_cpu = tree_cpu([bench.api.pid], _process_table()) - api_cpu
+        pg_cpu = tree_cpu([bench.postgres.pid], _process_table()) - pg_cpu
         if download.popen.returncode != 0:
             raise RuntimeError(f"results failed:\n{download.log()}")
         check_output(output, args.lines)
@@ -84,7 +88,9 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, float]:
                 "api_peak": peak_rss_mb(bench.api.pid),
                 "submit_rss": submit_use.ru_maxrss / 1024,
                 "results_rss": download_use.ru_maxrss / 1024,
-                "download_mb": output.stat().st_size / 1e6}
+                "download_mb": output.stat().st_size / 1e6,
+                "download_cpu": (f"API {api_cpu:.1f}, PostgreSQL {pg_cpu:.1f}, CLI "
+                                 f"{download_use.ru_utime + download_use.ru_stime:.1f}")}
     finally:
         bench.close()
 
@@ -115,7 +121,7 @@ def main() -> None:
         row = run(args, Path(workdir))
     n = row["lines"]
     print(f"API RSS idle {row['api_idle']:.0f} MB, after submit {row['api_submit']:.0f} MB; "
-          f"results file {row['download_mb']:,.0f} MB")
+          f"results file {row['download_mb']:,.0f} MB; download CPU s: {row['download_cpu']}")
     header = ("lines", "submit s", "lines/s", "run s", "req/s", "download s", "lines/s",
               "API peak MB", "submit CLI MB", "results CLI MB")
     values = (f"{n:,}", f"{row['submit_s']:.1f}", f"{n / row['submit_s']:,.0f}",
