@@ -36,7 +36,7 @@ from quotaflow.jobs import service as jobs
 from quotaflow.jobs import view as job_view
 from quotaflow.models import JobStatus
 from quotaflow.observe import bound_data, report_data
-from quotaflow.results import output
+from quotaflow.results import output_pieces
 
 JSONL = "application/jsonl"
 REPLAYED_HEADER = "Idempotent-Replayed"
@@ -230,6 +230,6 @@ def _stream(sessions: sessionmaker[Session], job_id: str, errors: bool) -> Strea
 
     def chunks() -> Iterator[bytes]:
         with sessions() as session:
-            yield from output.output_chunks(output.iter_output(session, job_id, errors=errors))
+            yield from output_pieces.output_pieces(session, job_id, errors=errors)
 
     return StreamingResponse(chunks(), media_type=JSONL)

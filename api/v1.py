@@ -30,7 +30,6 @@ from quotaflow.compat import files, retention
 from quotaflow.compat import openai_batches as batches
 from quotaflow.config import get_settings
 from quotaflow.jobs import service as jobs
-from quotaflow.results import output
 
 router = APIRouter(prefix="/v1", tags=["OpenAI-compatible"])
 # PostgreSQL text and JSONB cannot hold NUL characters.
@@ -125,7 +124,7 @@ def file_content(file_id: IdPath, sessions: SessionsDep, tenant: TenantDep) -> S
 
 def _lines(sessions: sessionmaker[Session], virtual: files.VirtualFile) -> Iterator[bytes]:
     with sessions() as session:
-        yield from output.output_chunks(files.virtual_lines(session, virtual))
+        yield from files.virtual_pieces(session, virtual)
 
 
 def _chunks(sessions: sessionmaker[Session], file_id: str) -> Iterator[bytes]:

@@ -352,6 +352,8 @@ class Bench:
             raise RuntimeError(f"quotaflow db upgrade failed:\n{migrate.stdout}{migrate.stderr}")
         with self._db() as conn:
             self.versions["postgres"] = conn.execute("SHOW server_version").fetchone()[0]
+            if self.args.pg_statements:
+                conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
         self.versions["redis"] = self.redis.version
         self.api_url = f"http://127.0.0.1:{free_port()}"
         self.api = self._start("api", quotaflow("api", "--port", self.api_url.rsplit(":", 1)[1]),
@@ -399,7 +401,10 @@ class Bench:
                       "postgres": [self.postgres.pid], "redis": [self.redis.popen.pid],
                       "provider": [self.provider.pid]}
         provider_before = httpx.get(f"{self.provider_url}/stats").json()
+        statements = self.args.pg_statements and label != "warm-up"
         with self._db() as conn, httpx.Client(base_url=self.api_url, timeout=600) as api:
+            if statements:
+                conn.execute("SELECT pg_stat_statements_reset()")
             before = snapshot(components)
             with path.open("rb") as handle:
                 answer = api.post("/jobs", files={"file": (path.name, handle,
@@ -419,6 +424,8 @@ class Bench:
                                        f"{self._results(conn, job_id)} of {size} results")
                 time.sleep(POLL_S)
             after = snapshot(components)
+            if statements:
+                print(statement_table(conn, size, self.args.pg_statements), file=sys.stderr)
             results = self._results(conn, job_id)
             view = api.get(f"/jobs/{job_id}").json()
         counts = view["request_counts"]
@@ -632,6 +639,20 @@ async def _send_raw(base_url: str, todo: Iterator[dict], in_flight: int, _shards
     return ok
 
 
+def statement_table(conn: psycopg.Connection, size: int, top: int) -> str:
+    """The statements that cost the server most during a job: calls and rows per
+    request, and execution time per request in microseconds (the server's CPU for
+    them, less I/O waits, on a warm cache)."""
+    lines = [f"{'us/req':>7} {'calls/req':>9} {'rows/req':>8}  statement"]
+    for total_ms, calls, rows, query in conn.execute(
+            "SELECT total_exec_time, calls, rows, query FROM pg_stat_statements "
+            "ORDER BY total_exec_time DESC LIMIT %s", (top,)):
+        text = " ".join(query.split())[:110]
+        lines.append(f"{1000 * total_ms / size:7.1f} {calls / size:9.3f} {rows / size:8.2f}  "
+                     f"{text}")
+    return "\n".join(lines)
+
+
 # --- report --------------------------------------------------------------------------------------
 
 
@@ -783,6 +804,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--pg-option", action="append", default=[], metavar="NAME=VALUE",
                         help="A setting for the throwaway PostgreSQL (repeatable), "
                              "e.g. synchronous_commit=off.")
+    parser.add_argument("--pg-statements", type=int, default=0, metavar="N",
+                        help="Load pg_stat_statements in the throwaway PostgreSQL and print, "
+                             "after each cluster row, its N costliest statements per request.")
     parser.add_argument("--scrape-interval", type=float, default=1.0, metavar="SECONDS",
                         help="With --metrics: seconds between scrapes (Prometheus as shipped: "
                              "15).")
@@ -794,6 +818,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="Keep the working directory (logs, input files).")
     args = parser.parse_args(argv)
     args.sizes = args.sizes or [args.requests]
+    if args.pg_statements:
+        args.pg_option.append("shared_preload_libraries=pg_stat_statements")
     if args.bare_clients is None:
         args.bare_clients = [kind for kind in BARE_CLIENTS
                              if kind != "aiohttp" or importlib.util.find_spec("aiohttp")]

@@ -31,6 +31,7 @@ from quotaflow.jobs import service as jobs
 from quotaflow.jobs import view as job_view
 from quotaflow.models import File, FileChunk, Job, utcnow
 from quotaflow.results import output
+from quotaflow.results.output_pieces import output_pieces
 
 CHUNK_BYTES = 1024 * 1024
 PURPOSE_BATCH = "batch"
@@ -191,10 +192,15 @@ def virtual_lines(session: Session, virtual: VirtualFile) -> Iterator[str]:
     return output.iter_output(session, virtual.job_id, errors=virtual.errors)
 
 
+def virtual_pieces(session: Session, virtual: VirtualFile) -> Iterator[bytes]:
+    """The batch output or error file's bytes, in pieces (output_pieces.py)."""
+    return output_pieces(session, virtual.job_id, virtual.errors)
+
+
 def virtual_object(session: Session, virtual: VirtualFile) -> dict[str, Any]:
     job = session.get(Job, virtual.job_id)
     assert job is not None  # checked by virtual_file
-    size = sum(len(line.encode()) for line in virtual_lines(session, virtual))
+    size = sum(len(piece) for piece in virtual_pieces(session, virtual))
     kind = "error" if virtual.errors else "output"
     return {"id": virtual.id, "object": "file", "bytes": size,
             "created_at": _unix(job.completed_at or job.cancelled_at or job.expired_at

@@ -19,7 +19,7 @@ def make_provider(deployment: Deployment) -> Provider:
         from quotaflow.providers.anthropic import AnthropicProvider
 
         return AnthropicProvider(deployment)
-    # Imported here: aiohttp is the workers' business, not the API's or the CLI's.
+    # Imported here: the HTTP client is the workers' business, not the API's or the CLI's.
     from quotaflow.providers.openai_compat import OpenAICompatProvider
 
     return OpenAICompatProvider(deployment)

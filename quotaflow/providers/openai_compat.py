@@ -1,14 +1,15 @@
 """Any OpenAI-compatible HTTP API: OpenAI itself, vLLM, SGLang, Ollama, the mock server.
 
-One provider, hence one aiohttp session and its keep-alive connections, lives
-as long as its worker process's event loop: a client per batch cost a TLS
-context and a TCP handshake per batch, and httpx's pool cost about ten times
-aiohttp's CPU per request, which on a batch processor is the machine's whole
+One provider, hence one pool of keep-alive connections, lives as long as its
+worker process's event loop: a client per batch cost a TLS context and a TCP
+handshake per batch. The client is quotaflow's own lean HTTP/1.1 one (http1.py):
+httpx's pool cost about ten times aiohttp's CPU per request, and aiohttp's about
+2.5 times a bare protocol's, which on a batch processor is most of the machine's
 budget. Bodies go out as orjson bytes and come back parsed once; the answer's
 own bytes are what gets stored.
 
-Errors from aiohttp are translated here, at the edge, into quotaflow's
-retryable/permanent provider errors, so nothing above knows about aiohttp.
+Errors of the connection are translated here, at the edge, into quotaflow's
+retryable/permanent provider errors, so nothing above knows about the client.
 """
 
 import asyncio
@@ -17,12 +18,11 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-import aiohttp
-
 from quotaflow import jsoncodec
 from quotaflow.deployments.catalog import Deployment
 from quotaflow.errors import PermanentProviderError, RetryableProviderError
 from quotaflow.providers.base import ProviderResponse, usage_of
+from quotaflow.providers.http1 import Http1Error, Http1Pool
 
 # 408 timeout, 409 conflict, 429 rate limit: OpenAI's docs list these as safe to retry.
 RETRYABLE_STATUS = frozenset({408, 409, 429})
@@ -58,34 +58,30 @@ class OpenAICompatProvider:
         if key:
             self._headers["Authorization"] = f"Bearer {key}"
         self._base = deployment.base_url.rstrip("/") + "/"
-        self._timeout = aiohttp.ClientTimeout(total=deployment.timeout_s,
-                                              connect=min(10.0, deployment.timeout_s))
+        self._timeout_s = deployment.timeout_s
         self._name = deployment.name
-        self._session: aiohttp.ClientSession | None = None
+        self._pool: Http1Pool | None = None
 
-    def _open(self) -> aiohttp.ClientSession:
+    def _open(self) -> Http1Pool:
         # No connection cap here: the executor admits at most max_concurrency calls per
         # deployment per batch, and an admitted call must not queue for a connection
         # (budget spent while waiting is refill the provider never sees).
-        connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=30)
-        self._session = aiohttp.ClientSession(connector=connector, headers=self._headers,
-                                              timeout=self._timeout)
-        return self._session
+        self._pool = Http1Pool(self._base, self._headers, self._timeout_s,
+                               min(10.0, self._timeout_s))
+        return self._pool
 
     async def send(self, url: str, body: dict[str, Any]) -> ProviderResponse:
-        session = self._session or self._open()
+        pool = self._pool or self._open()
         # Batch lines say /v1/chat/completions; base_url already ends in /v1.
-        target = self._base + url.removeprefix("/v1/")
         try:
-            async with session.post(target, data=jsoncodec.dumps(body)) as response:
-                raw = await response.read()
-                status, headers, reason = response.status, response.headers, response.reason
+            response = await pool.post(url.removeprefix("/v1/"), jsoncodec.dumps(body))
         except TimeoutError as exc:
             raise RetryableProviderError(f"{self._name}: request timed out") from exc
-        except aiohttp.ClientError as exc:
+        except (OSError, Http1Error) as exc:
             raise RetryableProviderError(
                 f"{self._name}: connection failed ({exc.__class__.__name__})") from exc
-        return self._interpret(status, headers, reason, raw)
+        return self._interpret(response.status, response.headers, response.reason or None,
+                               response.body)
 
     def _interpret(self, status: int, headers: Mapping[str, str], reason: str | None,
                    raw: bytes) -> ProviderResponse:
@@ -122,9 +118,9 @@ class OpenAICompatProvider:
         )
 
     async def aclose(self) -> None:
-        if self._session is not None:
-            session, self._session = self._session, None
-            await session.close()
+        if self._pool is not None:
+            pool, self._pool = self._pool, None
+            pool.close()
             # Let the transports' close callbacks run before the loop may end.
             await asyncio.sleep(0)
 

@@ -21,6 +21,7 @@ from quotaflow.jsoncodec import RawJson
 from quotaflow.models import Item, ItemStatus, Job, JobStatus, Result, utcnow
 from quotaflow.providers.base import ProviderResponse
 from quotaflow.providers.outcomes import Failure, Outcome, Provenance, Shared
+from quotaflow.results import chunk_write
 from quotaflow.tenants.spend import Charge, Ledger
 
 # Core tables, not ORM entities: an ORM-enabled UPDATE costs several times the CPU of
@@ -129,17 +130,10 @@ def store_many(sessions: sessionmaker[Session], job_id: str,
                 _stamp(row, record)
     lines = [item.line_no for item, _ in entries]
     with sessions.begin() as session:
-        session.execute(insert_ignore(session, RESULTS), rows)
-        stored = select(RESULTS.c.error).where(RESULTS.c.job_id == ITEMS.c.job_id,
-                                            RESULTS.c.line_no == ITEMS.c.line_no).scalar_subquery()
-        closed = session.execute(
-            update(ITEMS)
-            .where(ITEMS.c.job_id == job_id, ITEMS.c.line_no.in_(lines),
-                   ITEMS.c.status.in_(ItemStatus.OPEN))
-            .values(status=case((stored.is_(None), ItemStatus.SUCCEEDED),
-                                else_=ItemStatus.FAILED),
-                    lease_owner=None, lease_expires_at=None)
-            .returning(ITEMS.c.line_no, ITEMS.c.status)).all()
+        if chunk_write.supported(session):  # one statement (chunk_write.py)
+            closed = chunk_write.store_chunk(session, job_id, rows, now)
+        else:
+            closed = _store_and_close(session, job_id, rows, lines)
         if billing is not None and provenance is not None:
             # An item is open exactly while it has no result (results and the item's
             # closing are one transaction; retrying a line deletes its result first), so
@@ -152,6 +146,23 @@ def store_many(sessions: sessionmaker[Session], job_id: str,
     statuses = [status for _, status in closed] + shared
     succeeded = sum(status == ItemStatus.SUCCEEDED for status in statuses)
     return succeeded, len(statuses) - succeeded
+
+
+def _store_and_close(session: Session, job_id: str, rows: list[dict[str, Any]],
+                     lines: list[int]) -> list[tuple[int, str]]:
+    """SQLite's way (the embedded runner): insert-or-ignore, then close the items after
+    the rows stored, whoever stored them."""
+    session.execute(insert_ignore(session, RESULTS), rows)
+    stored = select(RESULTS.c.error).where(RESULTS.c.job_id == ITEMS.c.job_id,
+                                        RESULTS.c.line_no == ITEMS.c.line_no).scalar_subquery()
+    return [(line, status) for line, status in session.execute(
+        update(ITEMS)
+        .where(ITEMS.c.job_id == job_id, ITEMS.c.line_no.in_(lines),
+               ITEMS.c.status.in_(ItemStatus.OPEN))
+        .values(status=case((stored.is_(None), ItemStatus.SUCCEEDED),
+                            else_=ItemStatus.FAILED),
+                lease_owner=None, lease_expires_at=None)
+        .returning(ITEMS.c.line_no, ITEMS.c.status))]
 
 
 def _charges(entries: Sequence[tuple[ClaimedItem, Outcome]],
