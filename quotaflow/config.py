@@ -182,6 +182,13 @@ class Settings(BaseSettings):
         default=None,
         description="Set by `quotaflow worker --deployment NAME`: the one local deployment "
         "whose model this worker process loads. A worker without it loads no model at all.")
+    worker_realtime_slots: int = Field(
+        default=1, ge=0, le=64,
+        description="Threads a `quotaflow worker` that consumes `realtime` beside other "
+        "queues keeps for realtime batches alone (a small second Celery worker beside its "
+        "pool), so a realtime job never waits for a slot behind bulk batches. 0: every slot "
+        "takes any queue (realtime then waits behind a bulk flood). "
+        "`quotaflow worker --realtime-slots` overrides it.")
     worker_metrics_port: int | None = Field(
         default=None, gt=0, lt=65536,
         description="Set by `quotaflow worker --metrics-port PORT`: the worker's main process "
@@ -207,6 +214,11 @@ class Settings(BaseSettings):
         default=None,
         description="The key the CLI sends as `Authorization: Bearer ...`; read from the "
         "environment only, never logged.")
+    progress_interval_s: float = Field(
+        default=5.0, gt=0,
+        description="How often `quotaflow run` and `quotaflow status --watch` write a "
+        "progress line (done/total, rate, ETA) when standard error is not a terminal (CI "
+        "logs, `| tee`, `nohup`); on a terminal they draw a bar instead.")
     submit_timeout_s: float = Field(
         default=1800.0, gt=0,
         description="How long `quotaflow submit` waits for the API's answer to an upload (the "

@@ -65,5 +65,9 @@ def forget_process(**_kwargs: object) -> None:
 def remove_files(**_kwargs: object) -> None:
     """The worker stops: its metrics directory goes (a new worker starts a new one)."""
     directory = _directory()
+    # Only the worker that serves the directory removes it: a realtime companion
+    # (cli/worker_group.py) writes into its main worker's and serves nothing.
+    if get_settings().worker_metrics_port is None:
+        return
     if directory and Path(directory).name.startswith(OWN_PREFIX):
         shutil.rmtree(directory, ignore_errors=True)

@@ -11,9 +11,12 @@ each of its lines' latency is measured from the job's creation to its answer's
   only `realtime`, the others `standard,bulk`. A realtime message never waits behind a
   bulk batch for a pool slot or in a queue, and the bulk queue's priority floor (20%
   of the bucket) leaves budget for it.
-- "shared": every worker consumes every queue (`quotaflow worker`'s default). A
-  realtime message waits for a slot, and bulk batches hold theirs for as long as the
-  budget takes to send their 100 lines.
+- "shared": every worker consumes every queue with no slot kept for realtime
+  (`--realtime-slots 0`, `quotaflow worker`'s default before issue 30). A realtime
+  message waits for a slot, and bulk batches hold theirs for as long as the budget
+  takes to send their 100 lines.
+- "default": three plain `quotaflow worker`s (every queue, and a thread of each kept
+  for realtime alone: cli/worker_group.py).
 """
 
 import statistics
@@ -38,7 +41,12 @@ BURST_S = 10
 LATENCY_MS = 200
 REALTIME_LINES = 10
 LAYOUTS = {"split": ("realtime", "standard,bulk", "standard,bulk"),
-           "shared": ("realtime,standard,bulk",) * 3}
+           "shared": ("realtime,standard,bulk",) * 3,
+           "default": ("realtime,standard,bulk",) * 3}
+# What each layout's workers are started with beside --queues (None: no --queues, the
+# plain command) and the Celery workers each one is (the default's realtime companion).
+WORKER_ARGS: dict[str, tuple[str, ...] | None] = {
+    "split": (), "shared": ("--realtime-slots", "0"), "default": None}
 
 
 @dataclass
@@ -88,13 +96,17 @@ class FloodCluster:
         self.procs.append(api)
         self.api_url = f"http://127.0.0.1:{port}"
         api.wait_http(f"{self.api_url}/healthz")
-        workers = [Proc(f"worker{n}", quotaflow("worker", "--queues", queues, "--concurrency",
-                                                "2", "--name", f"flood{n}@qftest"),
-                        env, self.tmp_path)
+        extra = WORKER_ARGS[self.layout]
+        workers = [Proc(f"worker{n}", quotaflow(
+            "worker", *(("--queues", queues, *extra) if extra is not None else ()),
+            "--concurrency", "2", "--name", f"flood{n}@qftest"), env, self.tmp_path)
                    for n, queues in enumerate(LAYOUTS[self.layout])]
-        for worker in workers:
-            worker.wait_until(lambda w=worker: " ready." in w.log())
         self.procs += workers
+        for n, worker in enumerate(workers):
+            nodes = [f"flood{n}@qftest"] + (
+                [f"flood{n}-realtime@qftest"] if self.layout == "default" else [])
+            worker.wait_until(lambda w=worker, nodes=nodes: all(
+                f"{node} ready." in w.log(200_000) for node in nodes))
 
     def stop(self) -> None:
         for proc in reversed(self.procs):
