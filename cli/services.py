@@ -18,7 +18,7 @@ import click
 
 from cli import worker_group
 from cli.worker_group import companion_node
-from quotaflow import logs
+from quotaflow import logs, preflight
 from quotaflow.config import get_settings
 from quotaflow.constants import QUEUE_REALTIME, QUEUES, local_queue
 from quotaflow.errors import ConfigError
@@ -130,6 +130,7 @@ def register(cli: click.Group) -> None:
         import uvicorn
 
         settings = get_settings()
+        preflight.ensure_ready(settings, "quotaflow api")
         logs.configure(settings, logging.INFO)
         # log_config=None: uvicorn's records reach the root logger, in quotaflow's format.
         uvicorn.run("api.app:app", host=host or settings.api_host,
@@ -167,6 +168,7 @@ def register(cli: click.Group) -> None:
         unknown = [q for q in chosen if q not in QUEUES]
         if unknown or not chosen:
             raise ConfigError(f"unknown queue(s) {unknown}; choose from {', '.join(QUEUES)}")
+        preflight.ensure_ready(get_settings(), "quotaflow worker")
         node = name or f"quotaflow-{os.getpid()}@{socket.gethostname()}"
         # Celery's autoscaler grows and shrinks the process pool; the threads pool cannot.
         pool = [f"--autoscale={autoscale}"] if autoscale else []

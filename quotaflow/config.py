@@ -194,6 +194,12 @@ class Settings(BaseSettings):
         description="Set by `quotaflow worker --metrics-port PORT`: the worker's main process "
         "serves its pool's Prometheus metrics there. Unset: no metrics server.")
 
+    metrics_token: SecretStr | None = Field(
+        default=None,
+        description="When set, the API's `/metrics` and each worker's metrics port answer "
+        "only requests with `Authorization: Bearer <token>` (Prometheus's `authorization` "
+        "scrape setting; others get 401): the metrics name deployments and tenants. From "
+        "the environment only, never logged. Unset: open, like most exporters.")
     log_format: Literal["text", "json"] = Field(
         default="text",
         description="Log lines as plain text (with the job id and other context as "
