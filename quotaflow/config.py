@@ -317,6 +317,15 @@ class Settings(BaseSettings):
                                  ) from exc
         return value
 
+    @field_validator("metrics_token", mode="before")
+    @classmethod
+    def _token_or_none(cls, value: object) -> object:
+        """An empty variable (compose's `${QUOTAFLOW_METRICS_TOKEN:-}`) means no token, not
+        the empty token."""
+        if isinstance(value, str) and not value.strip():
+            return None
+        return value
+
     @field_validator("task_time_limit")
     @classmethod
     def _below_visibility(cls, value: int, info) -> int:
