@@ -1,9 +1,12 @@
 """The batch task: claim, call, store, finish — all in quotaflow.execution."""
 
+import logging
 from functools import lru_cache
 
 from celery import Task
-from celery.signals import worker_init
+from celery.concurrency.thread import TaskPool as ThreadsPool
+from celery.signals import worker_init, worker_ready
+from sqlalchemy import text
 
 from quotaflow.config import get_settings
 from quotaflow.constants import TASK_PROCESS_BATCH
@@ -36,6 +39,29 @@ def load_local_model(**_kwargs: object) -> None:
             raise ConfigError(f"QUOTAFLOW_WORKER_DEPLOYMENT={name!r} names no local deployment "
                               "of the deployments file")
         runner_for(deployment)
+
+
+def warm() -> None:
+    """Build this process's executor and open its database connection before the first
+    batch comes: a cold process answered its first batch about 0.3 s later (imports,
+    engine, connections), which a realtime job met in full on a worker just started (the
+    realtime slot's companion, cli/worker_group.py, is often that worker). Failures are
+    left to the first batch, which retries them."""
+    try:
+        with runtime().sessions() as session:
+            session.execute(text("SELECT 1"))
+        runtime().executor  # noqa: B018  (built now, not under the first batch)
+    except Exception as exc:  # an outage now is the first batch's to meet and retry
+        logging.getLogger(__name__).warning("warm-up skipped: %s", exc)
+
+
+@worker_ready.connect
+def warm_threads(sender: object = None, **_kwargs: object) -> None:
+    """A threads pool runs batches in this process: warm it here, once the worker takes
+    messages. (Not in prefork pool processes: Celery gives a new one 4 s to start, which
+    a database slow to answer would exceed.)"""
+    if isinstance(getattr(sender, "pool", None), ThreadsPool):
+        warm()
 
 
 # Postgres or Redis unreachable: the batch is tried again with backoff instead of
