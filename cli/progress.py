@@ -76,14 +76,15 @@ class LineProgress:
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        for task_id in self._tasks:
-            self._write(task_id)
+        for task_id, task in self._tasks.items():
+            if task["line"] != self.line(task_id):  # the last state, unless just written
+                self._write(task_id)
 
     def add_task(self, description: str, total: float | None = None) -> TaskID:
         task_id = TaskID(len(self._tasks))
         now = self._clock()
         self._tasks[task_id] = {"description": description, "total": total, "done": 0.0,
-                                "started": now, "written": now}
+                                "started": now, "written": now, "line": None}
         return task_id
 
     def update(self, task_id: TaskID, completed: float | None = None,
@@ -119,8 +120,9 @@ class LineProgress:
         return text
 
     def _write(self, task_id: TaskID) -> None:
-        self._tasks[task_id]["written"] = self._clock()
-        self._out.write(self.line(task_id) + "\n")
+        task = self._tasks[task_id]
+        task["written"], task["line"] = self._clock(), self.line(task_id)
+        self._out.write(task["line"] + "\n")
         self._out.flush()
 
 
