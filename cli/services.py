@@ -168,7 +168,6 @@ def register(cli: click.Group) -> None:
         unknown = [q for q in chosen if q not in QUEUES]
         if unknown or not chosen:
             raise ConfigError(f"unknown queue(s) {unknown}; choose from {', '.join(QUEUES)}")
-        preflight.ensure_ready(get_settings(), "quotaflow worker")
         node = name or f"quotaflow-{os.getpid()}@{socket.gethostname()}"
         # Celery's autoscaler grows and shrinks the process pool; the threads pool cannot.
         pool = [f"--autoscale={autoscale}"] if autoscale else []
@@ -186,6 +185,8 @@ def register(cli: click.Group) -> None:
         env |= metrics_env(metrics_port or get_settings().worker_metrics_port)
         # JSON logs: no banner, so that every line of the worker's output parses.
         quiet = ["--quiet"] if get_settings().log_format == "json" else []
+        # The options are checked first (above), then what the worker depends on.
+        preflight.ensure_ready(get_settings(), "quotaflow worker")
         main = [*quiet, "worker", "-Q", ",".join(chosen), "--concurrency", str(concurrency),
                 *pool, "-n", node, "-l", loglevel, "-E"]
         _start_worker(main, env, realtime_slots, deployment is None, chosen, node, quiet,

@@ -14,6 +14,7 @@ their variable is set.
 
 import os
 from collections.abc import Callable
+from pathlib import Path
 
 import redis
 from sqlalchemy import create_engine, inspect, make_url, text
@@ -40,6 +41,15 @@ def check_database(url: str) -> str | None:
     """None when the database answers and has quotaflow's schema; else what is wrong."""
     url = normalize_url(url)
     args = {"connect_timeout": CONNECT_TIMEOUT_S} if url.startswith("postgresql") else {}
+    try:
+        parsed = make_url(url)
+    except Exception as exc:  # not a URL at all
+        return f"QUOTAFLOW_DATABASE_URL is not a database URL: {exc}"
+    if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:") \
+            and not Path(parsed.database).exists():
+        # Connecting would create an empty file: say what to do instead.
+        return (f"the database file {parsed.database} does not exist: run "
+                "`quotaflow db upgrade` (or set QUOTAFLOW_DATABASE_URL)")
     try:
         engine = create_engine(url, connect_args=args)
     except Exception as exc:  # a malformed URL or a driver that is not installed
