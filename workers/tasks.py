@@ -13,6 +13,8 @@ from quotaflow.constants import TASK_PROCESS_BATCH
 from quotaflow.db import translate_db_errors
 from quotaflow.dispatch import BatchRef
 from quotaflow.errors import ConfigError, ServiceUnavailable
+from quotaflow.execution import loops
+from quotaflow.execution.loops import PROVIDERS
 from quotaflow.providers.local import runner_for, serve_only
 from quotaflow.runtime import Runtime
 from workers import metrics  # noqa: F401  (its signal handlers serve --metrics-port)
@@ -55,13 +57,32 @@ def warm() -> None:
         logging.getLogger(__name__).warning("warm-up skipped: %s", exc)
 
 
+def warm_thread() -> None:
+    """warm(), then this thread's event loop and its providers' clients (quotaflow/
+    execution/loops.py keeps one of each per thread): what a batch on it would make."""
+    warm()
+
+    async def providers() -> None:
+        for deployment in runtime().deployments.deployments.values():
+            if deployment.provider != "local" and not deployment.is_batch:
+                PROVIDERS.get(deployment)
+
+    try:
+        loops.run(providers())
+    except Exception as exc:  # a provider that cannot be made fails its first batch
+        logging.getLogger(__name__).warning("provider warm-up skipped: %s", exc)
+        return
+    logging.getLogger(__name__).info("warm: executor, database and providers ready")
+
+
 @worker_ready.connect
 def warm_threads(sender: object = None, **_kwargs: object) -> None:
-    """A threads pool runs batches in this process: warm it here, once the worker takes
-    messages. (Not in prefork pool processes: Celery gives a new one 4 s to start, which
-    a database slow to answer would exceed.)"""
-    if isinstance(getattr(sender, "pool", None), ThreadsPool):
-        warm()
+    """A threads pool runs batches in its threads: warm one of them (the realtime
+    companion has just one), on the pool's own executor. (Not prefork pool processes:
+    Celery gives a new one 4 s to start, which a database slow to answer would exceed.)"""
+    pool = getattr(sender, "pool", None)
+    if isinstance(pool, ThreadsPool):
+        pool.executor.submit(warm_thread)
 
 
 # Postgres or Redis unreachable: the batch is tried again with backoff instead of
