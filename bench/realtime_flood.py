@@ -16,6 +16,7 @@ again) and Redis db 14, or QUOTAFLOW_BENCH_DATABASE_URL / QUOTAFLOW_BENCH_REDIS_
 import argparse
 import os
 import platform
+import statistics
 import tempfile
 from pathlib import Path
 
@@ -62,12 +63,24 @@ def main() -> None:
           f"provider latency {LATENCY_MS} ms")
     print(f"{'layout':<8} {'workers (queues)':<44} {'p50 s':>6} {'p95 s':>6} "
           f"{'max s':>6} {'bulk answers/s':>15}")
+    layouts = args.layouts.split(",")
+    results: dict[str, list[FloodResult]] = {layout: [] for layout in layouts}
     for _ in range(args.rounds):
-        for layout in args.layouts.split(","):
+        for layout in layouts:
             result = run(layout)
-            print(f"{layout:<8} {_layout_text(layout):<44} {result.p50:>6.2f} "
-                  f"{result.p95:>6.2f} {max(result.latencies):>6.2f} {result.bulk_rate:>15.1f}",
-                  flush=True)
+            results[layout].append(result)
+            _row(layout, layout, result.latencies, result.bulk_rate)
+    if args.rounds > 1:  # one realtime job a round is one batch: compare over all rounds
+        print(f"all {args.rounds} rounds:")
+        for layout, found in results.items():
+            _row(f"{layout}", layout, [s for r in found for s in r.latencies],
+                 statistics.mean(r.bulk_rate for r in found))
+
+
+def _row(label: str, layout: str, latencies: list[float], bulk_rate: float) -> None:
+    summary = FloodResult(layout, latencies, 0, bulk_rate)
+    print(f"{label:<8} {_layout_text(layout):<44} {summary.p50:>6.2f} {summary.p95:>6.2f} "
+          f"{max(latencies):>6.2f} {bulk_rate:>15.1f}", flush=True)
 
 
 if __name__ == "__main__":
