@@ -26,6 +26,7 @@ from datetime import datetime
 from pathlib import Path
 
 import httpx
+from celery import Celery
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -57,6 +58,7 @@ class FloodResult:
     bulk_done_before: int  # bulk answers stored when the realtime job was submitted
     bulk_rate: float  # bulk answers per second from the realtime job's submission, over
     # at least BULK_WINDOW_S (its own life is too short a window to compare layouts by)
+    slot_batches: int | None = None  # batches the realtime slots ran meanwhile ("default")
 
     def percentile(self, q: float) -> float:
         ordered = sorted(self.latencies)
@@ -135,16 +137,33 @@ class FloodCluster:
         bulk = [self.submit("bulk", bulk_lines, f"b{n}-") for n in range(2)]
         time.sleep(flood_s)  # every bulk slot busy, the budget spent down to its floor
         before = _answers(sessions, bulk)
+        slots_before = self.slot_batches()
         started = time.monotonic()
         realtime = self.submit("realtime", REALTIME_LINES, "rt-")
         created, answered = self._wait_answered(sessions, realtime, REALTIME_LINES, timeout)
+        slots_after = self.slot_batches()
         time.sleep(max(0.0, BULK_WINDOW_S - (time.monotonic() - started)))
         rate = (_answers(sessions, bulk) - before) / (time.monotonic() - started)
         for job_id in bulk:
             self.cancel(job_id)
         sessions.kw["bind"].dispose()
         return FloodResult(self.layout, [(at - created).total_seconds() for at in answered],
-                           before, rate)
+                           before, rate, None if slots_before is None
+                           else (slots_after or 0) - slots_before)
+
+    def slot_batches(self) -> int | None:
+        """Batches the workers' realtime slots have taken since they started (Celery's
+        own count, `inspect stats`); None in the layouts without slots."""
+        if self.layout != "default":
+            return None
+        app = Celery(broker=self.redis_url)
+        try:
+            nodes = [f"flood{n}-realtime@qftest" for n in range(len(LAYOUTS[self.layout]))]
+            stats = app.control.inspect(destination=nodes, timeout=5).stats() or {}
+        finally:
+            app.close()
+        assert sorted(stats) == sorted(nodes), stats  # every slot answered
+        return sum(sum(found.get("total", {}).values()) for found in stats.values())
 
 
     @staticmethod
