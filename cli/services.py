@@ -186,7 +186,7 @@ def register(cli: click.Group) -> None:
         # JSON logs: no banner, so that every line of the worker's output parses.
         quiet = ["--quiet"] if get_settings().log_format == "json" else []
         # The options are checked first (above), then what the worker depends on.
-        preflight.ensure_ready(get_settings(), "quotaflow worker")
+        preflight.ensure_ready(get_settings(), "quotaflow worker", only=deployment)
         main = [*quiet, "worker", "-Q", ",".join(chosen), "--concurrency", str(concurrency),
                 *pool, "-n", node, "-l", loglevel, "-E"]
         _start_worker(main, env, realtime_slots, deployment is None, chosen, node, quiet,

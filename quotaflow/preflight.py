@@ -85,8 +85,10 @@ def check_redis(variable: str, url: str) -> str | None:
     return None
 
 
-def check_deployments(settings: Settings) -> tuple[Deployments | None, list[str]]:
-    """The deployments file loaded, or its problem; and every key variable it names unset."""
+def check_deployments(settings: Settings, only: str | None = None
+                      ) -> tuple[Deployments | None, list[str]]:
+    """The deployments file loaded, or its problem; and every key variable it names unset
+    (of deployment `only`, for a worker that serves that one alone)."""
     try:
         deployments = settings.load_deployments()
     except QuotaflowError as exc:
@@ -94,11 +96,12 @@ def check_deployments(settings: Settings) -> tuple[Deployments | None, list[str]
     missing = [f"deployment {d.name!r} reads its API key from ${d.api_key_env}, which is "
                "not set in this environment"
                for d in deployments.deployments.values()
-               if d.api_key_env and not os.environ.get(d.api_key_env)]
+               if d.api_key_env and not os.environ.get(d.api_key_env)
+               and only in (None, d.name)]
     return deployments, missing
 
 
-def problems(settings: Settings) -> list[str]:
+def problems(settings: Settings, only: str | None = None) -> list[str]:
     """Everything that keeps a service from working, in the order an operator fixes it."""
     found: list[str] = []
     if not settings.broker_url:
@@ -111,13 +114,14 @@ def problems(settings: Settings) -> list[str]:
     if settings.redis_url and settings.redis_url != settings.broker_url:
         checks.append(lambda: check_redis("QUOTAFLOW_REDIS_URL", settings.redis_url or ""))
     found += [problem for check in checks if (problem := check()) is not None]
-    found += check_deployments(settings)[1]
+    found += check_deployments(settings, only)[1]
     return found
 
 
-def ensure_ready(settings: Settings, service: str) -> None:
-    """Raise one ConfigError naming every problem, or return when `service` can start."""
-    found = problems(settings)
+def ensure_ready(settings: Settings, service: str, only: str | None = None) -> None:
+    """Raise one ConfigError naming every problem, or return when `service` can start
+    (`only`: the one deployment whose key it needs, a --deployment worker's)."""
+    found = problems(settings, only)
     if found:
         listed = "\n".join(f"  - {problem}" for problem in found)
         raise ConfigError(f"{service} cannot start:\n{listed}")
