@@ -13,6 +13,7 @@ import pytest
 import redis
 
 from cli import exit_codes
+from tests.harness.cluster import deployment_file, start_provider
 from tests.harness.factories import chat_line, write_jsonl
 from tests.harness.procs import Proc, free_port, quotaflow
 from tests.harness.servers import REDIS_URL, service_env
@@ -36,38 +37,33 @@ class Cluster:
 
 @pytest.fixture(scope="module")
 def cluster(pg_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    """The API and one plain worker on the built-in mock provider, metrics behind a token."""
+    """The API and one plain worker, metrics behind a token, on a mock provider whose
+    deployment admits 10 requests a second (a 30-line job runs for seconds, so there is
+    progress to watch)."""
     redis.Redis.from_url(REDIS_URL).flushdb()
     workdir = tmp_path_factory.mktemp("cli")
+    provider, provider_url = start_provider(workdir, "--rpm", "600000", "--tpm", "100000000",
+                                            "--latency-ms", "50")
+    deployments = deployment_file(workdir, "paced", provider_url)
+    deployments.write_text(deployments.read_text().replace(
+        "rpm = 600000", "rpm = 600\nburst_seconds = 1"))
     api_port, metrics_port = free_port(), free_port()
     env = service_env(QUOTAFLOW_DATABASE_URL=pg_url, QUOTAFLOW_BROKER_URL=REDIS_URL,
+                      QUOTAFLOW_DEPLOYMENTS_FILE=str(deployments),
                       QUOTAFLOW_AUTH="false", QUOTAFLOW_METRICS_TOKEN=TOKEN,
                       QUOTAFLOW_API_URL=f"http://127.0.0.1:{api_port}",
                       QUOTAFLOW_PROGRESS_INTERVAL_S="0.5")
-    procs = [Proc("api", quotaflow("api", "--port", str(api_port)), env, workdir),
+    procs = [provider, Proc("api", quotaflow("api", "--port", str(api_port)), env, workdir),
              Proc("worker", quotaflow("worker", "--concurrency", "1", "--name", "cli@qftest",
                                       "--metrics-port", str(metrics_port)), env, workdir)]
     try:
-        procs[0].wait_http(f"http://127.0.0.1:{api_port}/healthz")
-        procs[1].wait_until(lambda: "cli@qftest ready." in procs[1].log(100_000))
+        procs[1].wait_http(f"http://127.0.0.1:{api_port}/healthz")
+        procs[2].wait_until(lambda: "cli@qftest ready." in procs[2].log(100_000))
         yield Cluster(env, f"http://127.0.0.1:{api_port}",
                       f"http://127.0.0.1:{metrics_port}/metrics", workdir)
     finally:
         for proc in reversed(procs):
             proc.stop()
-
-
-def test_metrics_need_the_bearer_token_on_the_api_and_the_worker(cluster: Cluster) -> None:
-    for url in (f"{cluster.api_url}/metrics", cluster.worker_metrics):
-        refused = httpx.get(url, timeout=10)
-        assert refused.status_code == 401, url
-        assert "quotaflow_" not in refused.text
-        assert refused.headers["www-authenticate"].startswith("Bearer")
-        assert httpx.get(url, headers={"Authorization": "Bearer wrong"},
-                         timeout=10).status_code == 401
-        # as Prometheus sends it (scrape config `authorization: {type: Bearer}`)
-        scraped = httpx.get(url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10)
-        assert scraped.status_code == 200 and "quotaflow_" in scraped.text, url
 
 
 def test_a_job_followed_from_a_script(cluster: Cluster) -> None:
@@ -109,3 +105,20 @@ def test_a_refused_file_exits_two_and_an_unreachable_api_four(cluster: Cluster) 
     assert "cannot reach the quotaflow API" in away.stderr
     missing = cluster.cli("status", "batch_nope")
     assert missing.returncode == exit_codes.ERROR, missing.stderr
+
+
+def test_metrics_need_the_bearer_token_on_the_api_and_the_worker(cluster: Cluster) -> None:
+    """Last in the module: by now jobs have run, so both endpoints have figures."""
+    for url in (f"{cluster.api_url}/metrics", cluster.worker_metrics):
+        refused = httpx.get(url, timeout=10)
+        assert refused.status_code == 401, url
+        assert "quotaflow_" not in refused.text
+        assert refused.headers["www-authenticate"].startswith("Bearer")
+        assert httpx.get(url, headers={"Authorization": "Bearer wrong"},
+                         timeout=10).status_code == 401
+        # as Prometheus sends it (scrape config `authorization: {type: Bearer}`)
+        scraped = httpx.get(url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10)
+        # the jobs above ran: the API counts them, the worker its admissions
+        assert scraped.status_code == 200, url
+        assert ("quotaflow_jobs" if url.startswith(cluster.api_url)
+                else "quotaflow_admitted_requests_total") in scraped.text, url
