@@ -13,8 +13,7 @@ from functools import lru_cache
 from fastapi import APIRouter, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from api.deps import runtime
-from quotaflow.config import get_settings
+from api.deps import SettingsDep, runtime
 from quotaflow.gauges import StateCollector
 from quotaflow.metrics_auth import CHALLENGE, authorized
 
@@ -35,9 +34,9 @@ def registry() -> CollectorRegistry:
                              "description": "Prometheus text exposition format"},
                        401: {"description": "QUOTAFLOW_METRICS_TOKEN is set and the request "
                                             "did not carry it as a bearer token"}})
-def metrics(request: Request) -> Response:
+def metrics(request: Request, settings: SettingsDep) -> Response:
     """Budgets, circuits, queues, jobs and requests by status, read now."""
-    if not authorized(request.headers.get("authorization"), get_settings().metrics_token):
+    if not authorized(request.headers.get("authorization"), settings.metrics_token):
         return Response("metrics need Authorization: Bearer <QUOTAFLOW_METRICS_TOKEN>\n",
                         status_code=401, media_type="text/plain",
                         headers={"WWW-Authenticate": CHALLENGE})
