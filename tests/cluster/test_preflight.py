@@ -8,10 +8,11 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from sqlalchemy.engine import make_url
 
 from cli import exit_codes
 from tests.harness.procs import free_port, quotaflow
-from tests.harness.servers import service_env
+from tests.harness.servers import PG_URL, recreate_database, service_env
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -92,3 +93,12 @@ def test_invalid_settings_are_refused_without_a_traceback(tmp_path: Path) -> Non
     assert "Traceback" not in output
     assert "invalid QUOTAFLOW_* setting" in result.stderr
     assert "must be below visibility_timeout" in result.stderr
+
+
+def test_a_database_never_migrated_says_to_migrate(redis_url: str, tmp_path: Path) -> None:
+    empty = make_url(PG_URL).set(database=f"{make_url(PG_URL).database}_empty")
+    url = empty.render_as_string(hide_password=False)
+    recreate_database(url)  # a database nobody ran `quotaflow db upgrade` on
+    result = start("worker", tmp_path, QUOTAFLOW_DATABASE_URL=url,
+                   QUOTAFLOW_BROKER_URL=redis_url)
+    assert_refused(result, "worker", "has no quotaflow schema: run `quotaflow db upgrade`")
