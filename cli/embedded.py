@@ -29,10 +29,11 @@ def uses_only_mock(deployments: Deployments) -> bool:
 
 
 def run_file(settings: Settings, input_path: Path, output: IO[str], errors_path: Path,
-             queue: str, concurrency: int, dedup: bool | None = None) -> dict:
+             queue: str, concurrency: int, dedup: bool | None = None,
+             quiet: bool = False) -> dict:
     """Process the file and write results and errors; returns the final job object."""
     runtime = Runtime(settings, in_process=True)
-    if uses_only_mock(runtime.deployments):
+    if uses_only_mock(runtime.deployments) and not quiet:
         stderr.print("[yellow]Using the built-in mock provider: every response is SIMULATED. "
                      "Set QUOTAFLOW_DEPLOYMENTS_FILE to call a real model.[/yellow]",
                      soft_wrap=True)
@@ -46,7 +47,7 @@ def run_file(settings: Settings, input_path: Path, output: IO[str], errors_path:
     executor = runtime.executor
     with sessions() as session:
         pending = job_view.job_object(session, jobs.get_job(session, job.id))["request_counts"]
-    with request_progress() as progress:
+    with request_progress(quiet) as progress:
         task = progress.add_task(job.id, total=pending["pending"])
         asyncio.run(_run_batches(executor, dispatcher.batches, concurrency,
                                  lambda _ok: progress.advance(task)))

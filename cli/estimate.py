@@ -1,19 +1,24 @@
 """`quotaflow estimate FILE`: tokens, cost and time of a file before it is submitted.
 
-The file goes to the API (POST /jobs?dry_run=true, the upload `submit` makes), which
-counts it with the deployments and the tenant's limits the cluster really has and
-stores nothing; there is no offline path, so an estimate never disagrees with the
-server it describes. This module only prints the answer: a summary for people, the
-API's JSON object as is for scripts (`--json`).
+With an API configured (QUOTAFLOW_API_URL set), the file goes to it (POST
+/jobs?dry_run=true, the upload `submit` makes), which counts it with the deployments and
+the tenant's limits the cluster really has and stores nothing. With none, it is counted
+here from the deployments file, as `quotaflow run` would run it: the same pass and the
+same arithmetic (quotaflow/ingest/estimate.py), with the tenant's limits "not checked" (they
+live in the cluster's database). `--offline` counts here even with an API configured.
+This module prints the answer: a summary for people, the estimate object for scripts
+(`--json`); it exits 2 when submit would refuse the file.
 """
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
 import click
 
-from quotaflow.config import get_settings
+from cli import exit_codes
+from quotaflow.config import Settings, get_settings
 from quotaflow.constants import DEFAULT_QUEUE, QUEUES
 
 COLUMNS = ("route", "deployments", "requests", "tokenizer", "prompt tokens",
@@ -26,14 +31,47 @@ def register(cli: click.Group) -> None:
     @click.option("--queue", type=click.Choice(QUEUES), default=DEFAULT_QUEUE,
                   show_default=True, help="The queue it would run on (its floor slows it).")
     @click.option("--json", "as_json", is_flag=True,
-                  help="Print the API's estimate object (docs/formats/estimate.md).")
-    def estimate(input_file: Path, queue: str, as_json: bool) -> None:
+                  help="Print the estimate object (docs/formats/estimate.md).")
+    @click.option("--offline", is_flag=True,
+                  help="Count here from the deployments file even when QUOTAFLOW_API_URL is "
+                       "set (tenant limits not checked).")
+    @click.option("-q", "--quiet", is_flag=True,
+                  help="Print nothing: the exit status says whether submit would take it.")
+    def estimate(input_file: Path, queue: str, as_json: bool, offline: bool,
+                 quiet: bool) -> None:
         """Estimate INPUT_FILE's tokens, cost and time at the deployments' budgets, and
-        its share of the tenant's limits, without submitting it (nothing is stored)."""
-        from cli.main import client
+        its share of the tenant's limits, without submitting it (nothing is stored).
 
-        found = client(get_settings().submit_timeout_s).estimate(input_file, queue)
-        click.echo(json.dumps(found, indent=2) if as_json else render(found))
+        Asks the API when QUOTAFLOW_API_URL is set; without one (or with --offline) it
+        counts from the deployments file, as `quotaflow run` would run the file. Exits 2
+        when submit would refuse the file."""
+        settings = get_settings()
+        if offline or not api_configured(settings):
+            found = local_estimate(settings, input_file, queue)
+        else:
+            from cli.main import client
+
+            found = client(settings.submit_timeout_s).estimate(input_file, queue)
+        if as_json:
+            click.echo(json.dumps(found, indent=2))
+        elif not quiet:
+            click.echo(render(found))
+        sys.exit(exit_codes.INVALID_INPUT if found["submit_would_refuse"] else exit_codes.OK)
+
+
+def api_configured(settings: Settings) -> bool:
+    """Whether QUOTAFLOW_API_URL (or .env) names an API: the default URL is where `quotaflow
+    api` would listen, not a statement that one runs."""
+    return "api_url" in settings.model_fields_set
+
+
+def local_estimate(settings: Settings, input_file: Path, queue: str) -> dict[str, Any]:
+    """The estimate from the deployments file, read as `quotaflow run` reads it."""
+    from quotaflow.ingest.estimate import offline_object, scan_file
+
+    deployments = settings.load_deployments()
+    with input_file.open("rb") as handle:
+        return offline_object(scan_file(handle, settings, deployments, queue))
 
 
 def render(found: dict[str, Any]) -> str:
@@ -90,7 +128,10 @@ def duration(seconds: float) -> str:
     return f"{minutes // 60} h {minutes % 60:02d} min"
 
 
-def _tenant(tenant: dict[str, Any]) -> list[str]:
+def _tenant(tenant: dict[str, Any] | None) -> list[str]:
+    if tenant is None:
+        return ["tenant limits: not checked (estimated here from the deployments file, "
+                "with no API; set QUOTAFLOW_API_URL to have the cluster check them)"]
     tokens, money = tenant["enqueued_tokens"], tenant["monthly_spend"]
     out = [f"tenant {tenant['name']}:"]
     if tokens is None:

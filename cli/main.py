@@ -14,7 +14,9 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from cli import exit_codes
 from cli.client import ApiClient
+from cli.exit_codes import FINAL
 from cli.progress import request_progress
 from quotaflow.config import get_settings
 from quotaflow.constants import DEFAULT_QUEUE, QUEUES
@@ -25,9 +27,15 @@ from quotaflow.observe import logs
 QUEUE_OPTION = click.option("--queue", type=click.Choice(QUEUES), default=DEFAULT_QUEUE,
                             show_default=True, help="Priority class of the job.")
 stdout = Console(soft_wrap=True)
-# JobStatus's final ones, spelled out: the commands that talk to the API start without
-# importing the database layer (SQLAlchemy), which `run` and `keys` load when they run.
-FINAL = ("completed", "failed", "expired", "cancelled")
+QUIET_OPTION = click.option("-q", "--quiet", is_flag=True,
+                            help="No progress and no summary: errors only (the exit status "
+                                 "says how it went; docs/operations/cli.md).")
+JSON_OPTION = click.option("--json", "as_json", is_flag=True,
+                           help="Print the job object as JSON (docs/formats/output.md).")
+
+
+def print_json(value: object) -> None:
+    click.echo(json.dumps(value, indent=2))
 
 
 def client(submit_timeout: float | None = None) -> ApiClient:
@@ -63,21 +71,35 @@ def cli() -> None:
 @click.option("--concurrency", default=4, show_default=True, type=click.IntRange(1, 256),
               help="Batches in flight at once.")
 @DEDUP_OPTION
+@QUIET_OPTION
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the ended job object as JSON on standard output (needs -o FILE "
+                   "for the results).")
 def run(input_file: Path, output: IO[str], errors_path: Path | None, queue: str,
-        concurrency: int, dedup: bool | None) -> None:
-    """Process INPUT_FILE in this process (no broker, no server) and write the results."""
+        concurrency: int, dedup: bool | None, quiet: bool, as_json: bool) -> None:
+    """Process INPUT_FILE in this process (no broker, no server) and write the results.
+
+    Exits 0 when every line succeeded, 3 when some failed (their error lines are written),
+    2 when the file is refused as a whole."""
+    if as_json and output.name == "<stdout>":
+        raise click.UsageError("--json prints the job object on standard output: give "
+                               "-o FILE for the results")
     if errors_path is None:
         base = Path(output.name) if output.name != "<stdout>" else input_file
         errors_path = base.with_name(base.stem + ".errors.jsonl")
     from cli.embedded import run_file  # the whole engine: only this command needs it
 
     job = run_file(get_settings(), input_file, output, errors_path, queue, concurrency,
-                   dedup=dedup)
+                   dedup=dedup, quiet=quiet)
     counts = job["request_counts"]
-    click.echo(f"job {job['id']} {job['status']}: {counts['completed']} succeeded, "
-               f"{counts['failed']} failed of {counts['total']}", err=True)
-    if counts["failed"]:
-        click.echo(f"error lines written to {errors_path}", err=True)
+    if as_json:
+        print_json(job)
+    if not quiet:
+        click.echo(f"job {job['id']} {job['status']}: {counts['completed']} succeeded, "
+                   f"{counts['failed']} failed of {counts['total']}", err=True)
+        if counts["failed"]:
+            click.echo(f"error lines written to {errors_path}", err=True)
+    sys.exit(exit_codes.for_job(job))
 
 
 @cli.command()
@@ -98,9 +120,11 @@ def run(input_file: Path, output: IO[str], errors_path: Path | None, queue: str,
               help="Output lines: OpenAI batch output lines, or Anthropic Message Batches "
                    "results (default: the format of the file's lines).")
 @DEDUP_OPTION
+@QUIET_OPTION
+@JSON_OPTION
 def submit(input_file: Path, queue: str, metadata: str | None, max_attempts: int | None,
            idempotency_key: str | None, timeout: float | None,
-           output_format: str | None, dedup: bool | None) -> None:
+           output_format: str | None, dedup: bool | None, quiet: bool, as_json: bool) -> None:
     """Upload INPUT_FILE to the API as a new job and print its id.
 
     The API answers once the whole file is stored (a million lines take tens of
@@ -112,23 +136,37 @@ def submit(input_file: Path, queue: str, metadata: str | None, max_attempts: int
     job = api.create_job(input_file, queue, metadata, max_attempts,
                          idempotency_key=idempotency_key, output_format=output_format,
                          dedup=dedup,
-                         on_retry=lambda note: click.echo(f"note: {note}", err=True))
-    click.echo(job["id"])
+                         on_retry=None if quiet else
+                         lambda note: click.echo(f"note: {note}", err=True))
+    if as_json:
+        print_json(job)
+    elif not quiet:
+        click.echo(job["id"])
 
 
 @cli.command()
 @click.argument("job_id")
-@click.option("--watch", is_flag=True, help="Follow the job with a progress bar until it ends.")
-@click.option("--json", "as_json", is_flag=True, help="Print the job object as JSON.")
-def status(job_id: str, watch: bool, as_json: bool) -> None:
+@click.option("--watch", is_flag=True,
+              help="Follow the job until it ends (a bar on a terminal, a line every few "
+                   "seconds elsewhere); then exit 0 if it completed with no failed line, "
+                   "3 otherwise.")
+@JSON_OPTION
+@QUIET_OPTION
+def status(job_id: str, watch: bool, as_json: bool, quiet: bool) -> None:
     """Show a job's status and request counts."""
     api = client()
     job = api.get_job(job_id)
     if watch and job["status"] not in FINAL:
-        job = _watch(api, job)
+        job = _watch(api, job, quiet)
+    code = exit_codes.for_job(job) if watch else exit_codes.OK
     if as_json:
-        click.echo(json.dumps(job, indent=2))
-        return
+        print_json(job)
+    elif not quiet:
+        _print_status(api, job)
+    sys.exit(code)
+
+
+def _print_status(api: ApiClient, job: dict) -> None:
     counts = job["request_counts"]
     click.echo(f"{job['id']}  {job['status']}  queue={job['queue']}  "
                f"total={counts['total']} completed={counts['completed']} "
@@ -137,11 +175,11 @@ def status(job_id: str, watch: bool, as_json: bool) -> None:
     if job.get("stop_reason"):
         click.echo(f"stopped sending: {job['stop_reason']}")
     with contextlib.suppress(QuotaflowError):  # an older API, or one without PostgreSQL
-        click.echo(f"bound: {api.job_bound(job_id)['summary']}")
+        click.echo(f"bound: {api.job_bound(job['id'])['summary']}")
 
 
-def _watch(api: ApiClient, job: dict) -> dict:
-    with request_progress() as progress:
+def _watch(api: ApiClient, job: dict, quiet: bool) -> dict:
+    with request_progress(quiet) as progress:
         task = progress.add_task(job["id"], total=job["request_counts"]["total"])
         while True:
             counts = job["request_counts"]
@@ -182,34 +220,51 @@ def report(job_id: str, output: IO[str]) -> None:
 
 @cli.command()
 @click.argument("job_id")
-def cancel(job_id: str) -> None:
+@JSON_OPTION
+def cancel(job_id: str, as_json: bool) -> None:
     """Cancel a job: no new requests are sent; requests in flight finish and are kept."""
     job = client().cancel_job(job_id)
+    if as_json:
+        print_json(job)
+        return
     click.echo(f"{job['id']}  {job['status']}")
 
 
 @cli.command()
 @click.argument("job_id")
-def retry(job_id: str) -> None:
+@JSON_OPTION
+def retry(job_id: str, as_json: bool) -> None:
     """Run a job's failed requests again (invalid lines are not retried)."""
     job = client().retry_job(job_id)
+    if as_json:
+        print_json(job)
+        return
     click.echo(f"{job['id']}  {job['status']}  retrying {job['retried']} failed requests")
 
 
 @cli.command()
 @click.argument("job_id")
-def delete(job_id: str) -> None:
+@JSON_OPTION
+def delete(job_id: str, as_json: bool) -> None:
     """Delete a finished job's results and its lines' bodies (cancel a running one first);
     the job stays listed, marked deleted."""
     job = client().delete_job(job_id)
+    if as_json:
+        print_json(job)
+        return
     click.echo(f"{job['id']}  {job['status']}  deleted")
 
 
 @cli.command("jobs")
 @click.option("--limit", default=20, show_default=True, type=click.IntRange(1, 100))
-def list_jobs(limit: int) -> None:
+@click.option("--json", "as_json", is_flag=True, help="Print the job objects as a JSON list.")
+def list_jobs(limit: int, as_json: bool) -> None:
     """List the newest jobs."""
-    for job in client().list_jobs(limit):
+    found = client().list_jobs(limit)
+    if as_json:
+        print_json(found)
+        return
+    for job in found:
         counts = job["request_counts"]
         done = f"{counts['completed'] + counts['failed']}/{counts['total']}"
         click.echo(f"{job['id']}  {job['status']:<11} {job['queue']:<8} {done:>15}  "
@@ -228,9 +283,14 @@ def cost_text(cost: dict | None) -> str:
 @cli.command()
 @click.option("--deployment", default=None, help="Only this deployment.")
 @click.option("--watch", is_flag=True, help="Refresh every second until interrupted.")
-def limits(deployment: str | None, watch: bool) -> None:
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the API's limit objects as a JSON list (no --watch).")
+def limits(deployment: str | None, watch: bool, as_json: bool) -> None:
     """Show each deployment's limits, current level and utilisation."""
     api = client()
+    if as_json:
+        print_json(api.limits(deployment))
+        return
     if not watch:
         rows = limit_rows(api.limits(deployment))
         if stdout.is_terminal:
@@ -287,13 +347,13 @@ def main() -> None:
         cli.main(standalone_mode=False)
     except click.exceptions.Abort:
         click.echo("aborted", err=True)
-        sys.exit(130)
+        sys.exit(exit_codes.ABORTED)
     except click.ClickException as exc:
         exc.show()
         sys.exit(exc.exit_code)
     except QuotaflowError as exc:
         click.echo(f"error: {exc}", err=True)
-        sys.exit(1)
+        sys.exit(exit_codes.for_error(exc))
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
 

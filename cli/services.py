@@ -16,16 +16,52 @@ from typing import Any
 
 import click
 
+from cli import worker_group
+from cli.worker_group import companion_node
+from quotaflow import preflight
 from quotaflow.config import get_settings
-from quotaflow.constants import QUEUES, local_queue
+from quotaflow.constants import QUEUE_REALTIME, QUEUES, local_queue
 from quotaflow.errors import ConfigError
 from quotaflow.observe import logs
 from quotaflow.runtime import Runtime
 
 
+def _celery_argv(*args: str) -> list[str]:
+    return [sys.executable, "-m", "celery", "-A", "workers.app:app", *args]
+
+
 def _exec_celery(*args: str, env: dict[str, str] | None = None) -> None:
-    argv = [sys.executable, "-m", "celery", "-A", "workers.app:app", *args]
+    argv = _celery_argv(*args)
     os.execvpe(argv[0], argv, {**os.environ, **(env or {})})
+
+
+def _start_worker(main: list[str], env: dict[str, str], slots: int | None, shared: bool,
+                  queues: list[str], node: str, quiet: list[str], loglevel: str) -> None:
+    """Exec the Celery worker, or supervise it beside a realtime companion when it takes
+    realtime and other queues and slots are kept. Only a `shared` worker keeps any: a
+    --deployment worker looks at its queues in priority order instead (workers/app.py)."""
+    if slots is None:
+        slots = get_settings().worker_realtime_slots
+    if shared and slots and QUEUE_REALTIME in queues and len(queues) > 1:
+        _run_with_realtime_slots(main, env, slots, node, quiet, loglevel)
+    else:
+        _exec_celery(*main, env=env)
+
+
+def _run_with_realtime_slots(main: list[str], env: dict[str, str], slots: int, node: str,
+                             quiet: list[str], loglevel: str) -> None:
+    """The main worker and its realtime companion, supervised (cli/worker_group.py)."""
+    companion_env = {"QUOTAFLOW_WEBHOOK_DELIVERY": "false",
+                     "QUOTAFLOW_PROVIDER_BATCH_LOOP": "false"}
+    if "PROMETHEUS_MULTIPROC_DIR" in env:  # its counters, served by the main worker
+        companion_env["PROMETHEUS_MULTIPROC_DIR"] = env["PROMETHEUS_MULTIPROC_DIR"]
+    companion = _celery_argv(*quiet, "worker", "-Q", QUEUE_REALTIME, "--concurrency",
+                             str(slots), "--pool", "threads", "-n", companion_node(node),
+                             "-l", loglevel, "-E")
+    worker_group.exec_or_group([
+        worker_group.Child(_celery_argv(*main), env),
+        worker_group.Child(companion, companion_env, drop=("QUOTAFLOW_WORKER_METRICS_PORT",)),
+    ])
 
 
 def _check_local(name: str) -> None:
@@ -95,6 +131,7 @@ def register(cli: click.Group) -> None:
         import uvicorn
 
         settings = get_settings()
+        preflight.ensure_ready(settings, "quotaflow api")
         logs.configure(settings, logging.INFO)
         # log_config=None: uvicorn's records reach the root logger, in quotaflow's format.
         uvicorn.run("api.app:app", host=host or settings.api_host,
@@ -117,9 +154,17 @@ def register(cli: click.Group) -> None:
                   help="Serve this worker's Prometheus metrics (all its pool processes) at "
                        "http://HOST:PORT/metrics. Default: QUOTAFLOW_WORKER_METRICS_PORT; "
                        "unset: no metrics server.")
+    @click.option("--realtime-slots", default=None, type=click.IntRange(0, 64),
+                  help="When this worker consumes realtime beside other queues: threads kept "
+                       "for realtime batches alone, so a realtime job never waits behind a "
+                       "bulk flood for a pool slot (a second Celery worker, named NAME with "
+                       "-realtime). 0: none, every slot takes any queue. Default: "
+                       "QUOTAFLOW_WORKER_REALTIME_SLOTS (1).")
     def worker(queues: str, concurrency: int, name: str | None, loglevel: str,
-               deployment: str | None, autoscale: str | None, metrics_port: int | None) -> None:
-        """Start a Celery worker for the given queues."""
+               deployment: str | None, autoscale: str | None, metrics_port: int | None,
+               realtime_slots: int | None) -> None:
+        """Start a Celery worker for the given queues (with a slot kept for realtime when it
+        consumes realtime and other queues: docs/concepts/queues.md)."""
         chosen = [q.strip() for q in queues.split(",") if q.strip()]
         unknown = [q for q in chosen if q not in QUEUES]
         if unknown or not chosen:
@@ -141,8 +186,12 @@ def register(cli: click.Group) -> None:
         env |= metrics_env(metrics_port or get_settings().worker_metrics_port)
         # JSON logs: no banner, so that every line of the worker's output parses.
         quiet = ["--quiet"] if get_settings().log_format == "json" else []
-        _exec_celery(*quiet, "worker", "-Q", ",".join(chosen), "--concurrency", str(concurrency),
-                     *pool, "-n", node, "-l", loglevel, "-E", env=env)
+        # The options are checked first (above), then what the worker depends on.
+        preflight.ensure_ready(get_settings(), "quotaflow worker", only=deployment)
+        main = [*quiet, "worker", "-Q", ",".join(chosen), "--concurrency", str(concurrency),
+                *pool, "-n", node, "-l", loglevel, "-E"]
+        _start_worker(main, env, realtime_slots, deployment is None, chosen, node, quiet,
+                      loglevel)
 
     @cli.command()
     @click.option("--port", default=None, type=int, help="Default: QUOTAFLOW_FLOWER_PORT (5555).")

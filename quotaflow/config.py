@@ -185,11 +185,24 @@ class Settings(BaseSettings):
         default=None,
         description="Set by `quotaflow worker --deployment NAME`: the one local deployment "
         "whose model this worker process loads. A worker without it loads no model at all.")
+    worker_realtime_slots: int = Field(
+        default=1, ge=0, le=64,
+        description="Threads a `quotaflow worker` that consumes `realtime` beside other "
+        "queues keeps for realtime batches alone (a small second Celery worker beside its "
+        "pool), so a realtime job never waits for a slot behind bulk batches. 0: every slot "
+        "takes any queue (realtime then waits behind a bulk flood). "
+        "`quotaflow worker --realtime-slots` overrides it.")
     worker_metrics_port: int | None = Field(
         default=None, gt=0, lt=65536,
         description="Set by `quotaflow worker --metrics-port PORT`: the worker's main process "
         "serves its pool's Prometheus metrics there. Unset: no metrics server.")
 
+    metrics_token: SecretStr | None = Field(
+        default=None,
+        description="When set, the API's `/metrics` and each worker's metrics port answer "
+        "only requests with `Authorization: Bearer <token>` (Prometheus's `authorization` "
+        "scrape setting; others get 401): the metrics name deployments and tenants. From "
+        "the environment only, never logged. Unset: open, like most exporters.")
     log_format: Literal["text", "json"] = Field(
         default="text",
         description="Log lines as plain text (with the job id and other context as "
@@ -218,6 +231,11 @@ class Settings(BaseSettings):
         default=None,
         description="The key the CLI sends as `Authorization: Bearer ...`; read from the "
         "environment only, never logged.")
+    progress_interval_s: float = Field(
+        default=5.0, gt=0,
+        description="How often `quotaflow run` and `quotaflow status --watch` write a "
+        "progress line (done/total, rate, ETA) when standard error is not a terminal (CI "
+        "logs, `| tee`, `nohup`); on a terminal they draw a bar instead.")
     submit_timeout_s: float = Field(
         default=1800.0, gt=0,
         description="How long `quotaflow submit` waits for the API's answer to an upload (the "
@@ -321,6 +339,15 @@ class Settings(BaseSettings):
         if value is not None and is_cluster_url(value):
             raise ValueError("Celery's broker must be one Redis, not a Redis Cluster: name the "
                              "cluster in QUOTAFLOW_REDIS_URL and a plain redis:// here")
+        return value
+
+    @field_validator("metrics_token", mode="before")
+    @classmethod
+    def _token_or_none(cls, value: object) -> object:
+        """An empty variable (compose's `${QUOTAFLOW_METRICS_TOKEN:-}`) means no token, not
+        the empty token."""
+        if isinstance(value, str) and not value.strip():
+            return None
         return value
 
     @field_validator("task_time_limit")

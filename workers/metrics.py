@@ -14,12 +14,19 @@ port nothing is served and the counters stay in each process's memory.
 import logging
 import os
 import shutil
+import threading
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 from celery.signals import worker_process_shutdown, worker_ready, worker_shutdown
-from prometheus_client import CollectorRegistry, multiprocess, start_http_server
+from prometheus_client import CollectorRegistry, make_wsgi_app, multiprocess
+from prometheus_client.exposition import ThreadingWSGIServer
+from pydantic import SecretStr
 
 from quotaflow.config import get_settings
+from quotaflow.observe.metrics_auth import CHALLENGE, authorized
 
 log = logging.getLogger(__name__)
 
@@ -47,11 +54,41 @@ def serve_metrics(**_kwargs: object) -> None:
     registry = CollectorRegistry()
     multiprocess.MultiProcessCollector(registry)
     try:
-        start_http_server(port, registry=registry)
+        serve(port, registry, get_settings().metrics_token)
     except OSError as exc:
         log.error("no metrics served: port %d: %s", port, exc)
         return
     log.info("metrics at http://0.0.0.0:%d/metrics (files in %s)", port, _directory())
+
+
+class _QuietHandler(WSGIRequestHandler):
+    """No access line per scrape on the worker's stderr."""
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+def guarded(app: Callable[..., Iterable[bytes]], token: SecretStr | None
+            ) -> Callable[..., Iterable[bytes]]:
+    """The metrics app behind QUOTAFLOW_METRICS_TOKEN (quotaflow/observe/metrics_auth.py)."""
+
+    def guarded_app(environ: dict[str, Any], start_response: Callable[..., Any]
+                    ) -> Iterable[bytes]:
+        if authorized(environ.get("HTTP_AUTHORIZATION"), token):
+            return app(environ, start_response)
+        start_response("401 Unauthorized", [("Content-Type", "text/plain"),
+                                            ("WWW-Authenticate", CHALLENGE)])
+        return [b"metrics need Authorization: Bearer <QUOTAFLOW_METRICS_TOKEN>\n"]
+
+    return guarded_app
+
+
+def serve(port: int, registry: CollectorRegistry, token: SecretStr | None) -> None:
+    """prometheus_client's threaded server, with the token check in front of its app."""
+    server = make_server("0.0.0.0", port, guarded(make_wsgi_app(registry), token),
+                         ThreadingWSGIServer, handler_class=_QuietHandler)
+    threading.Thread(target=server.serve_forever, name="quotaflow-metrics",
+                     daemon=True).start()
 
 
 @worker_process_shutdown.connect
@@ -65,5 +102,9 @@ def forget_process(**_kwargs: object) -> None:
 def remove_files(**_kwargs: object) -> None:
     """The worker stops: its metrics directory goes (a new worker starts a new one)."""
     directory = _directory()
+    # Only the worker that serves the directory removes it: a realtime companion
+    # (cli/worker_group.py) writes into its main worker's and serves nothing.
+    if get_settings().worker_metrics_port is None:
+        return
     if directory and Path(directory).name.startswith(OWN_PREFIX):
         shutil.rmtree(directory, ignore_errors=True)

@@ -1,15 +1,20 @@
 """The batch task: claim, call, store, finish — all in quotaflow.execution."""
 
+import logging
 from functools import lru_cache
 
 from celery import Task
-from celery.signals import worker_init
+from celery.concurrency.thread import TaskPool as ThreadsPool
+from celery.signals import worker_init, worker_ready
+from sqlalchemy import text
 
 from quotaflow.config import get_settings
 from quotaflow.constants import TASK_PROCESS_BATCH
 from quotaflow.db import translate_db_errors
 from quotaflow.dispatch.queues import BatchRef
 from quotaflow.errors import ConfigError, ServiceUnavailable
+from quotaflow.execution import loops
+from quotaflow.execution.loops import PROVIDERS
 from quotaflow.providers.local import runner_for, serve_only
 from quotaflow.runtime import Runtime
 from workers import metrics  # noqa: F401  (its signal handlers serve --metrics-port)
@@ -36,6 +41,48 @@ def load_local_model(**_kwargs: object) -> None:
             raise ConfigError(f"QUOTAFLOW_WORKER_DEPLOYMENT={name!r} names no local deployment "
                               "of the deployments file")
         runner_for(deployment)
+
+
+def warm() -> None:
+    """Build this process's executor and open its database connection before the first
+    batch comes: a cold process answered its first batch about 0.3 s later (imports,
+    engine, connections), which a realtime job met in full on a worker just started (the
+    realtime slot's companion, cli/worker_group.py, is often that worker). Failures are
+    left to the first batch, which retries them."""
+    try:
+        with runtime().sessions() as session:
+            session.execute(text("SELECT 1"))
+        runtime().executor  # noqa: B018  (built now, not under the first batch)
+    except Exception as exc:  # an outage now is the first batch's to meet and retry
+        logging.getLogger(__name__).warning("warm-up skipped: %s", exc)
+
+
+def warm_thread() -> None:
+    """warm(), then this thread's event loop and its providers' clients (quotaflow/
+    execution/loops.py keeps one of each per thread): what a batch on it would make."""
+    warm()
+
+    async def providers() -> None:
+        for deployment in runtime().deployments.deployments.values():
+            if deployment.provider != "local" and not deployment.is_batch:
+                PROVIDERS.get(deployment)
+
+    try:
+        loops.run(providers())
+    except Exception as exc:  # a provider that cannot be made fails its first batch
+        logging.getLogger(__name__).warning("provider warm-up skipped: %s", exc)
+        return
+    logging.getLogger(__name__).info("warm: executor, database and providers ready")
+
+
+@worker_ready.connect
+def warm_threads(sender: object = None, **_kwargs: object) -> None:
+    """A threads pool runs batches in its threads: warm one of them (the realtime
+    companion has just one), on the pool's own executor. (Not prefork pool processes:
+    Celery gives a new one 4 s to start, which a database slow to answer would exceed.)"""
+    pool = getattr(sender, "pool", None)
+    if isinstance(pool, ThreadsPool):
+        pool.executor.submit(warm_thread)
 
 
 # Postgres or Redis unreachable: the batch is tried again with backoff instead of

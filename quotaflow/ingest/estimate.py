@@ -133,6 +133,20 @@ def scan_file(stream: IO[bytes], settings: Settings, deployments: Deployments,
 def estimate_object(found: FileEstimate, session: Session, settings: Settings,
                     tenant: str) -> dict[str, Any]:
     """The estimate as the API answers it (docs/formats/estimate.md)."""
+    limits = tenant_limits(session, settings, tenant, found.scan.tokens, found.submit_cost,
+                           found.counts.deployments.currency)
+    return _estimate(found, limits)
+
+
+def offline_object(found: FileEstimate) -> dict[str, Any]:
+    """The estimate made without a cluster (`quotaflow estimate` with no API configured):
+    the same object from the same deployments file, with `tenant` null, since a tenant's
+    limits and what its unfinished batches hold are known only to the cluster's
+    database."""
+    return _estimate(found, None)
+
+
+def _estimate(found: FileEstimate, limits: dict[str, Any] | None) -> dict[str, Any]:
     scan, counts, deployments = found.scan, found.counts, found.counts.deployments
     routes = [_route_object(found, route) for route in scan.routes]
     cost, complete = found.cost
@@ -147,13 +161,12 @@ def estimate_object(found: FileEstimate, session: Session, settings: Settings,
               "admission_prompt_tokens": scan.tokens, "max_completion_tokens": completion,
               "cost": _cost_json(cost, complete),
               "seconds": round(whole.seconds, 3) if whole else 0.0}
-    limits = tenant_limits(session, settings, tenant, scan.tokens, found.submit_cost,
-                           deployments.currency)
     refusals = [p.reason for p in counts.duplicates[:1]]
     if not scan.valid:
         refusals.append("no line of the file is a valid request")
     refusals += [f"over the {name.replace('_', ' ')} limit"
-                 for name, use in limits.items() if isinstance(use, dict) and not use["fits"]]
+                 for name, use in (limits or {}).items()
+                 if isinstance(use, dict) and not use["fits"]]
     return {"object": "estimate", "queue": found.queue, "endpoint": scan.endpoint,
             "lines": {"total": scan.total, "valid": scan.valid,
                       "invalid": scan.total - scan.valid, "errors": [

@@ -153,11 +153,11 @@ def test_bad_file_is_refused_with_line_numbers_and_nothing_stored(cluster: Clust
     path = write_jsonl(cluster.workdir / "dupes.jsonl",
                        [chat_line("a"), chat_line("b"), chat_line("a")])
     result = cluster.cli("submit", str(path))
-    assert result.returncode == 1
+    assert result.returncode == 2  # invalid input (cli/exit_codes.py)
     assert "duplicate custom_id 'a' on lines 1 and 3" in result.stderr
     empty = write_jsonl(cluster.workdir / "empty.jsonl", [])
     result = cluster.cli("submit", str(empty))
-    assert result.returncode == 1 and "the file is empty" in result.stderr
+    assert result.returncode == 2 and "the file is empty" in result.stderr
     response = httpx.post(f"{cluster.api_url}/jobs",
                           files={"file": ("x.jsonl", b"{nope\n[]\n")}).json()
     assert response["error"]["data"][0]["line"] == 1

@@ -39,7 +39,7 @@ def test_bad_lines_are_reported_and_good_lines_still_run(tmp_path: Path) -> None
     write_jsonl(tmp_path / "mixed.jsonl", [chat_line("ok-1"), "not json", chat_line("ok-2"),
                                            {**chat_line("wrong-url"), "url": "/v1/images"}])
     result = run_cli(tmp_path, "run", "mixed.jsonl", "-o", "out.jsonl")
-    assert result.returncode == 0, result.stderr
+    assert result.returncode == 3, result.stderr  # some lines failed (cli/exit_codes.py)
     assert "2 succeeded, 2 failed of 4" in result.stderr
     output = (tmp_path / "out.jsonl").read_text().splitlines()
     ok = [json.loads(line)["custom_id"] for line in output]
@@ -56,7 +56,7 @@ def test_hostile_lines_end_in_the_error_file_not_a_traceback(tmp_path: Path) -> 
     path.write_bytes(b"\xef\xbb\xbf" + path.read_bytes())
     result = run_cli(tmp_path, "run", "hostile.jsonl", "-o", "out.jsonl")
     # Then the good line runs and each hostile line is an error line naming its reason
-    assert result.returncode == 0, result.stderr
+    assert result.returncode == 3, result.stderr  # failed lines
     assert "Traceback" not in result.stderr
     assert f"1 succeeded, {len(hostile)} failed of {len(hostile) + 1}" in result.stderr
     errors = [json.loads(line) for line in
@@ -69,7 +69,7 @@ def test_hostile_lines_end_in_the_error_file_not_a_traceback(tmp_path: Path) -> 
 def test_rejected_file_exits_with_the_reason(tmp_path: Path) -> None:
     write_jsonl(tmp_path / "dupes.jsonl", [chat_line("x"), chat_line("x")])
     result = run_cli(tmp_path, "run", "dupes.jsonl", "-o", "out.jsonl")
-    assert result.returncode == 1
+    assert result.returncode == 2  # invalid input
     assert "duplicate custom_id 'x' on lines 1 and 2" in result.stderr
     assert not (tmp_path / "out.jsonl").exists()  # nothing half-written
 
@@ -81,7 +81,7 @@ def test_missing_deployments_file_is_a_clear_error(tmp_path: Path) -> None:
         quotaflow("run", "in.jsonl"), cwd=tmp_path, capture_output=True, text=True, timeout=60,
         env=service_env(QUOTAFLOW_DATABASE_URL=f"sqlite:///{tmp_path / 'e.db'}",
                         QUOTAFLOW_DEPLOYMENTS_FILE=str(env_file)))
-    assert result.returncode == 1
+    assert result.returncode == 78  # a configuration error (cli/exit_codes.py)
     assert f"deployments file {env_file} does not exist" in result.stderr
 
 

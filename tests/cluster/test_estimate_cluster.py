@@ -239,3 +239,22 @@ def test_a_dry_run_stores_nothing_and_lists_invalid_lines(cluster: Cluster) -> N
     shown = cluster.cli("estimate", str(path))
     assert "4: 2 valid, 2 invalid" in shown and "line 3: no deployment serves" in shown
     assert {table: cluster.count(table) for table in before} == before
+
+
+def test_offline_the_same_file_gets_the_apis_estimate_less_the_tenant(
+        cluster: Cluster) -> None:
+    """`quotaflow estimate --offline` (or with no QUOTAFLOW_API_URL) counts the file from
+    the deployments file the API reads: the same object, with the tenant's limits (kept
+    in the cluster's database) not checked."""
+    path = cluster.workdir / "both.jsonl"
+    path.write_bytes(jsonl([*steady_lines()[:40], "{oops", *digits_lines()[:30]]))
+    online = json.loads(cluster.cli("estimate", str(path), "--queue", "bulk", "--json"))
+    offline = json.loads(cluster.cli("estimate", str(path), "--queue", "bulk", "--json",
+                                     "--offline"))
+    assert online["tenant"]["enqueued_tokens"]["limit"] == ENQUEUED_LIMIT
+    assert offline["tenant"] is None
+    assert {k: v for k, v in offline.items() if k != "tenant"} == {
+        k: v for k, v in online.items() if k != "tenant"}
+    assert len(offline["routes"]) == 2 and offline["lines"]["invalid"] == 1
+    shown = cluster.cli("estimate", str(path), "--offline")
+    assert "tenant limits: not checked" in shown

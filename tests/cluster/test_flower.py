@@ -23,7 +23,7 @@ def test_flower_refuses_to_start_without_basic_auth(tmp_path: Path) -> None:
         refused = subprocess.run(quotaflow("flower", "--port", str(free_port())),
                                  env=flower_env(**extra), cwd=tmp_path, capture_output=True,
                                  text=True, timeout=60)
-        assert refused.returncode == 1, refused.stderr
+        assert refused.returncode == 78, refused.stderr  # EX_CONFIG
         assert "QUOTAFLOW_FLOWER_BASIC_AUTH" in refused.stderr and told in refused.stderr
         assert "Traceback" not in refused.stderr
 

@@ -204,4 +204,4 @@ tpm = 100000
                           ("remote", "is a 'mock' deployment; only local deployments")):
         result = subprocess.run(quotaflow("worker", "--deployment", name), env=env,
                                 capture_output=True, text=True, timeout=60)
-        assert result.returncode == 1 and message in result.stderr, result.stderr
+        assert result.returncode == 78 and message in result.stderr, result.stderr

@@ -11,9 +11,12 @@ each of its lines' latency is measured from the job's creation to its answer's
   only `realtime`, the others `standard,bulk`. A realtime message never waits behind a
   bulk batch for a pool slot or in a queue, and the bulk queue's priority floor (20%
   of the bucket) leaves budget for it.
-- "shared": every worker consumes every queue (`quotaflow worker`'s default). A
-  realtime message waits for a slot, and bulk batches hold theirs for as long as the
-  budget takes to send their 100 lines.
+- "shared": every worker consumes every queue with no slot kept for realtime
+  (`--realtime-slots 0`, `quotaflow worker`'s default before issue 30). A realtime
+  message waits for a slot, and bulk batches hold theirs for as long as the budget
+  takes to send their 100 lines.
+- "default": three plain `quotaflow worker`s (every queue, and a thread of each kept
+  for realtime alone: cli/worker_group.py).
 """
 
 import statistics
@@ -23,6 +26,7 @@ from datetime import datetime
 from pathlib import Path
 
 import httpx
+from celery import Celery
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -37,8 +41,14 @@ RPM = 1200
 BURST_S = 10
 LATENCY_MS = 200
 REALTIME_LINES = 10
+BULK_WINDOW_S = 10.0
 LAYOUTS = {"split": ("realtime", "standard,bulk", "standard,bulk"),
-           "shared": ("realtime,standard,bulk",) * 3}
+           "shared": ("realtime,standard,bulk",) * 3,
+           "default": ("realtime,standard,bulk",) * 3}
+# What each layout's workers are started with beside --queues (None: no --queues, the
+# plain command) and the Celery workers each one is (the default's realtime companion).
+WORKER_ARGS: dict[str, tuple[str, ...] | None] = {
+    "split": (), "shared": ("--realtime-slots", "0"), "default": None}
 
 
 @dataclass
@@ -46,7 +56,9 @@ class FloodResult:
     layout: str
     latencies: list[float]
     bulk_done_before: int  # bulk answers stored when the realtime job was submitted
-    bulk_rate: float  # bulk answers per second over the realtime job's life
+    bulk_rate: float  # bulk answers per second from the realtime job's submission, over
+    # at least BULK_WINDOW_S (its own life is too short a window to compare layouts by)
+    slot_batches: int | None = None  # batches the realtime slots ran meanwhile ("default")
 
     def percentile(self, q: float) -> float:
         ordered = sorted(self.latencies)
@@ -88,13 +100,19 @@ class FloodCluster:
         self.procs.append(api)
         self.api_url = f"http://127.0.0.1:{port}"
         api.wait_http(f"{self.api_url}/healthz")
-        workers = [Proc(f"worker{n}", quotaflow("worker", "--queues", queues, "--concurrency",
-                                                "2", "--name", f"flood{n}@qftest"),
-                        env, self.tmp_path)
+        extra = WORKER_ARGS[self.layout]
+        workers = [Proc(f"worker{n}", quotaflow(
+            "worker", *(("--queues", queues, *extra) if extra is not None else ()),
+            "--concurrency", "2", "--name", f"flood{n}@qftest"), env, self.tmp_path)
                    for n, queues in enumerate(LAYOUTS[self.layout])]
-        for worker in workers:
-            worker.wait_until(lambda w=worker: " ready." in w.log())
         self.procs += workers
+        for n, worker in enumerate(workers):
+            worker.wait_until(lambda w=worker, n=n: f"flood{n}@qftest ready." in w.log(200_000))
+            if self.layout == "default":  # and its realtime slot, where it has one
+                deadline = time.monotonic() + 30
+                while (f"flood{n}-realtime@qftest ready." not in worker.log(200_000)
+                       and time.monotonic() < deadline):
+                    time.sleep(0.2)
 
     def stop(self) -> None:
         for proc in reversed(self.procs):
@@ -121,16 +139,33 @@ class FloodCluster:
         bulk = [self.submit("bulk", bulk_lines, f"b{n}-") for n in range(2)]
         time.sleep(flood_s)  # every bulk slot busy, the budget spent down to its floor
         before = _answers(sessions, bulk)
+        slots_before = self.slot_batches()
         started = time.monotonic()
         realtime = self.submit("realtime", REALTIME_LINES, "rt-")
         created, answered = self._wait_answered(sessions, realtime, REALTIME_LINES, timeout)
-        elapsed = time.monotonic() - started
-        rate = (_answers(sessions, bulk) - before) / elapsed
+        slots_after = self.slot_batches()
+        time.sleep(max(0.0, BULK_WINDOW_S - (time.monotonic() - started)))
+        rate = (_answers(sessions, bulk) - before) / (time.monotonic() - started)
         for job_id in bulk:
             self.cancel(job_id)
         sessions.kw["bind"].dispose()
         return FloodResult(self.layout, [(at - created).total_seconds() for at in answered],
-                           before, rate)
+                           before, rate, None if slots_before is None
+                           else (slots_after or 0) - slots_before)
+
+    def slot_batches(self) -> int | None:
+        """Batches the workers' realtime slots have taken since they started (Celery's
+        own count, `inspect stats`, of the slots that answer); None in the layouts
+        without slots."""
+        if self.layout != "default":
+            return None
+        app = Celery(broker=self.redis_url)
+        try:
+            nodes = [f"flood{n}-realtime@qftest" for n in range(len(LAYOUTS[self.layout]))]
+            stats = app.control.inspect(destination=nodes, timeout=5).stats() or {}
+        finally:
+            app.close()
+        return sum(sum(found.get("total", {}).values()) for found in stats.values())
 
 
     @staticmethod

@@ -13,7 +13,7 @@ from tests.harness.servers import ROOT
 FLOORS = [
     "constants", "errors", "jsoncodec", "redis_clients", "deployments", "config", "db", "models",
     "budget", "tenants", "providers", "dispatch", "jobs", "results", "ingest", "offload",
-    "observe", "execution", "compat", "webhooks", "runtime",
+    "observe", "execution", "compat", "webhooks", "preflight", "runtime",
 ]
 FRAMEWORKS = {"celery", "kombu", "fastapi", "starlette", "click"}
 

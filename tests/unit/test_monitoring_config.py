@@ -9,6 +9,7 @@ machines: compose is checked as YAML.
 
 import json
 import re
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from tests.harness.servers import ROOT
 MONITORING = ROOT / "deploy" / "monitoring"
 KEDA = ROOT / "deploy" / "keda"
 WORKER_METRICS_PORT = 9101
+TOKEN_FILE = "metrics_token"  # prometheus.yml's credentials_file, relative to it
 
 # The metrics quotaflow exports (API /metrics and `quotaflow worker --metrics-port`).
 METRICS = {
@@ -54,9 +56,14 @@ def _metric_names(expr: str) -> set[str]:
     return set(re.findall(r"\bquotaflow_[a-z_]+\b", expr)) - {"quotaflow_"}
 
 
-def test_prometheus_config_and_alert_rules_pass_promtool() -> None:
-    # check config also checks the rule files it names, relative to the config file.
-    assert "SUCCESS" in promtool("check", "config", str(MONITORING / "prometheus.yml"))
+def test_prometheus_config_and_alert_rules_pass_promtool(tmp_path: Path) -> None:
+    # check config also checks the rule files it names, relative to the config file, and
+    # that the scrape token's file exists: as in the container, it lies beside the config
+    # (compose mounts the secret there; no token is in the repository).
+    shutil.copy(MONITORING / "prometheus.yml", tmp_path / "prometheus.yml")
+    shutil.copytree(MONITORING / "rules", tmp_path / "rules")
+    (tmp_path / TOKEN_FILE).write_text("a-scrape-token\n")
+    assert "SUCCESS" in promtool("check", "config", str(tmp_path / "prometheus.yml"))
     assert "SUCCESS: 4 rules found" in promtool(
         "check", "rules", str(MONITORING / "rules" / "quotaflow.rules.yml"))
     rules = yaml.safe_load((MONITORING / "rules" / "quotaflow.rules.yml").read_text())
@@ -132,6 +139,16 @@ def test_compose_monitoring_profile_scrapes_the_api_and_every_worker() -> None:
 
     config = yaml.safe_load((MONITORING / "prometheus.yml").read_text())
     jobs = {job["job_name"]: job for job in config["scrape_configs"]}
+    # Every scrape sends the token, from the secret compose makes of the variable the API
+    # and the workers read, mounted where the config's relative path points.
+    for job in jobs.values():
+        assert job["authorization"] == {"type": "Bearer", "credentials_file": TOKEN_FILE}
+    assert compose["secrets"]["metrics_token"] == {"environment": "QUOTAFLOW_METRICS_TOKEN"}
+    assert prometheus["secrets"] == [{"source": "metrics_token",
+                                      "target": f"/etc/prometheus/{TOKEN_FILE}"}]
+    for name in ("api", "worker-realtime", "worker-bulk"):
+        assert services[name]["environment"]["QUOTAFLOW_METRICS_TOKEN"] == (
+            "${QUOTAFLOW_METRICS_TOKEN:-}"), name
     api_port = services["api"]["command"][services["api"]["command"].index("--port") + 1]
     assert jobs["quotaflow-api"]["static_configs"][0]["targets"] == [f"api:{api_port}"]
     [dns] = jobs["quotaflow-worker"]["dns_sd_configs"]
@@ -184,6 +201,8 @@ def _celery_argv(monkeypatch, *args: str) -> tuple[int, list[str], str]:
     captured: list[str] = []
     monkeypatch.setattr(services, "_exec_celery",
                         lambda *argv, env=None: captured.extend(argv))
+    # The settings' checks need PostgreSQL and Redis (tests/cluster/test_preflight.py).
+    monkeypatch.setattr(services.preflight, "ensure_ready", lambda *_a, **_k: None)
     result = CliRunner().invoke(cli, ["worker", *args])
     return result.exit_code, captured, result.output
 
