@@ -172,13 +172,15 @@ class Http1Pool:
     executor bounds the calls in flight) and kept while the server keeps them."""
 
     def __init__(self, base_url: str, headers: dict[str, str], timeout_s: float,
-                 connect_timeout_s: float) -> None:
+                 connect_timeout_s: float, ssl_context: ssl.SSLContext | None = None) -> None:
         parts = urlsplit(base_url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"not an http(s) URL: {base_url!r}")
         self._host = parts.hostname
         self._port = parts.port or (443 if parts.scheme == "https" else 80)
-        self._ssl = ssl.create_default_context() if parts.scheme == "https" else None
+        # The system's CAs (SSL_CERT_FILE / SSL_CERT_DIR honoured), unless given another.
+        self._ssl = ((ssl_context or ssl.create_default_context())
+                     if parts.scheme == "https" else None)
         self._prefix = parts.path.rstrip("/") + "/"
         authority = parts.netloc.rpartition("@")[2]
         fixed = {"Host": authority, **headers}
