@@ -1,26 +1,23 @@
 """Anthropic's Messages API: POST {base_url}/v1/messages with x-api-key and anthropic-version.
 
-Pooled the way openai_compat.py is (one aiohttp session per worker loop, bodies out
-as orjson bytes). The request body is built by the preparer (anthropic_messages.py);
-the answer is handed up as Anthropic sent it (`answer_format` "anthropic"), and made
-an OpenAI chat.completion only where the job's output is OpenAI's. Its usage is read
-as OpenAI counts it (prompt tokens include cached ones), its anthropic-ratelimit-*
-headers as the limiter's feedback: requests, and with itpm/otpm the input and output
-tokens left; a deployment with one tpm reads only the combined -tokens-remaining (an
-output figure would starve its combined bucket). A 429 without retry-after waits
-until the -reset of the limit it ran out of.
+Sent through the edge openai_compat.py uses too (edge.py: one pooled HTTP/1.1 client per
+worker loop, the key read at each call), bodies out as orjson bytes. The request body is
+built by the preparer (anthropic_answers.py); the answer is handed up as Anthropic sent
+it (`answer_format` "anthropic"), and made an OpenAI chat.completion only where the
+job's output is OpenAI's. Its usage is read as OpenAI counts it (prompt tokens include
+cached ones), its anthropic-ratelimit-* headers as the limiter's feedback: requests, and
+with itpm/otpm the input and output tokens left; a deployment with one tpm reads only
+the combined -tokens-remaining (an output figure would starve its combined bucket). A
+429 without retry-after waits until the -reset of the limit it ran out of.
 
 Errors come in Anthropic's shape {"type": "error", "error": {"type", "message"}}:
 429 rate_limit_error, 529 overloaded_error, 5xx, 408 and 409 are worth another try
 (as the official SDK retries them), other 4xx are permanent.
 """
 
-import asyncio
 from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
-
-import aiohttp
 
 from quotaflow import jsoncodec
 from quotaflow.constants import ENDPOINT_MESSAGES, OUTPUT_ANTHROPIC
@@ -28,6 +25,7 @@ from quotaflow.deployments.catalog import Deployment
 from quotaflow.errors import PermanentProviderError, RetryableProviderError
 from quotaflow.providers.anthropic_answers import message_usage
 from quotaflow.providers.base import ProviderResponse
+from quotaflow.providers.edge import ProviderEdge
 from quotaflow.providers.openai_compat import RETRYABLE_STATUS, parse_retry_after
 
 HEADER = "anthropic-ratelimit-"
@@ -38,42 +36,18 @@ class AnthropicProvider:
 
     def __init__(self, deployment: Deployment) -> None:
         assert deployment.base_url is not None
-        self._deployment = deployment
-        deployment.api_key()  # a missing key fails the preparer now, not every call
         base = deployment.base_url.rstrip("/").removesuffix("/v1")
-        self._target = base + ENDPOINT_MESSAGES
-        self._headers = {"Content-Type": "application/json",
-                         "anthropic-version": deployment.anthropic_version}
-        self._timeout = aiohttp.ClientTimeout(total=deployment.timeout_s,
-                                              connect=min(10.0, deployment.timeout_s))
+        self._edge = ProviderEdge(deployment, base + "/",
+                                  {"anthropic-version": deployment.anthropic_version},
+                                  lambda key: f"x-api-key: {key}")
+        self._path = ENDPOINT_MESSAGES.removeprefix("/")
         self._name = deployment.name
         self._split = deployment.split_tokens
-        self._session: aiohttp.ClientSession | None = None
-
-    def _open(self) -> aiohttp.ClientSession:
-        # No connection cap: the executor admits at most max_concurrency calls (as
-        # openai_compat.py explains).
-        connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=30)
-        self._session = aiohttp.ClientSession(connector=connector, headers=self._headers,
-                                              timeout=self._timeout)
-        return self._session
 
     async def send(self, url: str, body: dict[str, Any]) -> ProviderResponse:
-        session = self._session or self._open()
-        key = self._deployment.api_key()  # read at call time: a rotated key takes effect
-        headers = {"x-api-key": key} if key else None
-        try:
-            async with session.post(self._target, data=jsoncodec.dumps(body),
-                                    headers=headers) as response:
-                raw = await response.read()
-                status, answer_headers, reason = (response.status, response.headers,
-                                                  response.reason)
-        except TimeoutError as exc:
-            raise RetryableProviderError(f"{self._name}: request timed out") from exc
-        except aiohttp.ClientError as exc:
-            raise RetryableProviderError(
-                f"{self._name}: connection failed ({exc.__class__.__name__})") from exc
-        return self._interpret(status, answer_headers, reason, raw)
+        response = await self._edge.post(self._path, jsoncodec.dumps(body))
+        return self._interpret(response.status, response.headers, response.reason or None,
+                               response.body)
 
     def _interpret(self, status: int, headers: Mapping[str, str], reason: str | None,
                    raw: bytes) -> ProviderResponse:
@@ -106,10 +80,7 @@ class AnthropicProvider:
             remaining_input_tokens=inputs, answer_format=OUTPUT_ANTHROPIC)
 
     async def aclose(self) -> None:
-        if self._session is not None:
-            session, self._session = self._session, None
-            await session.close()
-            await asyncio.sleep(0)
+        await self._edge.aclose()
 
 
 def remaining(headers: Mapping[str, str], split: bool

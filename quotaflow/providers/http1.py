@@ -188,13 +188,14 @@ class Http1Pool:
         self._timeout_s, self._connect_timeout_s = timeout_s, connect_timeout_s
         self._idle: list[_Connection] = []
 
-    async def post(self, path: str, body: bytes) -> Http1Response:
-        """POST `body` to the base URL's path + `path`; TimeoutError past the timeout."""
+    async def post(self, path: str, body: bytes, head: bytes = b"") -> Http1Response:
+        """POST `body` to the base URL's path + `path`, with `head`'s header lines (each
+        ending in CRLF) beside the pool's own; TimeoutError past the timeout."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._timeout_s
         connection = self._take() or await self._connect(deadline)
-        payload = b"POST %s%s HTTP/1.1\r\n%sContent-Length: %d\r\n\r\n%s" % (
-            self._prefix.encode(), path.encode(), self._head, len(body), body)
+        payload = b"POST %s%s HTTP/1.1\r\n%s%sContent-Length: %d\r\n\r\n%s" % (
+            self._prefix.encode(), path.encode(), self._head, head, len(body), body)
         answer = connection.request(payload)
         timer = loop.call_at(deadline, _expire, answer)
         try:

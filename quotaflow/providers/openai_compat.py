@@ -2,7 +2,8 @@
 
 One provider, hence one pool of keep-alive connections, lives as long as its
 worker process's event loop: a client per batch cost a TLS context and a TCP
-handshake per batch. The client is quotaflow's own lean HTTP/1.1 one (http1.py):
+handshake per batch. The client is quotaflow's own lean HTTP/1.1 one (http1.py, through
+edge.py, which both HTTP providers share):
 httpx's pool cost about ten times aiohttp's CPU per request, and aiohttp's about
 2.5 times a bare protocol's, which on a batch processor is most of the machine's
 budget. Bodies go out as orjson bytes and come back parsed once; the answer's
@@ -12,7 +13,6 @@ Errors of the connection are translated here, at the edge, into quotaflow's
 retryable/permanent provider errors, so nothing above knows about the client.
 """
 
-import asyncio
 import email.utils
 import time
 from collections.abc import Mapping
@@ -22,7 +22,7 @@ from quotaflow import jsoncodec
 from quotaflow.deployments.catalog import Deployment
 from quotaflow.errors import PermanentProviderError, RetryableProviderError
 from quotaflow.providers.base import ProviderResponse, usage_of
-from quotaflow.providers.http1 import Http1Error, Http1Pool
+from quotaflow.providers.edge import ProviderEdge
 
 # 408 timeout, 409 conflict, 429 rate limit: OpenAI's docs list these as safe to retry.
 RETRYABLE_STATUS = frozenset({408, 409, 429})
@@ -53,33 +53,14 @@ class OpenAICompatProvider:
     """
 
     def __init__(self, deployment: Deployment) -> None:
-        self._headers = {"Content-Type": "application/json"}
-        key = deployment.api_key()
-        if key:
-            self._headers["Authorization"] = f"Bearer {key}"
-        self._base = deployment.base_url.rstrip("/") + "/"
-        self._timeout_s = deployment.timeout_s
+        assert deployment.base_url is not None
+        self._edge = ProviderEdge(deployment, deployment.base_url.rstrip("/") + "/", {},
+                                  lambda key: f"Authorization: Bearer {key}")
         self._name = deployment.name
-        self._pool: Http1Pool | None = None
-
-    def _open(self) -> Http1Pool:
-        # No connection cap here: the executor admits at most max_concurrency calls per
-        # deployment per batch, and an admitted call must not queue for a connection
-        # (budget spent while waiting is refill the provider never sees).
-        self._pool = Http1Pool(self._base, self._headers, self._timeout_s,
-                               min(10.0, self._timeout_s))
-        return self._pool
 
     async def send(self, url: str, body: dict[str, Any]) -> ProviderResponse:
-        pool = self._pool or self._open()
         # Batch lines say /v1/chat/completions; base_url already ends in /v1.
-        try:
-            response = await pool.post(url.removeprefix("/v1/"), jsoncodec.dumps(body))
-        except TimeoutError as exc:
-            raise RetryableProviderError(f"{self._name}: request timed out") from exc
-        except (OSError, Http1Error) as exc:
-            raise RetryableProviderError(
-                f"{self._name}: connection failed ({exc.__class__.__name__})") from exc
+        response = await self._edge.post(url.removeprefix("/v1/"), jsoncodec.dumps(body))
         return self._interpret(response.status, response.headers, response.reason or None,
                                response.body)
 
@@ -118,11 +99,7 @@ class OpenAICompatProvider:
         )
 
     async def aclose(self) -> None:
-        if self._pool is not None:
-            pool, self._pool = self._pool, None
-            pool.close()
-            # Let the transports' close callbacks run before the loop may end.
-            await asyncio.sleep(0)
+        await self._edge.aclose()
 
 
 def _header_number(headers: Mapping[str, str], name: str) -> float | None:
