@@ -97,6 +97,12 @@ class LocalProvider:
         self._deployment = deployment
         self.runner = runner_for(deployment)
 
+    @property
+    def aborts_when_stopped(self) -> bool:
+        """vLLM's requests are aborted when their job is cancelled or expires
+        (quotaflow/execution/abortable.py): one waiting in its queue frees its place."""
+        return self.runner.batcher is None
+
     async def send(self, url: str, body: dict[str, Any]) -> ProviderResponse:
         deployment, runner = self._deployment, self.runner
         parts = parts_for(url, body, runner.engine, deployment)

@@ -118,6 +118,10 @@ class VllmEngine:
             if part.kind == EMBED:
                 return await self._embed(prompt, request_id, priority)
             return await self._generate(prompt, part.payload, request_id, priority)
+        except asyncio.CancelledError:  # vLLM's generate() has aborted it on the way out
+            log.info("%s: request %s aborted in vLLM (priority %d)", self.name, request_id,
+                     priority)
+            raise
         except (PermanentProviderError, RetryableProviderError):
             raise
         except (ValueError, VLLMClientError) as exc:  # vLLM refused the request itself
