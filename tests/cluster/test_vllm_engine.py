@@ -190,3 +190,44 @@ def test_cancelling_a_job_aborts_its_requests_in_the_engine(engine: Engine) -> N
         errors = [json.loads(row) for row in output.iter_output(session, job, True)]
     codes = [e["error"]["code"] for e in errors]
     assert aborted >= 20 and codes.count("batch_cancelled") >= 20, (aborted, codes)
+
+
+def test_a_pooling_deployment_serves_embeddings(pg_url: str, tmp_path: Path) -> None:
+    # Given a second deployment of the same model on vLLM's pooling runner, and its worker
+    model_dir = write_model(tmp_path / "model")
+    path = tmp_path / "deployments.toml"
+    path.write_text(deployments_toml(model_dir).replace(
+        "enforce_eager = true\n", 'enforce_eager = true\nrunner = "pooling"\n'))
+    env = engine_env(tmp_path, QUOTAFLOW_DATABASE_URL=pg_url, QUOTAFLOW_BROKER_URL=REDIS_URL,
+                     QUOTAFLOW_DEPLOYMENTS_FILE=str(path))
+    redis.Redis.from_url(REDIS_URL).flushdb()
+    worker = start_engine_worker(env, tmp_path, DEPLOYMENT, concurrency=2)
+    try:
+        settings = Settings(database_url=pg_url, broker_url=REDIS_URL, batch_size=50,
+                            deployments_file=path, _env_file=None)
+        pooling = Engine(worker, session_factory(pg_url), settings, model_dir)
+        texts = ["the tide comes in", "a question about the moon", "how many boats"]
+        lines = [{"custom_id": f"e{i}", "method": "POST", "url": "/v1/embeddings",
+                  "body": {"model": "tiny", "input": text}} for i, text in enumerate(texts)]
+        job = submit(pooling, lines, "standard")
+        refused = submit(pooling, [chat("chat", "hello", 4)], "standard")
+        # When they have run
+        assert wait_done(pooling, job) == "completed", worker.log()
+        assert wait_done(pooling, refused) == "completed", worker.log()
+        with pooling.sessions() as session:
+            answered = [json.loads(row) for row in output.iter_output(session, job, False)]
+            failed = [json.loads(row) for row in output.iter_output(session, refused, True)]
+    finally:
+        worker.stop()
+    # Then each text has its normalised vector, with its prompt tokens counted
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    assert [a["custom_id"] for a in answered] == ["e0", "e1", "e2"]
+    for answer, text in zip(answered, texts, strict=True):
+        body = answer["response"]["body"]
+        (vector,) = [d["embedding"] for d in body["data"]]
+        assert len(vector) == 128 and sum(x * x for x in vector) == pytest.approx(1, abs=1e-3)
+        assert body["usage"]["prompt_tokens"] == len(tokenizer(text)["input_ids"])
+    # and a chat line, which a pooling model cannot answer, failed with a 400
+    (error,) = failed
+    assert error["custom_id"] == "chat" and error["response"]["status_code"] == 400, error
+    assert "does not support generation" in error["error"]["message"], error
