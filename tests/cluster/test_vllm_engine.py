@@ -37,15 +37,16 @@ from workers.dispatch import CeleryDispatcher
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
 
 DEPLOYMENT = "tiny-vllm"
+POOLING = "tiny-vllm-pooling"
 MAX_NUM_SEQS = 4
 
 
-def deployments_toml(model_dir: Path) -> str:
-    return (f'[deployments.{DEPLOYMENT}]\nprovider = "local"\nengine = "vllm"\n'
+def deployments_toml(model_dir: Path, name: str = DEPLOYMENT) -> str:
+    return (f'[deployments.{name}]\nprovider = "local"\nengine = "vllm"\n'
             f'model = "tiny"\nmodel_path = "{model_dir}"\ndtype = "bfloat16"\n'
             f"max_model_len = 512\nmax_num_seqs = {MAX_NUM_SEQS}\nenforce_eager = true\n"
             "rpm = 1000000\ntpm = 100000000\nmax_concurrency = 64\ndefault_temperature = 0\n"
-            f'[routes]\n"tiny" = "{DEPLOYMENT}"\n')
+            f'[routes]\n"tiny" = "{name}"\n')
 
 
 @dataclass
@@ -196,12 +197,12 @@ def test_a_pooling_deployment_serves_embeddings(pg_url: str, tmp_path: Path) -> 
     # Given a second deployment of the same model on vLLM's pooling runner, and its worker
     model_dir = write_model(tmp_path / "model")
     path = tmp_path / "deployments.toml"
-    path.write_text(deployments_toml(model_dir).replace(
+    # A name of its own: its queues are not the module worker's, which is still running.
+    path.write_text(deployments_toml(model_dir, POOLING).replace(
         "enforce_eager = true\n", 'enforce_eager = true\nrunner = "pooling"\n'))
     env = engine_env(tmp_path, QUOTAFLOW_DATABASE_URL=pg_url, QUOTAFLOW_BROKER_URL=REDIS_URL,
                      QUOTAFLOW_DEPLOYMENTS_FILE=str(path))
-    redis.Redis.from_url(REDIS_URL).flushdb()
-    worker = start_engine_worker(env, tmp_path, DEPLOYMENT, concurrency=2)
+    worker = start_engine_worker(env, tmp_path, POOLING, concurrency=2)
     try:
         settings = Settings(database_url=pg_url, broker_url=REDIS_URL, batch_size=50,
                             deployments_file=path, _env_file=None)
