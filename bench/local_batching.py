@@ -3,6 +3,11 @@
     python -m bench.local_batching                       # tiny GPT-2 on CPU (docs/benchmarks.md)
     python -m bench.local_batching --preset qwen2-0.5b --device cuda --requests 256 \\
         --batch-size 64 --max-tokens 128                 # ~0.5B Qwen2, random weights, GPU
+    python -m bench.local_batching --engine vllm         # + vLLM rows (bench/local_vllm.py)
+    python -m bench.local_batching --engine vllm --stepped   # stepped load (bench/local_stepped.py)
+
+`--engine vllm` runs bench/local_vllm.py (or, with --stepped, bench/local_stepped.py)
+under vLLM's interpreter, made or found by scripts/vllm-venv; the other options go to it.
 
 Both paths run the same model, loaded by the real loading code from a
 directory written with save_pretrained (random weights: no hub access is
@@ -17,6 +22,7 @@ memory of each run.
 import argparse
 import asyncio
 import os
+import subprocess
 import tempfile
 import time
 from dataclasses import dataclass
@@ -131,7 +137,24 @@ def build(args: argparse.Namespace, directory: Path) -> Deployment:
                       timeout_s=3600, rpm=1_000_000, tpm=1_000_000_000)
 
 
+def run_vllm_rows(argv: list[str]) -> None:
+    """Hand over to the vLLM benchmarks, under an interpreter that has vLLM."""
+    root = Path(__file__).resolve().parents[1]
+    made = subprocess.run(["bash", str(root / "scripts" / "vllm-venv")], check=True,
+                          capture_output=True, text=True)
+    python = made.stdout.strip().splitlines()[-1]
+    module = "bench.local_stepped" if "--stepped" in argv else "bench.local_vllm"
+    rest = [a for a in argv if a != "--stepped"]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    os.execve(python, [python, "-m", module, *rest], env)
+
+
 def main() -> None:
+    engine = argparse.ArgumentParser(add_help=False)
+    engine.add_argument("--engine", choices=("transformers", "vllm"), default="transformers")
+    chosen, rest = engine.parse_known_args()
+    if chosen.engine == "vllm":
+        run_vllm_rows(rest)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--preset", choices=sorted(PRESETS), default="tiny")
     parser.add_argument("--arch", choices=("gpt2", "llama", "qwen2"))
@@ -148,7 +171,7 @@ def main() -> None:
     parser.add_argument("--mixed-lengths", action="store_true",
                         help="requests ask for 1/4, 2/4, 3/4 or all of --max-tokens")
     parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
-    args = parser.parse_args()
+    args = parser.parse_args(rest)
     if args.threads:
         torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory(prefix="qf-bench-") as directory:

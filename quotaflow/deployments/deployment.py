@@ -24,7 +24,9 @@ BATCH_LIMITS = {"openai-batch": (50_000, 200 * 1024 * 1024),
 # Anthropic's Messages API version header, unless a deployment names another.
 ANTHROPIC_VERSION = "2023-06-01"
 # The in-process engines a `local` deployment can run on (quotaflow/providers/local/).
-LocalEngine = Literal["transformers"]
+LocalEngine = Literal["transformers", "vllm"]
+VllmRunner = Literal["auto", "generate", "pooling"]
+VllmScheduling = Literal["priority", "fcfs"]
 LocalDtype = Literal["auto", "float32", "float16", "bfloat16"]
 
 
@@ -145,7 +147,10 @@ class Deployment(BaseModel):
 
     engine: LocalEngine = Field(
         default="transformers",
-        description="`local`: the in-process engine (transformers, the one so far).")
+        description="`local`: the in-process engine: `transformers` (quotaflow's dynamic "
+        "batcher; any model transformers loads, CPU or GPU) or `vllm` (vLLM's continuous "
+        "batching, paged KV cache and per-request priority; the worker runs under an "
+        "interpreter with vLLM installed).")
     model_path: str | None = Field(
         default=None,
         description="`local` (required): a directory written by `save_pretrained` (weights "
@@ -168,6 +173,37 @@ class Deployment(BaseModel):
         default=20.0, ge=0, le=10_000,
         description="`local`: how long the first request of a model batch waits for more to "
         "join it.")
+    max_model_len: int | None = Field(
+        default=None, gt=0,
+        description="`local`, engine `vllm`: the longest prompt + reply in tokens (unset: the "
+        "model's own context).")
+    gpu_memory_utilization: float = Field(
+        default=0.9, gt=0, le=1,
+        description="`local`, engine `vllm`: the share of GPU memory vLLM may take for weights "
+        "and KV cache (on CPU the KV cache is VLLM_CPU_KVCACHE_SPACE GiB instead).")
+    tensor_parallel_size: int = Field(
+        default=1, gt=0,
+        description="`local`, engine `vllm`: the GPUs one model is split over.")
+    enable_prefix_caching: bool | None = Field(
+        default=None,
+        description="`local`, engine `vllm`: reuse the KV cache of shared prompt prefixes "
+        "(unset: vLLM's default for the model).")
+    max_num_seqs: int | None = Field(
+        default=None, gt=0,
+        description="`local`, engine `vllm`: the most sequences in one scheduler step (unset: "
+        "vLLM's default). The transformers engine's equivalent is max_batch_size.")
+    enforce_eager: bool = Field(
+        default=False,
+        description="`local`, engine `vllm`: skip graph capture and torch.compile (faster start,"
+        " slower steps; worth it for tests and short runs on CPU).")
+    scheduling_policy: VllmScheduling = Field(
+        default="priority",
+        description="`local`, engine `vllm`: `priority` schedules a request by its queue "
+        "(realtime before standard before bulk, then by arrival); `fcfs` by arrival only.")
+    runner: VllmRunner = Field(
+        default="auto",
+        description="`local`, engine `vllm`: `generate` (chat and completions), `pooling` "
+        "(embeddings; a causal LM is converted), or `auto` (vLLM picks from the model).")
     default_temperature: float = Field(
         default=1.0, ge=0, le=2,
         description="`local`: the temperature of requests that set none (0: greedy).")

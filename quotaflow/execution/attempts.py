@@ -13,6 +13,7 @@ from quotaflow.budget.limiter import Limiter, sleep_time
 from quotaflow.budget.routing import Router
 from quotaflow.deployments.catalog import Route
 from quotaflow.errors import PermanentProviderError, ProviderError, ServiceUnavailable
+from quotaflow.execution.abortable import CallStopped, aborts_when_stopped, until_stopped
 from quotaflow.execution.admitted import Admitted
 from quotaflow.execution.batch import BatchRun
 from quotaflow.execution.prepare import Preparer
@@ -66,6 +67,9 @@ class Caller:
                            if admitted.admitted_at else sent)
             try:
                 response = await self._send(run, admitted)
+            except CallStopped as exc:  # the job ended while a local engine had it
+                run.feedback.answered(admitted, None)
+                return exc.failure, provenance
             except PermanentProviderError as exc:
                 provenance = _provenance(run, admitted, attempt, admitted_at, sent, exc.status_code)
                 run.feedback.answered(admitted, None)
@@ -97,12 +101,16 @@ class Caller:
     async def _send(run: BatchRun, admitted: Admitted) -> ProviderResponse:
         """The call, timed and told to the hooks that count calls (the metrics')."""
         ended = run.hooks.call_ended
+        provider = admitted.provider
+        call = provider.send(run.url, admitted.body)
+        if aborts_when_stopped(provider):
+            call = until_stopped(run, admitted.item.line_no, call)
         if not ended:
-            return await admitted.provider.send(run.url, admitted.body)
+            return await call
         name = admitted.deployment.name
         started = time.perf_counter()
         try:
-            response = await admitted.provider.send(run.url, admitted.body)
+            response = await call
         except ProviderError as exc:
             code, latency_s = error_code(exc), time.perf_counter() - started
             for hook in ended:

@@ -42,6 +42,7 @@ from quotaflow.execution.retries import RetryPolicy
 from quotaflow.execution.stopping import JobWatch
 from quotaflow.execution.writer import ResultWriter
 from quotaflow.jobs.service import close_if_done
+from quotaflow.providers.priority import current_queue
 from quotaflow.results.leases import ClaimedItem, claim, leased_elsewhere_for
 
 log = logging.getLogger(__name__)
@@ -92,6 +93,8 @@ class BatchExecutor:
         if not items:
             return self._report(ref, BatchReport(0, 0, 0))
         run = self._new_run(ref, owner, job, hooks, on_item)
+        # The calls' tasks copy it: an engine that schedules by priority reads it there.
+        current_queue.set(job.queue)
         try:
             await self._call(run, hooks.to_call(run, items))
         finally:

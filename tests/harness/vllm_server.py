@@ -8,13 +8,14 @@ CPU attention takes its head size (64; vLLM's CPU kernels refuse 16).
 """
 
 import os
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.harness.procs import Proc, free_port
-from tests.harness.servers import service_env
+from tests.harness.procs import Proc, free_port, quotaflow
+from tests.harness.servers import ROOT, service_env
 from tests.harness.tiny_model import save_tiny_model
 
 PYTHON_ENV = "QUOTAFLOW_TEST_VLLM_PYTHON"
@@ -84,3 +85,41 @@ def start_vllm(workdir: Path, name: str) -> Iterator[str]:
     finally:
         proc.stop()
 
+
+
+def worker_python() -> str:
+    """The interpreter a `engine = "vllm"` worker runs under: vLLM's venv with quotaflow's
+    own dependencies beside it. scripts/vllm-venv makes both, once per machine (it only
+    checks its stamps after that); QUOTAFLOW_TEST_VLLM_PYTHON names one made elsewhere."""
+    if os.environ.get(PYTHON_ENV):
+        return vllm_python()
+    made = subprocess.run(["bash", str(ROOT / "scripts" / "vllm-venv")], capture_output=True,
+                          text=True, timeout=1200)
+    if made.returncode != 0:
+        pytest.fail(f"scripts/vllm-venv failed:\n{made.stderr[-3000:]}")
+    return made.stdout.strip().splitlines()[-1]
+
+
+def engine_env(workdir: Path, **extra: str) -> dict[str, str]:
+    """A worker's environment for vLLM on CPU: a KV cache of 1 GiB, no usage reports, its
+    compile cache in the test's directory; this checkout's code on PYTHONPATH (quotaflow
+    itself is not installed in vLLM's venv, only its dependencies)."""
+    return service_env(HF_HUB_OFFLINE="1", VLLM_CPU_KVCACHE_SPACE="1",
+                       VLLM_CACHE_ROOT=str(workdir / "vllm-cache"), VLLM_NO_USAGE_STATS="1",
+                       DO_NOT_TRACK="1", PYTHONPATH=str(ROOT), **extra)
+
+
+def start_engine_worker(env: dict[str, str], workdir: Path, deployment: str,
+                        concurrency: int = 3) -> Proc:
+    """`quotaflow worker --deployment NAME` under vLLM's interpreter, once its engine has
+    loaded (the worker says ready only after that)."""
+    argv = [worker_python(), *quotaflow("worker", "--deployment", deployment, "--concurrency",
+                                        str(concurrency), "--name",
+                                        f"{deployment}@qftest")[1:]]
+    proc = Proc(f"worker-{deployment}", argv, env, workdir)
+    try:
+        proc.wait_until(lambda: " ready." in proc.log(), timeout=START_TIMEOUT_S + 60)
+    except BaseException:
+        proc.stop()
+        raise
+    return proc

@@ -3,7 +3,9 @@
 The executor calls `send()` once per request, concurrently, as for any
 provider; the requests of every batch run in the process meet in the
 deployment's one DynamicBatcher, whose thread runs them on the model in
-batches. The model is loaded on first use and stays loaded for the life of
+batches; a deployment on vLLM (`engine = "vllm"`) has no batcher of ours: each request
+goes straight into vLLM's continuous batch, with its queue as its priority. The model
+is loaded on first use and stays loaded for the life of
 the process: one engine per deployment per process. A Celery worker is
 limited to the deployment it was started for (`serve_only`), so a worker
 without a model never loads one by accident. torch and transformers are
@@ -11,6 +13,7 @@ imported only when an engine is built (quotaflow/providers/local/engine.py).
 """
 
 import asyncio
+import sys
 import threading
 import uuid
 from collections.abc import Iterable
@@ -22,6 +25,8 @@ from quotaflow.errors import ConfigError, RetryableProviderError
 from quotaflow.providers.base import ProviderResponse
 from quotaflow.providers.local.batcher import DynamicBatcher
 from quotaflow.providers.local.requests import Engine, answer_body, parts_for
+from quotaflow.providers.local.vllm_options import INSTALL_HINT
+from quotaflow.providers.priority import engine_priority
 
 
 @dataclass
@@ -29,7 +34,7 @@ class Runner:
     """A loaded engine and the batcher in front of it."""
 
     engine: Engine
-    batcher: DynamicBatcher
+    batcher: DynamicBatcher | None  # None: the engine schedules itself (vLLM)
 
 
 _runners: dict[str, Runner] = {}
@@ -53,6 +58,14 @@ def load_engine(deployment: Deployment) -> Engine:
                 f"deployment {deployment.name!r} runs on transformers, which is not "
                 "installed; pip install 'quotaflow[local]'") from exc
         return TransformersEngine(deployment)
+    if deployment.engine == "vllm":
+        try:
+            from quotaflow.providers.local.vllm_engine import VllmEngine
+        except ImportError as exc:
+            raise ConfigError(f"deployment {deployment.name!r} runs on vLLM, which this "
+                              f"interpreter ({sys.executable}) cannot import ({exc}); "
+                              f"{INSTALL_HINT}") from exc
+        return VllmEngine(deployment)
     raise ConfigError(f"deployment {deployment.name!r}: unknown engine {deployment.engine!r}")
 
 
@@ -66,6 +79,9 @@ def runner_for(deployment: Deployment) -> Runner:
         runner = _runners.get(deployment.name)
         if runner is None:
             engine = load_engine(deployment)
+            if deployment.engine == "vllm":
+                runner = _runners[deployment.name] = Runner(engine, None)
+                return runner
             batcher = DynamicBatcher(engine.run_batch, deployment.max_batch_size,
                                      deployment.max_batch_tokens,
                                      deployment.max_wait_ms / 1000,
@@ -81,17 +97,27 @@ class LocalProvider:
         self._deployment = deployment
         self.runner = runner_for(deployment)
 
+    @property
+    def aborts_when_stopped(self) -> bool:
+        """vLLM's requests are aborted when their job is cancelled or expires
+        (quotaflow/execution/abortable.py): one waiting in its queue frees its place."""
+        return self.runner.batcher is None
+
     async def send(self, url: str, body: dict[str, Any]) -> ProviderResponse:
         deployment, runner = self._deployment, self.runner
         parts = parts_for(url, body, runner.engine, deployment)
-        futures = [asyncio.wrap_future(runner.batcher.submit(
-            p.kind, p.prompt_tokens, p.max_new_tokens, p.payload)) for p in parts]
+        if runner.batcher is None:  # vLLM: every request straight into its scheduler
+            priority = engine_priority()
+            futures = [runner.engine.answer(p, priority) for p in parts]  # type: ignore[attr-defined]
+        else:
+            futures = [asyncio.wrap_future(runner.batcher.submit(
+                p.kind, p.prompt_tokens, p.max_new_tokens, p.payload)) for p in parts]
         try:
             answers = await asyncio.wait_for(asyncio.gather(*futures), deployment.timeout_s)
         except TimeoutError as exc:  # gather's cancellation takes them off the batcher
             raise RetryableProviderError(
                 f"{deployment.name}: no answer within timeout_s={deployment.timeout_s:g}; "
-                "raise timeout_s or lower max_batch_size") from exc
+                "raise timeout_s or lower max_batch_size (max_num_seqs for vLLM)") from exc
         answer = answer_body(url, deployment, parts, answers)
         usage = answer["usage"]
         return ProviderResponse(status_code=200, body=answer,

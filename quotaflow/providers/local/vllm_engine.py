@@ -1,0 +1,163 @@
+"""The vLLM engine: one AsyncLLM per worker process, fed by every batch the worker runs.
+
+vLLM schedules continuously: a request joins the running batch at the next step
+and leaves when it ends, over a paged KV cache, so requests of different batches
+and jobs share one batch with no batcher of ours in front. Its asyncio API is
+bound to the loop it first ran on, while a `--deployment` worker runs batches in
+threads, each with a loop of its own (quotaflow/execution/loops.py); so the
+engine lives on a thread and loop of its own, and callers reach it with
+`run_coroutine_threadsafe`. Cancelling a caller (a timeout, a cancelled job)
+cancels the engine task, and vLLM's generate() aborts the request on that
+cancellation: it leaves the scheduler and its KV cache blocks are freed.
+
+Prompts are tokenized here with the model's tokenizer, as the transformers
+engine does, and sent as token ids: usage counts the same tokens either way.
+This module imports vLLM; it is imported only when a deployment uses it.
+"""
+
+import asyncio
+import logging
+import threading
+import uuid
+from collections.abc import Coroutine, Hashable, Sequence
+from concurrent.futures import Future
+from typing import Any
+
+from quotaflow.deployments.catalog import Deployment
+from quotaflow.errors import ConfigError, PermanentProviderError, RetryableProviderError
+from quotaflow.providers.local.requests import (
+    EMBED,
+    Generated,
+    GenerationRequest,
+    Part,
+    bad_request,
+)
+from quotaflow.providers.local.vllm_options import (
+    check_device,
+    check_model_path,
+    engine_args,
+)
+
+try:
+    import vllm
+    from transformers import AutoTokenizer
+    from vllm import AsyncEngineArgs, PoolingParams, SamplingParams, TokensPrompt
+    from vllm.exceptions import VLLMClientError
+    from vllm.platforms import current_platform
+    from vllm.sampling_params import RequestOutputKind
+    from vllm.v1.engine.async_llm import AsyncLLM
+except ImportError as exc:  # the provider turns this into a ConfigError naming the fix
+    raise ImportError(f"vLLM is not importable: {exc}") from exc
+
+log = logging.getLogger(__name__)
+LOAD_TIMEOUT_S = 900.0
+
+
+class VllmEngine:
+    """vLLM's async engine on a thread of its own, and the model's tokenizer."""
+
+    def __init__(self, deployment: Deployment) -> None:
+        self.name = deployment.name
+        check_model_path(deployment)
+        check_device(deployment, current_platform.device_type or "")
+        self.tokenizer = AutoTokenizer.from_pretrained(deployment.model_path)
+        self._tokenizer_lock = threading.Lock()  # the Rust tokenizer is not re-entrant
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True,
+                                        name=f"quotaflow-vllm-{deployment.name}")
+        self._thread.start()
+        args = AsyncEngineArgs(**engine_args(deployment))
+        log.info("%s: loading %s on vLLM %s (%s)", self.name, deployment.model_path,
+                 vllm.__version__, current_platform.device_type)
+        try:
+            self.llm: AsyncLLM = self._call(self._start(args)).result(LOAD_TIMEOUT_S)
+        except Exception as exc:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            raise ConfigError(f"deployment {self.name!r}: vLLM could not load "
+                              f"{deployment.model_path}: {exc}") from exc
+        config = self.llm.model_config
+        self.max_context: int | None = config.max_model_len
+        self.serves_embeddings = config.runner_type == "pooling"
+        self.version = vllm.__version__
+
+    @staticmethod
+    async def _start(args: "AsyncEngineArgs") -> "AsyncLLM":
+        return AsyncLLM.from_engine_args(args)
+
+    def _call(self, coroutine: Coroutine[Any, Any, Any]) -> Future:
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop)
+
+    def chat_ids(self, messages: list[dict[str, Any]]) -> list[int]:
+        if not self.tokenizer.chat_template:
+            raise bad_request(f"the model of deployment {self.name!r} has no chat template; "
+                              "send /v1/completions requests or add chat_template to its "
+                              "tokenizer_config.json")
+        with self._tokenizer_lock:
+            text = self.tokenizer.apply_chat_template(messages, tokenize=False,
+                                                      add_generation_prompt=True)
+            return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def text_ids(self, text: str) -> list[int]:
+        with self._tokenizer_lock:
+            return list(self.tokenizer(text)["input_ids"])
+
+    def run_batch(self, kind: Hashable, payloads: Sequence[Any]) -> list[Any]:
+        """The Engine protocol's batch call, for callers without a loop (the benchmark)."""
+        futures = [self._call(self._one(Part(str(kind), 0, 0, p), 1)) for p in payloads]
+        return [f.result() for f in futures]
+
+    async def answer(self, part: Part, priority: int) -> Any:
+        """One request's answer, run on the engine's loop; cancelling the caller aborts it."""
+        return await asyncio.wrap_future(self._call(self._one(part, priority)))
+
+    async def _one(self, part: Part, priority: int) -> Any:
+        request_id = uuid.uuid4().hex
+        prompt = TokensPrompt(prompt_token_ids=part.payload if part.kind == EMBED
+                              else part.payload.input_ids)
+        try:
+            if part.kind == EMBED:
+                return await self._embed(prompt, request_id, priority)
+            return await self._generate(prompt, part.payload, request_id, priority)
+        except asyncio.CancelledError:  # vLLM's generate() has aborted it on the way out
+            log.info("%s: request %s aborted in vLLM (priority %d)", self.name, request_id,
+                     priority)
+            raise
+        except (PermanentProviderError, RetryableProviderError):
+            raise
+        except (ValueError, VLLMClientError) as exc:  # vLLM refused the request itself
+                raise bad_request(f"{self.name}: {exc}") from exc
+        except Exception as exc:  # the engine died or failed a step: try again later
+            raise RetryableProviderError(f"{self.name}: vLLM failed: {exc}") from exc
+
+    async def _generate(self, prompt: "TokensPrompt", request: GenerationRequest,
+                        request_id: str, priority: int) -> Generated:
+        params = SamplingParams(max_tokens=request.max_new_tokens,
+                                temperature=request.temperature, top_p=request.top_p,
+                                output_kind=RequestOutputKind.FINAL_ONLY)
+        final = None
+        async for output in self.llm.generate(prompt, params, request_id, priority=priority):
+            final = output
+        if final is None or not final.outputs:
+            raise RetryableProviderError(f"{self.name}: vLLM ended request {request_id} "
+                                         "without an answer")
+        completion = final.outputs[0]
+        reason = "length" if completion.finish_reason == "length" else "stop"
+        return Generated(len(completion.token_ids), completion.text, reason)
+
+    async def _embed(self, prompt: "TokensPrompt", request_id: str,
+                     priority: int) -> list[float]:
+        if not self.serves_embeddings:
+                raise bad_request(f"deployment {self.name!r} runs its model for generation; "
+                              "embeddings need runner = 'pooling'")
+        final = None
+        async for output in self.llm.encode(prompt, PoolingParams(task="embed"), request_id,
+                                            priority=priority):
+            final = output
+        assert final is not None
+        return [float(x) for x in final.outputs.data.tolist()]
+
+    def close(self) -> None:
+        """Stop the engine (its core process) and the loop's thread."""
+        self.llm.shutdown()
+        self._loop.call_soon_threadsafe(self._loop.stop)
+
