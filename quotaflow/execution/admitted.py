@@ -7,7 +7,7 @@ from typing import Any
 from quotaflow.deployments import Deployment
 from quotaflow.leases import ClaimedItem
 from quotaflow.providers import Provider
-from quotaflow.ratelimit import Admission, Budget
+from quotaflow.ratelimit import Admission, Budget, Dating
 
 
 @dataclass
@@ -27,9 +27,9 @@ class Admitted:
     cost: int
     slot: int = 0
     input_cost: int = 0
-    mark: float | None = None
+    dating: Dating | None = None
     admitted_at: float = 0.0
 
     def paid(self, admission: Admission) -> None:
-        self.slot, self.mark = admission.slot, admission.mark + self.cost
+        self.slot, self.dating = admission.slot, admission.dating(self.cost)
         self.admitted_at = time.monotonic()

@@ -25,7 +25,7 @@ from quotaflow.deployments import Deployment
 from quotaflow.errors import ProviderError, ServiceUnavailable
 from quotaflow.execution.admitted import Admitted
 from quotaflow.providers import ProviderResponse
-from quotaflow.ratelimit import Budget, Limiter, Settlement
+from quotaflow.ratelimit import Budget, Dating, Limiter, Settlement
 
 log = logging.getLogger(__name__)
 
@@ -38,12 +38,11 @@ FLUSH_AFTER_S = 0.02
 
 @dataclass(frozen=True, slots=True)
 class _Remaining:
-    """A call's x-ratelimit-remaining figures, dated by its admission's mark and its age."""
+    """A call's x-ratelimit-remaining figures, dated by its admission."""
 
     requests: float | None
     tokens: float | None
-    mark: float | None
-    age_s: float
+    dating: Dating | None
     inputs: float | None = None  # a split budget's input tokens
 
 
@@ -90,8 +89,7 @@ class Feedback:
         if (response.remaining_requests is not None or response.remaining_tokens is not None
                 or response.remaining_input_tokens is not None):
             pending.remaining = _Remaining(response.remaining_requests, response.remaining_tokens,
-                                           admitted.mark, now - admitted.admitted_at,
-                                           response.remaining_input_tokens)
+                                           admitted.dating, response.remaining_input_tokens)
 
     def failed(self, admitted: Admitted, error: ProviderError) -> bool:
         """Tell the limiter or the breaker now; True when it was the quota (a 429).
@@ -111,7 +109,7 @@ class Feedback:
             requests, tokens = error.remaining
             inputs = error.remaining_input
             if requests is not None or tokens is not None or inputs is not None:
-                _best_effort(self.limiter.clamp, budget, requests, tokens, None, 0.0, inputs)
+                _best_effort(self.limiter.clamp, budget, requests, tokens, None, inputs)
             if (requests is not None and requests < 1) or (tokens is not None
                                                            and tokens < cost) or (
                     inputs is not None and inputs < admitted.input_cost):
@@ -136,7 +134,7 @@ class Feedback:
             _best_effort(self.limiter.settle, entry.budget, entry.settlements)
             if (seen := entry.remaining) is not None:
                 _best_effort(self.limiter.clamp, entry.budget, seen.requests, seen.tokens,
-                             seen.mark, seen.age_s, seen.inputs)
+                             seen.dating, seen.inputs)
         for deployment in succeeded.values():
             _best_effort(self.breaker.record_success, deployment)
 
