@@ -157,9 +157,14 @@ class Admission:
     refunded: float = 0.0
 
     def dating(self, cost: int) -> "Dating":
-        """What dates the headers of the call admitted here at `cost` (its chunk's first
-        calls counted before it, the rest after: the provider may have counted them or not)."""
+        """What dates the headers of the call admitted here at `cost`: it counted in the
+        mark, the rest of its chunk not (the provider may have counted them or not)."""
         return Dating(self.mark + cost, self.tokens_in_flight, self.at, self.refunded)
+
+    @property
+    def refunds_due(self) -> bool:
+        """Calls in flight will give tokens back: the wait may end sooner than said."""
+        return self.refunding and self.tokens_in_flight > 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,11 +180,6 @@ class Dating:
     flying: float
     at: float
     refunded: float
-
-    @property
-    def refunds_due(self) -> bool:
-        """Calls in flight will give tokens back: the wait may end sooner than said."""
-        return self.refunding and self.tokens_in_flight > 0
 
 
 @dataclass(frozen=True, slots=True)
