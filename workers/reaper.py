@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from quotaflow import retention
 from quotaflow.batches import fail_abandoned
-from quotaflow.broker_watch import BrokerWatch
+from quotaflow.broker_loss import BrokerLoss
 from quotaflow.config import get_settings
 from quotaflow.constants import REDIS_PREFIX
 from quotaflow.jobs import expire_overdue
@@ -35,7 +35,7 @@ def reap_forever() -> None:
     settings, sessions = runtime.settings, runtime.sessions
     interval = settings.reap_interval_s
     lock = redis.Redis.from_url(settings.limiter_url or settings.broker_url)
-    broker = BrokerWatch(redis.Redis.from_url(settings.broker_url), sessions)
+    broker = BrokerLoss(redis.Redis.from_url(settings.broker_url), sessions, interval)
     # Queued again where they were first sent: a local deployment's batches to its queues.
     dispatcher = runtime.dispatcher
     # The first round at once, not an interval after start: it records the broker's run
@@ -46,12 +46,12 @@ def reap_forever() -> None:
         try:
             # One reaper per round, cluster-wide; the lock lapses by itself.
             if lock.set(LOCK_KEY, "1", nx=True, px=int(interval * 1000 * 0.9)):
-                lost = broker.restarted()
-                if lost:
-                    log.warning("reaper: the broker restarted; queueing every pending item "
-                                "again, as its message may be gone")
+                why = broker.lost()
+                if why:
+                    log.warning("reaper: %s; queueing every pending item again, as its "
+                                "message may be gone", why)
                 requeued = reap(sessions, dispatcher, settings.batch_size,
-                                timedelta(seconds=settings.queue_patience_s), lost)
+                                timedelta(seconds=settings.queue_patience_s), why is not None)
                 if requeued:
                     log.warning("reaper: %d items of dead workers or lost messages queued again",
                                 requeued)
