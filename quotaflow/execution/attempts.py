@@ -44,10 +44,11 @@ class Caller:
 
     async def call(self, run: BatchRun, route: Route, admitted: Admitted) -> None:
         outcome, provenance = await self._attempts(run, route, admitted)
-        run.finish(admitted.item, outcome, provenance)
+        if outcome is not None:  # None: the item is another worker's now, its to finish
+            run.finish(admitted.item, outcome, provenance)
 
     async def _attempts(self, run: BatchRun, route: Route,
-                        admitted: Admitted) -> tuple[Outcome, Provenance | None]:
+                        admitted: Admitted) -> tuple[Outcome | None, Provenance | None]:
         last: ProviderError | None = None
         avoid: frozenset[str] = frozenset()
         attempts = run.policy.max_attempts
@@ -60,6 +61,9 @@ class Caller:
                 admitted = readmitted
             deployment = admitted.deployment
             response: ProviderResponse | None = None
+            if not run.holds(admitted.item):  # fenced off: its lease passed on (fencing.py)
+                run.feedback.answered(admitted, None)  # its admission settled, unsent
+                return None, None
             # Wall clock for the record; the admission's monotonic time is dated from it.
             sent = time.time()
             admitted_at = (sent - (time.monotonic() - admitted.admitted_at)

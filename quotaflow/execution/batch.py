@@ -7,6 +7,7 @@ from typing import Any
 from quotaflow.anthropic_messages import reshape
 from quotaflow.dispatch import BatchRef
 from quotaflow.execution.feedback import Feedback
+from quotaflow.execution.fencing import Fence
 from quotaflow.execution.hooks import Hooks
 from quotaflow.execution.stopping import JobWatch
 from quotaflow.execution.writer import ResultWriter
@@ -47,6 +48,12 @@ class BatchRun:
     output_format: str = "openai"
     # The policies this run follows, in order (hooks.py; policies/ makes them).
     hooks: Hooks = field(default_factory=Hooks)
+    # Whether it still holds its items' leases (fencing.py); None: not checked.
+    fence: Fence | None = None
+
+    def holds(self, item: ClaimedItem) -> bool:
+        """The item's lease is still this run's: it may be sent."""
+        return self.fence is None or item.line_no in self.fence.held([item.line_no])
 
     def finish(self, item: ClaimedItem, outcome: Outcome,
                provenance: Provenance | None = None) -> None:
