@@ -73,11 +73,11 @@ class RedisLimiter:
             return
         if budget.split:
             self._call(budget, "settle", *(part for s in settlements for part in (
-                str(s.slot), str(s.cost), repr(float(s.refund)), str(s.input_cost),
-                repr(float(s.input_refund)))))
+                str(s.slot), str(s.cost), repr(float(s.refund)), "1" if s.answered else "0",
+                str(s.input_cost), repr(float(s.input_refund)))))
             return
         self._call(budget, "settle", *(part for s in settlements for part in (
-            str(s.slot), str(s.cost), repr(float(s.refund)))))
+            str(s.slot), str(s.cost), repr(float(s.refund)), "1" if s.answered else "0")))
 
     def drain(self, budget: Budget, seconds: float) -> None:
         self._call(budget, "drain", repr(float(seconds)))
@@ -225,6 +225,8 @@ class LocalLimiter:
                     if flight[0] <= EPS:
                         del state.flights[slot]
                 _, f = self._in_flight(state)
+                if not settlement.answered:  # maybe never counted: u stays an upper bound
+                    state.u = min(budget.token_capacity, state.u + cost)
                 if refund < 0:
                     state.t += refund
                     state.tn += refund

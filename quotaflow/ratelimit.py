@@ -194,6 +194,9 @@ class Settlement:
     # were counted than estimated).
     input_cost: int = 0
     input_refund: float = 0.0
+    # False: it failed without an answer (refused before the provider counted it, a
+    # connection lost, never sent): the provider may not have counted it at all.
+    answered: bool = True
 
 
 @dataclass(frozen=True)

@@ -74,7 +74,8 @@ class Feedback:
             settlement = _split_settlement(admitted, response)
         else:
             used = 0 if response is None else response.prompt_tokens + response.completion_tokens
-            settlement = Settlement(admitted.slot, cost, float(cost - used) if used > 0 else 0.0)
+            settlement = Settlement(admitted.slot, cost, float(cost - used) if used > 0 else 0.0,
+                                    answered=response is not None)
         pending = self._pending.get(budget.name)
         now = time.monotonic()
         if pending is None:
@@ -145,7 +146,8 @@ def _split_settlement(admitted: Admitted, response: ProviderResponse | None) -> 
     counted (cache reads are not counted against ITPM). A failed call gives back
     nothing: the provider may have counted it."""
     if response is None:
-        return Settlement(admitted.slot, admitted.cost, 0.0, admitted.input_cost, 0.0)
+        return Settlement(admitted.slot, admitted.cost, 0.0, admitted.input_cost, 0.0,
+                          answered=False)
     counted = response.prompt_tokens - response.cached_tokens
     return Settlement(admitted.slot, admitted.cost, float(admitted.cost
                                                           - response.completion_tokens),

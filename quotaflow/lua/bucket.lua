@@ -52,9 +52,11 @@ then, by op:
            a large request still fits a full bucket. The margin is the refill a
            provider's full bucket loses while a request travels to it.
            -> admitted, wait_seconds_for_the_next, ...
-  settle   one triple per finished call, ARGV[3..]: the slot it was admitted in, its
-           admitted cost, its unused estimate (< 0 for a debt); split: five, the
-           triple then the input cost and its unused estimate. A refund goes to t
+  settle   four numbers per finished call, ARGV[3..]: the slot it was admitted in, its
+           admitted cost, its unused estimate (< 0 for a debt), and 1 if it was
+           answered, 0 if it failed without an answer (the provider may not have
+           counted it: its cost goes back to u); split: six, the four then the input
+           cost and its unused estimate. A refund goes to t
            only, a debt to both. A worker settles a chunk of calls at once: one round
            trip, not one per call.
   drain    ARGV[3] seconds: empty both buckets and admit nothing for that long;
@@ -194,9 +196,11 @@ if op == 'acquire' then
     end
   end
 elseif op == 'settle' then
-  local step = split and 5 or 3
+  local step = split and 6 or 4
   for i = 3, #ARGV - step + 1, step do
     local at, cost, refund = ARGV[i], tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2])
+    -- Failed without an answer: the provider may never have counted it.
+    if ARGV[i + 3] == '0' then u = math.min(cap_t, u + cost) end
     if tonumber(at) >= oldest and cost > 0 then
       local left = tonumber(redis.call('HINCRBYFLOAT', key, 'f:' .. at, -cost))
       if left <= EPS then redis.call('HDEL', key, 'f:' .. at) end
@@ -210,7 +214,7 @@ elseif op == 'settle' then
       g = g + (t - was)
     end
     if split then
-      local cost_i, refund_i = tonumber(ARGV[i + 3]), tonumber(ARGV[i + 4])
+      local cost_i, refund_i = tonumber(ARGV[i + 4]), tonumber(ARGV[i + 5])
       if tonumber(at) >= oldest and cost_i > 0 then
         local left = tonumber(redis.call('HINCRBYFLOAT', key, 'g:' .. at, -cost_i))
         if left <= EPS then redis.call('HDEL', key, 'g:' .. at) end

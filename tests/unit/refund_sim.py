@@ -44,6 +44,8 @@ class Jitter:
     # `stall_s` more.
     stall_p: float = 0.0
     stall_s: float = 0.0
+    # A provider refusing this share of calls 429 at random, before counting them.
+    faults: float = 0.0
 
 
 @dataclass
@@ -105,6 +107,10 @@ class _World:
                     admission.slot, admission.dating(COST))
 
     def arrive(self, when: float, worker: int, slot: int, dating: Dating) -> None:
+        if self.rng.random() < self.jitter.faults:  # refused uncounted, no headers
+            self.at(when + self.draw(self.jitter.back_s), "answer", worker, slot, dating, None,
+                    False)
+            return
         decision = self.provider.try_admit(COST)
         if not decision.admitted:
             self.replay.rejected += 1
@@ -124,8 +130,8 @@ class _World:
     def answer(self, when: float, worker: int, slot: int, dating: Dating, seen: float | None,
                ok: bool) -> None:
         pending = self.flushes.setdefault(worker, [])
-        pending.append((Settlement(slot, COST, float(COST - USED) if ok else 0.0), seen,
-                        dating, when))
+        pending.append((Settlement(slot, COST, float(COST - USED) if ok else 0.0,
+                                   answered=ok), seen, dating, when))
         if len(pending) == 1:
             self.at(when + self.draw(self.jitter.flush_s) + self.stall(), "flush", worker)
 

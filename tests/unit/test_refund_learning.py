@@ -17,6 +17,8 @@ from quotaflow.ratelimit import Budget, Refunds, Settlement
 from tests.unit.refund_sim import Clock, Jitter, simulate
 
 CALM = Jitter()
+# 5% of calls refused 429 at random before the provider counts them (an overloaded one).
+FAULTY = Jitter(faults=0.05)
 # A busy host: one chunk's sends or one flush in ten waits up to 0.6 s more.
 BUSY = Jitter(flush_s=(0.0, 0.05), stall_p=0.1, stall_s=0.6)
 # Worse: every send and answer 0-500 ms late (reordered), one in five stalls up to 1 s.
@@ -49,7 +51,8 @@ def test_a_late_flush_followed_by_fresh_headers_proves_nothing() -> None:
 
 
 @pytest.mark.parametrize("tpm", [60_000, 600_000])
-@pytest.mark.parametrize("jitter", [CALM, BUSY, WILD], ids=["calm", "busy", "wild"])
+@pytest.mark.parametrize("jitter", [CALM, BUSY, WILD, FAULTY],
+                         ids=["calm", "busy", "wild", "faulty"])
 @pytest.mark.parametrize("seed", range(3))
 def test_a_provider_that_keeps_reservations_is_never_taken_for_one_that_gives_back(
         jitter: Jitter, tpm: int, seed: int) -> None:
