@@ -36,12 +36,13 @@ from workers.dispatch import CeleryDispatcher
 
 WORKERS, CONCURRENCY, MAX_CONCURRENCY = 4, 2, 16
 MAX_TOKENS = 100
+FLOOR = Settings.model_fields["floor_standard"].default
 
 
 @dataclass(frozen=True)
 class Soak:
-    """One scenario. tpm binds (rpm is ample); `other` is the share of the key a second
-    client spends, drawn per run between its two bounds."""
+    """One scenario; `other` is the share of the key a second client spends, drawn per run
+    between its two bounds."""
 
     name: str
     burst_s: float = 60.0
@@ -59,15 +60,19 @@ class Soak:
     @property
     def capacity(self) -> float:
         """The tokens a standard job may take at once (its queue's floor left out)."""
-        floor = Settings.model_fields["floor_standard"].default
-        return self.tpm * self.burst_s / 60 * (1 - floor)
+        return self.tpm * self.burst_s / 60 * (1 - FLOOR)
+
+    @property
+    def request_capacity(self) -> float:
+        return self.rpm * self.burst_s / 60 * (1 - FLOOR)
 
 
 SCENARIOS = (
     Soak("keeps-minute"),
     Soak("refunds-minute", refunds=True),
     Soak("keeps-second", burst_s=1.0, tpm=30_000),
-    Soak("refunds-second", burst_s=1.0, tpm=30_000, refunds=True),
+    # Given back, a request keeps 21 of its 108 tokens: RPM binds, as it would.
+    Soak("refunds-second", burst_s=1.0, rpm=1_200, refunds=True),
     Soak("jitter-0-500ms", latency_ms=0, jitter_ms=500),
     Soak("starved-cpu", busy_loops=3),
     Soak("shared-key", other=(0.2, 0.5)),
@@ -84,7 +89,8 @@ class Run:
     completed: int
     rejected_429: int  # quotaflow's calls the provider refused for its budget
     repeats: int
-    utilisation: float  # quotaflow's kept tokens over what the provider left it
+    # quotaflow's kept tokens (or requests, whichever binds) over what the provider left it
+    utilisation: float
     other_429: int = 0
 
     @property
@@ -212,12 +218,15 @@ class SoakCluster:
                  other: "_OtherClient | None") -> Run:
         items, completed = counts
         other_kept = other.kept if other else 0
+        other_sent = other.admitted if other else 0
         other_429 = other.rejected if other else 0
         window = stats["last_admitted_at"] - stats["first_admitted_at"]
         kept = stats["tokens_admitted"] - stats["tokens_refunded"] - other_kept
-        allowed = soak.capacity + soak.tpm / 60 * window - other_kept
+        tokens = kept / (soak.capacity + soak.tpm / 60 * window - other_kept)
+        requests = (stats["admitted"] - other_sent) / (
+            soak.request_capacity + soak.rpm / 60 * window - other_sent)
         return Run(soak, items, completed, stats["rejected_429"] - other_429,
-                   stats["duplicate_bodies"], kept / allowed, other_429)
+                   stats["duplicate_bodies"], max(tokens, requests), other_429)
 
 
 class _OtherClient:
@@ -231,7 +240,7 @@ class _OtherClient:
         self.used = simulated_body(ENDPOINT_CHAT, _body(name, "other 0"))["usage"]["total_tokens"]
         self.refunds = soak.refunds
         self.rate = self.share * soak.tpm / 60 / (self.used if soak.refunds else self.cost)
-        self.kept = self.rejected = 0
+        self.kept = self.rejected = self.admitted = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
@@ -257,6 +266,7 @@ class _OtherClient:
                 if answer.status_code == 429:
                     self.rejected += 1
                 elif answer.status_code == 200:
+                    self.admitted += 1
                     self.kept += self.used if self.refunds else self.cost
 
 
@@ -271,8 +281,9 @@ def _lines(soak: Soak, name: str) -> list[dict]:
     cost = admission_tokens(ENDPOINT_CHAT, sample, 0)
     used = simulated_body(ENDPOINT_CHAT, sample)["usage"]["total_tokens"]
     per_item = used if soak.refunds else cost
-    count = math.ceil((soak.capacity + soak.tpm / 60 * soak.seconds * (1 - soak.other[1]))
-                      / per_item)
+    share = 1 - soak.other[1]
+    count = math.ceil(min((soak.capacity + soak.tpm / 60 * soak.seconds * share) / per_item,
+                          soak.request_capacity + soak.rpm / 60 * soak.seconds * share))
     return [{"custom_id": f"{name}-{i}", "method": "POST", "url": ENDPOINT_CHAT,
              "body": _body(name, f"question {i:05d} about the tides")} for i in range(count)]
 
