@@ -40,6 +40,7 @@ def build_app(settings: MockProviderSettings) -> FastAPI | LeanProvider:
         otpm=settings.otpm,
         batch_seconds=settings.batch_seconds,
         record=settings.record,
+        latency_jitter_ms=settings.latency_jitter_ms,
     )
 
 

@@ -14,6 +14,7 @@ counters need no lock; the buckets keep their own.
 import asyncio
 import hmac
 import json
+import random
 from typing import Any
 
 from fastapi import Request
@@ -55,6 +56,7 @@ class Judge:
         self.faults = faults or Faults()
         self.limits = limits
         self.latency_s = latency_ms / 1000
+        self.jitter_s = 0.0  # a further 0..jitter_s of latency per answer, at random
         self.default_max_tokens = default_max_tokens
         self._api_key = api_key
         self.stats = Stats()
@@ -92,8 +94,8 @@ class Judge:
         stats.in_flight += 1
         stats.peak_in_flight = max(stats.peak_in_flight, stats.in_flight)
         try:
-            if self.latency_s > 0:
-                await asyncio.sleep(self.latency_s)
+            if self.latency_s > 0 or self.jitter_s > 0:
+                await asyncio.sleep(self.latency_s + random.uniform(0, self.jitter_s))
             if fault == "hang":
                 await fault_modes.hang()
         finally:

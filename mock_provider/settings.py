@@ -40,6 +40,9 @@ class MockProviderSettings(BaseSettings):
     itpm: int | None = None
     otpm: int | None = None
     latency_ms: float = 0.0
+    # Each answer waits a further 0..this many ms at random, so answers come back in
+    # another order than the requests came (the strict server only).
+    latency_jitter_ms: float = Field(default=0.0, ge=0)
     burst_seconds: float = 60.0
     # Counted at admission when a request sets no max_tokens.
     default_max_tokens: int = 256

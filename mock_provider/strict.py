@@ -61,6 +61,7 @@ def create_app(
     otpm: int | None = None,
     batch_seconds: float = 1.0,
     record: str | None = None,
+    latency_jitter_ms: float = 0.0,
 ) -> FastAPI:
     """The mock provider app; its buckets start full. Serve it from one process.
 
@@ -73,6 +74,7 @@ def create_app(
     _validate(rpm, tpm, latency_ms, burst_seconds, default_max_tokens)
     limits = RateLimits(rpm, tpm, burst_seconds)
     judge = Judge(rpm, tpm, limits, latency_ms, default_max_tokens, api_key, reconcile, faults)
+    judge.jitter_s = latency_jitter_ms / 1000
     app = FastAPI(title="quotaflow mock provider (simulated)")
     app.state.judge = judge
     recorder = Recorder(record) if record else None

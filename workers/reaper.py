@@ -16,7 +16,7 @@ from quotaflow.compat import retention
 from quotaflow.compat.openai_batches import fail_abandoned
 from quotaflow.config import get_settings
 from quotaflow.constants import REDIS_PREFIX
-from quotaflow.dispatch.broker_watch import BrokerWatch
+from quotaflow.dispatch.broker_loss import BrokerLoss
 from quotaflow.dispatch.reaper import reap
 from quotaflow.jobs.service import expire_overdue
 from quotaflow.redis_clients import RedisClient, connect
@@ -38,7 +38,7 @@ def reap_forever() -> None:
     # The lock is on the limiter's Redis, which may be a cluster (made in the loop: one
     # that is down at start must not end the reaper).
     lock: RedisClient | None = None
-    broker = BrokerWatch(redis.Redis.from_url(settings.broker_url), sessions)
+    broker = BrokerLoss(redis.Redis.from_url(settings.broker_url), sessions, interval)
     # Queued again where they were first sent: a local deployment's batches to its queues.
     dispatcher = runtime.dispatcher
     # The first round at once, not an interval after start: it records the broker's run
@@ -51,12 +51,12 @@ def reap_forever() -> None:
                 lock = connect(settings.limiter_url or settings.broker_url)
             # One reaper per round, cluster-wide; the lock lapses by itself.
             if lock.set(LOCK_KEY, "1", nx=True, px=int(interval * 1000 * 0.9)):
-                lost = broker.restarted()
-                if lost:
-                    log.warning("reaper: the broker restarted; queueing every pending item "
-                                "again, as its message may be gone")
+                why = broker.lost()
+                if why:
+                    log.warning("reaper: %s; queueing every pending item again, as its "
+                                "message may be gone", why)
                 requeued = reap(sessions, dispatcher, settings.batch_size,
-                                timedelta(seconds=settings.queue_patience_s), lost)
+                                timedelta(seconds=settings.queue_patience_s), why is not None)
                 if requeued:
                     log.warning("reaper: %d items of dead workers or lost messages queued again",
                                 requeued)

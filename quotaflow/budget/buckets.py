@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from quotaflow.budget.limiter import Admission, Levels, Limiter, Settlement
+from quotaflow.budget.limiter import Admission, Dating, Levels, Limiter, Settlement
 from quotaflow.constants import REDIS_PREFIX
 from quotaflow.deployments.limits import Budget, Refunds
 from quotaflow.errors import ServiceUnavailable
@@ -20,10 +20,12 @@ from quotaflow.redis_clients import UNREACHABLE, connect
 SCRIPT = Path(__file__).with_name("lua") / "bucket.lua"
 EPS = 1e-9
 SLOT_S = 10  # calls in flight are tallied per 10 s slot of admission time
-# Learning refunds (bucket.lua's mode 2): votes saturate at +-VOTES, refunds apply
-# from REFUNDING votes on, and a header may be off by the tokens admitted since its
-# call's admission and the refill of its age plus NOISE_S.
-VOTES, REFUNDING, NOISE_S = 4, 2, 0.05
+# Learning refunds (bucket.lua's mode 2): refunds apply at verdict 1; contradictions
+# count down to -VOTES, each needing one more proof to switch again.
+VOTES = 4
+# A hash is known to exist until the expiry the script last gave it, less this much
+# (the script keeps it a second longer; clocks of client and server tick apart).
+KNOWN_MARGIN_S = 0.5
 
 
 def bucket_key(name: str) -> str:
@@ -38,34 +40,44 @@ class RedisLimiter:
         self._url = url
         self._redis = connect(url, socket_timeout=5, socket_connect_timeout=5)
         self._script = self._redis.register_script(SCRIPT.read_text())
+        # Per budget, until when (monotonic) this process knows its hash exists: it wrote
+        # it, with an expiry not yet passed. Found missing before then, it was lost.
+        self._known_until: dict[str, float] = {}
 
     def _call(self, budget: Budget, op: str, *extra: str) -> list[float]:
+        started = time.monotonic()
+        known = started < self._known_until.get(budget.name, 0.0)
         try:
-            reply = self._script(keys=[bucket_key(budget.name)], args=[op, budget.packed, *extra])
+            reply = self._script(keys=[bucket_key(budget.name)],
+                                 args=[op + "!" if known else op, budget.packed, *extra])
         except UNREACHABLE as exc:
             raise ServiceUnavailable(
                 f"the limiter's Redis is unreachable ({exc.__class__.__name__}); check "
                 "QUOTAFLOW_REDIS_URL and that Redis is running — work waits until it is back"
             ) from exc
-        return [float(value) for value in reply.split()]
+        numbers = [float(value) for value in reply.split()]
+        if numbers[11] > 0:  # keep_seconds: the hash was written, and lives that long
+            self._known_until[budget.name] = started + numbers[11] - KNOWN_MARGIN_S
+        return numbers
 
     def acquire(self, budget: Budget, costs: Sequence[int], floor: float,
                 input_costs: Sequence[int] = ()) -> Admission:
-        admitted, wait, _, _, _, slot, flying, refunding, mark = self._call(
+        admitted, wait, _, _, _, slot, flying, refunding, mark, at, refunded = self._call(
             budget, "acquire", repr(floor), repr(budget.margin_s), *map(str, costs),
-            *map(str, input_costs))[:9]
-        return Admission(int(admitted), wait, int(slot), flying, bool(refunding), mark)
+            *map(str, input_costs))[:11]
+        return Admission(int(admitted), wait, int(slot), flying, bool(refunding), mark, at,
+                         refunded)
 
     def settle(self, budget: Budget, settlements: Sequence[Settlement]) -> None:
         if not settlements:
             return
         if budget.split:
             self._call(budget, "settle", *(part for s in settlements for part in (
-                str(s.slot), str(s.cost), repr(float(s.refund)), str(s.input_cost),
-                repr(float(s.input_refund)))))
+                str(s.slot), str(s.cost), repr(float(s.refund)), "1" if s.answered else "0",
+                str(s.input_cost), repr(float(s.input_refund)))))
             return
         self._call(budget, "settle", *(part for s in settlements for part in (
-            str(s.slot), str(s.cost), repr(float(s.refund)))))
+            str(s.slot), str(s.cost), repr(float(s.refund)), "1" if s.answered else "0")))
 
     def drain(self, budget: Budget, seconds: float) -> None:
         self._call(budget, "drain", repr(float(seconds)))
@@ -74,15 +86,16 @@ class RedisLimiter:
         self._call(budget, "pause", repr(float(seconds)))
 
     def clamp(self, budget: Budget, requests: float | None, tokens: float | None,
-              mark: float | None = None, age_s: float = 0.0,
-              inputs: float | None = None) -> None:
+              dating: Dating | None = None, inputs: float | None = None) -> None:
         extra = ("" if inputs is None else repr(float(inputs)),) if budget.split else ()
+        dated = (("", "", "", "") if dating is None else
+                 tuple(repr(float(n)) for n in (dating.mark, dating.flying, dating.at,
+                                                dating.refunded)))
         self._call(budget, "clamp", "" if requests is None else repr(float(requests)),
-                   "" if tokens is None else repr(float(tokens)),
-                   "" if mark is None else repr(float(mark)), repr(float(age_s)), *extra)
+                   "" if tokens is None else repr(float(tokens)), *dated, *extra)
 
     def levels(self, budget: Budget) -> Levels:
-        _, _, r, t, blocked, _, _, refunding, _, *inputs = self._call(budget, "peek")
+        _, _, r, t, blocked, _, _, refunding, _, _, _, _, *inputs = self._call(budget, "peek")
         return Levels(r, t, blocked, bool(refunding), inputs[0] if inputs else None)
 
     def close(self) -> None:
@@ -95,8 +108,10 @@ class _State:
     t: float  # tokens, unused reservations given back
     ts: float
     tn: float = math.nan  # tokens, nothing given back
-    v: int = 0  # votes: which of t and tn the provider's headers follow
+    v: int = 0  # the refund verdict: refunds apply at 1 (bucket.lua's "clamp")
     a: float = 0.0  # tokens admitted in all: marks on it date headers
+    g: float = 0.0  # tokens given back in all
+    u: float = math.nan  # the most a provider that keeps reservations can hold
     bu: float = 0.0  # blocked until: a drain, no refill meanwhile
     pu: float = 0.0  # paused until: no admission, the buckets refilling
     i: float = math.inf  # a split budget's input tokens (inf: it has no input bucket)
@@ -106,10 +121,12 @@ class _State:
     def __post_init__(self) -> None:
         if math.isnan(self.tn):
             self.tn = self.t
+        if math.isnan(self.u):
+            self.u = self.t
 
     def refunding(self, budget: Budget) -> bool:
         return budget.refunds == Refunds.ALWAYS or (
-            budget.refunds == Refunds.LEARNED and self.v >= REFUNDING)
+            budget.refunds == Refunds.LEARNED and self.v >= 1)
 
     def level(self, budget: Budget) -> float:
         """The tokens admission spends from."""
@@ -135,6 +152,9 @@ class LocalLimiter:
         oldest = slot - math.ceil(budget.flight_timeout_s / SLOT_S)
         for stale in [n for n in state.flights if n < oldest]:
             del state.flights[stale]
+        # u bounds the provider from above: it refills through a 429 block too.
+        state.u = min(budget.token_capacity, state.u + max(0.0, now - state.ts)
+                      * budget.token_rate)
         elapsed = max(0.0, now - max(state.ts, state.bu))  # no refill during a 429 block
         state.r = min(budget.request_capacity, state.r + elapsed * budget.request_rate)
         state.t = min(budget.token_capacity, state.t + elapsed * budget.token_rate)
@@ -156,7 +176,7 @@ class LocalLimiter:
             refunding = state.refunding(budget)
             if now < max(state.bu, state.pu):
                 return Admission(0, max(state.bu, state.pu) - now, slot,
-                                 self._in_flight(state)[1], refunding, state.a)
+                                 self._in_flight(state)[1], refunding, state.a, now, state.g)
             admitted, total, total_i, wait = 0, 0, 0, 0.0
             for n, cost in enumerate(costs):
                 level = state.t if refunding else state.tn
@@ -179,6 +199,7 @@ class LocalLimiter:
                 state.r -= 1
                 state.t -= cost
                 state.tn = max(min(state.tn, 0.0), state.tn - cost)
+                state.u = max(-budget.token_capacity, state.u - cost)
                 state.i -= cost_i
                 admitted, total, total_i = admitted + 1, total + cost, total_i + cost_i
             mark = state.a
@@ -188,7 +209,8 @@ class LocalLimiter:
                 flight[1] += total
                 flight[2] += total_i
                 state.a += total
-            return Admission(admitted, wait, slot, self._in_flight(state)[1], refunding, mark)
+            return Admission(admitted, wait, slot, self._in_flight(state)[1], refunding, mark,
+                             now, state.g)
 
     def settle(self, budget: Budget, settlements: Sequence[Settlement]) -> None:
         with self._lock:
@@ -203,11 +225,15 @@ class LocalLimiter:
                     if flight[0] <= EPS:
                         del state.flights[slot]
                 _, f = self._in_flight(state)
+                if not settlement.answered:  # maybe never counted: u stays an upper bound
+                    state.u = min(budget.token_capacity, state.u + cost)
                 if refund < 0:
                     state.t += refund
                     state.tn += refund
                 else:
+                    was = state.t
                     state.t = max(state.t, min(state.t + refund, budget.token_capacity - f))
+                    state.g += state.t - was
                 if budget.split:
                     self._settle_input(budget, state, settlement.input_refund)
 
@@ -233,22 +259,23 @@ class LocalLimiter:
             state.pu = max(state.pu, now + seconds)
 
     def clamp(self, budget: Budget, requests: float | None, tokens: float | None,
-              mark: float | None = None, age_s: float = 0.0,
-              inputs: float | None = None) -> None:
+              dating: Dating | None = None, inputs: float | None = None) -> None:
         with self._lock:
-            state, _, _ = self._refilled(budget)
+            state, now, _ = self._refilled(budget)
             if requests is not None:
                 state.r = min(state.r, requests)
             if inputs is not None and budget.split:
                 state.i = min(state.i, inputs)
             if tokens is None:
                 return
-            if budget.refunds == Refunds.LEARNED and mark is not None and mark <= state.a:
-                slack = state.a - mark + (age_s + NOISE_S) * budget.token_rate
-                if tokens > state.tn + slack:
-                    state.v = min(VOTES, state.v + 1)
-                elif tokens < state.t - slack:
-                    state.v = max(-VOTES, state.v - 1)
+            if (budget.refunds == Refunds.LEARNED and dating is not None
+                    and dating.mark <= state.a + EPS):
+                # A contradiction outweighs a proof: the safe side wins.
+                if state.v >= 1 and tokens + max(0.0, now - dating.at) * budget.token_rate \
+                        + max(0.0, state.g - dating.refunded) + 1 < state.t:
+                    state.v = max(-VOTES, min(state.v, 0) - 1)  # less than giving back would
+                elif tokens > state.u + dating.flying + (state.a - dating.mark) + 1:
+                    state.v = min(1, state.v + 1)  # more than keeping could leave
             state.tn = min(state.tn, tokens)
             if not state.refunding(budget):
                 state.t = min(state.t, tokens)

@@ -37,6 +37,8 @@ class Admission:
     deployment is `refunding` (the provider gives back unused reservations).
     `mark` is the budget's running total of admitted tokens before this admission:
     a header carried by one of its calls may not count anything admitted after it.
+    `at` (the limiter's clock) and `refunded` (the budget's running total of refunds)
+    date it too: see `Dating`.
     """
 
     admitted: int
@@ -45,11 +47,33 @@ class Admission:
     tokens_in_flight: float = 0.0
     refunding: bool = False
     mark: float = 0.0
+    at: float = 0.0
+    refunded: float = 0.0
+
+    def dating(self, cost: int) -> "Dating":
+        """What dates the headers of the call admitted here at `cost`: it counted in the
+        mark, the rest of its chunk not (the provider may have counted them or not)."""
+        return Dating(self.mark + cost, self.tokens_in_flight, self.at, self.refunded)
 
     @property
     def refunds_due(self) -> bool:
         """Calls in flight will give tokens back: the wait may end sooner than said."""
         return self.refunding and self.tokens_in_flight > 0
+
+
+@dataclass(frozen=True, slots=True)
+class Dating:
+    """Where a call's x-ratelimit-remaining headers stand in the budget's history, so the
+    refund mode can be learned from bounds rather than from timing (docs/architecture.md,
+    "Learning whether the provider gives back"): the budget's admitted-tokens total with
+    the call counted, the tokens in flight at its admission (the provider may not have
+    counted those when it wrote the header), and the limiter's clock and refunds total at
+    its admission (the header cannot be older, nor miss refunds given back before it)."""
+
+    mark: float
+    flying: float
+    at: float
+    refunded: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +88,9 @@ class Settlement:
     # were counted than estimated).
     input_cost: int = 0
     input_refund: float = 0.0
+    # False: it failed without an answer (refused before the provider counted it, a
+    # connection lost, never sent): the provider may not have counted it at all.
+    answered: bool = True
 
 
 @dataclass(frozen=True)
@@ -100,10 +127,9 @@ class Limiter(Protocol):
     def pause(self, budget: Budget, seconds: float) -> None: ...
 
     def clamp(self, budget: Budget, requests: float | None, tokens: float | None,
-              mark: float | None = None, age_s: float = 0.0,
-              inputs: float | None = None) -> None:
-        """Lower the buckets to the provider's remaining figures. Given the mark and age
-        of the call that carried them, the tokens figure also votes on refunds. `inputs`:
+              dating: Dating | None = None, inputs: float | None = None) -> None:
+        """Lower the buckets to the provider's remaining figures. Dated by the call that
+        carried them, the tokens figure may also prove or contradict refunds. `inputs`:
         a split budget's input tokens remaining."""
 
     def levels(self, budget: Budget) -> Levels: ...

@@ -96,6 +96,8 @@ class Admitter:
                 gathered = True
                 continue
             gathered = False
+            if not self._fenced(run, waiting):
+                break
             asked = self._prepare_chunk(run, deployment, waiting, free)
             if not asked:
                 continue
@@ -157,6 +159,16 @@ class Admitter:
         else:
             return await self._pause(run, waiting, choice.wait_s, refunds_due=False)
         return True
+
+    @staticmethod
+    def _fenced(run: BatchRun, waiting: list[ClaimedItem]) -> bool:
+        """Drop the waiting items whose lease passed to another worker (this one was
+        stopped longer than the lease: fencing.py); whether any are left to admit."""
+        if run.fence is None or run.fence.sure():
+            return True
+        held = run.fence.held(item.line_no for item in waiting)
+        waiting[:] = [item for item in waiting if item.line_no in held]
+        return bool(waiting)
 
     def _stopped(self, run: BatchRun, waiting: list[ClaimedItem]) -> bool:
         """End the unsent items of a job that was cancelled or expired meanwhile."""

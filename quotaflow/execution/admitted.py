@@ -4,7 +4,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from quotaflow.budget.limiter import Admission
+from quotaflow.budget.limiter import Admission, Dating
 from quotaflow.deployments.catalog import Deployment
 from quotaflow.deployments.limits import Budget
 from quotaflow.providers import Provider
@@ -28,9 +28,9 @@ class Admitted:
     cost: int
     slot: int = 0
     input_cost: int = 0
-    mark: float | None = None
+    dating: Dating | None = None
     admitted_at: float = 0.0
 
     def paid(self, admission: Admission) -> None:
-        self.slot, self.mark = admission.slot, admission.mark + self.cost
+        self.slot, self.dating = admission.slot, admission.dating(self.cost)
         self.admitted_at = time.monotonic()

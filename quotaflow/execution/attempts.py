@@ -33,6 +33,9 @@ MAX_ROUTE_WAIT_S = 1.0
 # A wait computed from the refill rate ignores refunds that other workers' calls
 # will bring back sooner; where usage is reconciled, look again this often.
 REFUND_POLL_S = 0.05
+# An admission not sent within this long (its process was stopped or starved) is given
+# up and the call admitted again: the safety margin covers only a request's travel.
+STALE_ADMISSION_S = 0.5
 
 
 class Caller:
@@ -45,10 +48,11 @@ class Caller:
 
     async def call(self, run: BatchRun, route: Route, admitted: Admitted) -> None:
         outcome, provenance = await self._attempts(run, route, admitted)
-        run.finish(admitted.item, outcome, provenance)
+        if outcome is not None:  # None: the item is another worker's now, its to finish
+            run.finish(admitted.item, outcome, provenance)
 
     async def _attempts(self, run: BatchRun, route: Route,
-                        admitted: Admitted) -> tuple[Outcome, Provenance | None]:
+                        admitted: Admitted) -> tuple[Outcome | None, Provenance | None]:
         last: ProviderError | None = None
         avoid: frozenset[str] = frozenset()
         attempts = run.policy.max_attempts
@@ -61,6 +65,19 @@ class Caller:
                 admitted = readmitted
             deployment = admitted.deployment
             response: ProviderResponse | None = None
+            if not run.holds(admitted.item):  # fenced off: its lease passed on (fencing.py)
+                run.feedback.answered(admitted, None)  # its admission settled, unsent
+                return None, None
+            if time.monotonic() - admitted.admitted_at > STALE_ADMISSION_S:
+                # Admitted before a stall (a frozen process): the budget it took has been
+                # refilled and spent by others since. Sent now, it would take the
+                # provider's budget of now, which the limiter gave to someone else.
+                run.feedback.answered(admitted, None)
+                readmitted = await self._readmit(run, route, admitted.item, avoid)
+                if isinstance(readmitted, Failure):
+                    return readmitted, provenance
+                admitted = readmitted
+                deployment = admitted.deployment
             # Wall clock for the record; the admission's monotonic time is dated from it.
             sent = time.time()
             admitted_at = (sent - (time.monotonic() - admitted.admitted_at)

@@ -6,6 +6,7 @@ from typing import Any
 
 from quotaflow.dispatch.queues import BatchRef
 from quotaflow.execution.feedback import Feedback
+from quotaflow.execution.fencing import Fence
 from quotaflow.execution.hooks import Hooks
 from quotaflow.execution.retries import RetryPolicy
 from quotaflow.execution.stopping import JobWatch
@@ -47,6 +48,12 @@ class BatchRun:
     output_format: str = "openai"
     # The policies this run follows, in order (hooks.py; policies/ makes them).
     hooks: Hooks = field(default_factory=Hooks)
+    # Whether it still holds its items' leases (fencing.py); None: not checked.
+    fence: Fence | None = None
+
+    def holds(self, item: ClaimedItem) -> bool:
+        """The item's lease is still this run's: it may be sent."""
+        return self.fence is None or item.line_no in self.fence.held([item.line_no])
 
     def finish(self, item: ClaimedItem, outcome: Outcome,
                provenance: Provenance | None = None) -> None:

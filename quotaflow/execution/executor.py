@@ -12,6 +12,7 @@ tally) are the run's hooks (hooks.py), chosen in one place (policies/).
 import asyncio
 import contextlib
 import logging
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import asdict
@@ -32,6 +33,7 @@ from quotaflow.execution.attempts import Caller
 from quotaflow.execution.batch import BatchReport, BatchRun
 from quotaflow.execution.facts import JobFacts, JobFactsCache
 from quotaflow.execution.feedback import Feedback
+from quotaflow.execution.fencing import Fence
 from quotaflow.execution.flushing import flush_when_due, store_all
 from quotaflow.execution.hooks import Hooks
 from quotaflow.execution.lease_renewal import keep_leases
@@ -89,12 +91,14 @@ class BatchExecutor:
         if (back_in := hooks.come_back_in()) is not None:
             return BatchReport(0, 0, 0, back_in)  # a hook gave way: nothing claimed
         owner = uuid.uuid4().hex
+        claimed_at = time.monotonic()
         items = claim(self.sessions, ref, owner, self.lease)
         if not items:
             return self._report(ref, BatchReport(0, 0, 0))
         run = self._new_run(ref, owner, job, hooks, on_item)
         # The calls' tasks copy it: an engine that schedules by priority reads it there.
         current_queue.set(job.queue)
+        run.fence = Fence(self.sessions, ref.job_id, owner, self.lease, claimed_at)
         try:
             await self._call(run, hooks.to_call(run, items))
         finally:
@@ -127,7 +131,7 @@ class BatchExecutor:
         for item in items:
             by_route.setdefault(routes.route_name(self.deployments, item), []).append(item)
         keeper = asyncio.create_task(keep_leases(self.sessions, run.ref.job_id, run.owner,
-                                                 self.lease))
+                                                 self.lease, run.fence))
         flusher = asyncio.create_task(flush_when_due(run))
         try:
             await asyncio.gather(*(self._call_route(run, name, group)

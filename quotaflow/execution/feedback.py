@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from quotaflow.budget.circuit import CircuitBreaker
-from quotaflow.budget.limiter import Limiter, Settlement
+from quotaflow.budget.limiter import Dating, Limiter, Settlement
 from quotaflow.deployments.catalog import Deployment
 from quotaflow.deployments.limits import Budget
 from quotaflow.errors import ProviderError, ServiceUnavailable
@@ -39,12 +39,11 @@ FLUSH_AFTER_S = 0.02
 
 @dataclass(frozen=True, slots=True)
 class _Remaining:
-    """A call's x-ratelimit-remaining figures, dated by its admission's mark and its age."""
+    """A call's x-ratelimit-remaining figures, dated by its admission."""
 
     requests: float | None
     tokens: float | None
-    mark: float | None
-    age_s: float
+    dating: Dating | None
     inputs: float | None = None  # a split budget's input tokens
 
 
@@ -76,7 +75,8 @@ class Feedback:
             settlement = _split_settlement(admitted, response)
         else:
             used = 0 if response is None else response.prompt_tokens + response.completion_tokens
-            settlement = Settlement(admitted.slot, cost, float(cost - used) if used > 0 else 0.0)
+            settlement = Settlement(admitted.slot, cost, float(cost - used) if used > 0 else 0.0,
+                                    answered=response is not None)
         pending = self._pending.get(budget.name)
         now = time.monotonic()
         if pending is None:
@@ -91,8 +91,7 @@ class Feedback:
         if (response.remaining_requests is not None or response.remaining_tokens is not None
                 or response.remaining_input_tokens is not None):
             pending.remaining = _Remaining(response.remaining_requests, response.remaining_tokens,
-                                           admitted.mark, now - admitted.admitted_at,
-                                           response.remaining_input_tokens)
+                                           admitted.dating, response.remaining_input_tokens)
 
     def failed(self, admitted: Admitted, error: ProviderError) -> bool:
         """Tell the limiter or the breaker now; True when it was the quota (a 429).
@@ -112,7 +111,7 @@ class Feedback:
             requests, tokens = error.remaining
             inputs = error.remaining_input
             if requests is not None or tokens is not None or inputs is not None:
-                _best_effort(self.limiter.clamp, budget, requests, tokens, None, 0.0, inputs)
+                _best_effort(self.limiter.clamp, budget, requests, tokens, None, inputs)
             if (requests is not None and requests < 1) or (tokens is not None
                                                            and tokens < cost) or (
                     inputs is not None and inputs < admitted.input_cost):
@@ -137,7 +136,7 @@ class Feedback:
             _best_effort(self.limiter.settle, entry.budget, entry.settlements)
             if (seen := entry.remaining) is not None:
                 _best_effort(self.limiter.clamp, entry.budget, seen.requests, seen.tokens,
-                             seen.mark, seen.age_s, seen.inputs)
+                             seen.dating, seen.inputs)
         for deployment in succeeded.values():
             _best_effort(self.breaker.record_success, deployment)
 
@@ -148,7 +147,8 @@ def _split_settlement(admitted: Admitted, response: ProviderResponse | None) -> 
     counted (cache reads are not counted against ITPM). A failed call gives back
     nothing: the provider may have counted it."""
     if response is None:
-        return Settlement(admitted.slot, admitted.cost, 0.0, admitted.input_cost, 0.0)
+        return Settlement(admitted.slot, admitted.cost, 0.0, admitted.input_cost, 0.0,
+                          answered=False)
     counted = response.prompt_tokens - response.cached_tokens
     return Settlement(admitted.slot, admitted.cost, float(admitted.cost
                                                           - response.completion_tokens),

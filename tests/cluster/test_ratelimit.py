@@ -100,5 +100,35 @@ def test_redis_down_is_a_clear_error_and_the_limiter_resumes(throwaway_redis) ->
     with pytest.raises(ServiceUnavailable, match=r"Redis is unreachable.*QUOTAFLOW_REDIS_URL"):
         shared.acquire(spec, [10], 0.0)
     start()
-    assert shared.acquire(spec, [10], 0.0).admitted == 1  # the script is loaded again
+    # Redis came back empty: the budget this worker was spending from is recreated empty
+    # (the provider's may be spent), not full, and refills from there (100 tokens a second)
+    first = shared.acquire(spec, [10], 0.0)  # the script is loaded again
+    assert first.admitted == 0 and 0.05 < first.wait_s <= 0.11
+    time.sleep(sleep_time(first.wait_s))
+    assert shared.acquire(spec, [10], 0.0).admitted == 1
     shared.close()
+
+
+@pytest.mark.parametrize("op", ["acquire", "clamp", "settle"])
+def test_a_budget_lost_while_in_use_starts_empty_but_a_new_one_starts_full(
+        redis_url: str, op: str) -> None:
+    spec = Budget(f"lost-{uuid.uuid4().hex[:8]}", 60_000, 6_000, 60.0)  # 6,000 tokens
+    worker, newcomer = RedisLimiter(redis_url), RedisLimiter(redis_url)
+    admission = worker.acquire(spec, [1_000], 0.0)
+    assert admission.admitted == 1
+    # Its hash is lost while a call is in flight (evicted, flushed, a failover)
+    redis.Redis.from_url(redis_url).delete(bucket_key(spec.name))
+    # The worker that knew it notices, whatever it does next: empty, refilling 100 a second
+    if op == "clamp":
+        worker.clamp(spec, None, 5_500.0)
+    elif op == "settle":
+        worker.settle(spec, [Settlement(admission.slot, 1_000, 900.0)])
+    else:
+        assert worker.acquire(spec, [1_000], 0.0).admitted == 0
+    assert worker.levels(spec).tokens < 100
+    assert newcomer.acquire(spec, [1_000], 0.0).admitted == 0
+    # A budget nobody has used (or whose hash expired because it was full) starts full
+    fresh = Budget(f"fresh-{uuid.uuid4().hex[:8]}", 60_000, 6_000, 60.0)
+    assert newcomer.acquire(fresh, [1_000] * 6, 0.0).admitted == 6
+    worker.close()
+    newcomer.close()

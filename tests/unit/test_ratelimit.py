@@ -152,38 +152,50 @@ def test_a_provider_that_keeps_reservations_gets_no_refund_but_its_debts(limiter
 
 
 def test_refunds_are_learned_from_the_providers_remaining_tokens(limiter) -> None:
-    # 600 tokens, 10 a second. A header may be off by what was admitted after its call
-    # (the provider may not have counted it yet) and by 0.05 s + its call's age of refill.
+    # 600 tokens, 10 a second. A provider that keeps reservations can show at most what
+    # is left of 600 after every admission, plus what it may not have counted yet: the
+    # tokens in flight at the call's admission and those admitted after it.
     tokens = budget(rpm=600, tpm=600, burst=60, refunds=Refunds.LEARNED)
     first = limiter.acquire(tokens, [300], 0.0)
-    second = limiter.acquire(tokens, [200], 0.0)
-    assert not first.refunding and (first.mark, second.mark) == (0, 300)
+    assert not first.refunding and first.mark == 0
+    # The first call's answer says 550 left: no more than 300 + its own 300 in flight
+    # could leave (the provider may not have counted it yet): proves nothing
+    limiter.clamp(tokens, None, 550, first.dating(300))
+    assert not limiter.levels(tokens).refunding
     limiter.settle(tokens, [Settlement(first.slot, 300, 250)])  # 250 back, if given back
-    assert limiter.levels(tokens).tokens == pytest.approx(100, abs=1)
-    # The first call's answer says 340 left: more than 100 + the 200 admitted after it
-    counted = first.mark + 300  # the budget's total with the first call counted
-    limiter.clamp(tokens, None, 340, counted, 0.0)
-    assert not limiter.levels(tokens).refunding  # one header is not enough
-    limiter.clamp(tokens, None, 340, counted, 0.0)
+    second = limiter.acquire(tokens, [200], 0.0)
+    assert second.mark == 300 and limiter.levels(tokens).tokens == pytest.approx(100, abs=1)
+    # The second's says 350 left: more than 100 + the 200 in flight at its admission could
+    # leave, however late anything was counted: refunds, proved once
+    limiter.clamp(tokens, None, 350, second.dating(200))
     levels = limiter.levels(tokens)
-    assert levels.refunding and levels.tokens == pytest.approx(340, abs=1)
+    assert levels.refunding and levels.tokens == pytest.approx(350, abs=1)
     third = limiter.acquire(tokens, [10], 0.0)
-    assert third.refunding and third.mark == 500  # spent from 340
-    # Its answer says 30: below the 330 it would show had the refund come back
-    limiter.clamp(tokens, None, 30, third.mark + 10, 0.0)
+    assert third.refunding and third.mark == 500  # spent from 350
+    # Its answer says 30: below the 340 it would show had the refund come back, less the
+    # refill of its age and the refunds given since (none): refunds stop at once
+    limiter.clamp(tokens, None, 30, third.dating(10))
     levels = limiter.levels(tokens)
     assert not levels.refunding and levels.tokens == pytest.approx(30, abs=1)
+    # and after a contradiction, switching back takes one proof more (at most 80 left
+    # + 220 in flight: 500 proves it)
+    fourth = limiter.acquire(tokens, [10], 0.0)
+    limiter.clamp(tokens, None, 500, fourth.dating(10))
+    assert not limiter.levels(tokens).refunding
+    limiter.clamp(tokens, None, 500, fourth.dating(10))
+    assert limiter.levels(tokens).refunding
 
 
 def test_headers_that_may_predate_admissions_or_refill_learn_nothing(limiter) -> None:
     tokens = budget(rpm=600, tpm=600, burst=60, refunds=Refunds.LEARNED)
     first = limiter.acquire(tokens, [300], 0.0)
-    limiter.acquire(tokens, [200], 0.0)
+    second = limiter.acquire(tokens, [200], 0.0)
     limiter.settle(tokens, [Settlement(first.slot, 300, 250)])
     for _ in range(3):
-        limiter.clamp(tokens, None, 290, 300, 0.0)  # within 100 + 200 since
-        limiter.clamp(tokens, None, 340, 300, 5.0)  # within 5 s of refill more
-        limiter.clamp(tokens, None, 340)  # undated: a 429's headers
+        # at most 100 left + 300 in flight at the first's admission + 200 admitted after
+        limiter.clamp(tokens, None, 600, first.dating(300))
+        limiter.clamp(tokens, None, 600, second.dating(200))  # + 500 in flight
+        limiter.clamp(tokens, None, 590)  # undated: a 429's headers
     levels = limiter.levels(tokens)
     assert not levels.refunding and levels.tokens == pytest.approx(100, abs=1)
 

@@ -9,8 +9,11 @@ KEYS[1]  the deployment's hash, hash-tagged for Redis Cluster:
            t    tokens in the bucket, unused reservations given back
                 (float; below 0 after a debt)
            tn   tokens in the bucket, nothing given back
-           v    votes, -4..4: which of t and tn the provider's headers follow
+           v    mode 2's verdict, -4..1: refunds apply at 1 (see "clamp")
+           u    tokens the provider can hold at most if it keeps reservations: full at
+                creation, lowered by admissions only, never by a header or a block
            a    tokens admitted in all (a running total: "marks" on it date headers)
+           g    tokens given back in all (refunds settled, a running total)
            ts   server time of the last update (seconds, float)
            bu   server time until which nothing is admitted (after a 429)
            f:N  tokens admitted in time slot N and not yet settled
@@ -19,12 +22,17 @@ KEYS[1]  the deployment's hash, hash-tagged for Redis Cluster:
          bucket is nearly full loses part of a refund to its own ceiling. A slot
          older than the flight timeout is forgotten (its caller died).
          A missing hash is a full bucket; it expires once it would be full.
+         But a hash missing while a caller knows it must exist (ARGV[1] ends in
+         "!": that caller wrote it, and it had not yet expired) was lost (Redis
+         restarted empty, failed over, was flushed or evicted it): it is created
+         empty, as the provider's own may be spent, and refills from there.
          Admission spends from t where the provider gives back the unused part
          of max_tokens after a call, from tn where it keeps it (mode 1 and 0),
-         and in mode 2 from whichever the provider's x-ratelimit-remaining-tokens
-         headers have shown it to follow (tn until v >= 2).
+         and in mode 2 from t once the provider's x-ratelimit-remaining-tokens
+         headers have proved that it gives back (v = 1), from tn until then.
 
-ARGV[1]  op: "acquire" | "settle" | "drain" | "clamp" | "peek"
+ARGV[1]  op: "acquire" | "settle" | "drain" | "clamp" | "peek", with a "!" after it when
+         the caller knows the hash exists (see "A missing hash" above)
 ARGV[2]  the budget, six numbers separated by spaces: requests refill rate per
          second, requests capacity, tokens refill rate per second, tokens capacity,
          flight timeout in seconds (the longest a call can be in flight), refund
@@ -44,9 +52,11 @@ then, by op:
            a large request still fits a full bucket. The margin is the refill a
            provider's full bucket loses while a request travels to it.
            -> admitted, wait_seconds_for_the_next, ...
-  settle   one triple per finished call, ARGV[3..]: the slot it was admitted in, its
-           admitted cost, its unused estimate (< 0 for a debt); split: five, the
-           triple then the input cost and its unused estimate. A refund goes to t
+  settle   four numbers per finished call, ARGV[3..]: the slot it was admitted in, its
+           admitted cost, its unused estimate (< 0 for a debt), and 1 if it was
+           answered, 0 if it failed without an answer (the provider may not have
+           counted it: its cost goes back to u); split: six, the four then the input
+           cost and its unused estimate. A refund goes to t
            only, a debt to both. A worker settles a chunk of calls at once: one round
            trip, not one per call.
   drain    ARGV[3] seconds: empty both buckets and admit nothing for that long;
@@ -54,34 +64,39 @@ then, by op:
   pause    ARGV[3] seconds: admit nothing for that long, the buckets as they are and
            refilling meanwhile (a 429 that is not the budget running out: the
            provider's Retry-After, no more; a pause never extends another)
-  clamp    ARGV[3] requests remaining, ARGV[4] tokens remaining ("" = unknown),
-           ARGV[5] the mark of the admission of the call that carried them, ARGV[6]
-           that call's age in seconds ("" = unknown: no vote):
-           lower the buckets to what the provider reports, never raise them (t
+  clamp    ARGV[3] requests remaining, ARGV[4] tokens remaining ("" = unknown), then
+           what dates them, from the admission of the call that carried them ("" =
+           undated: no verdict): ARGV[5] its mark (a with it counted), ARGV[6] the
+           tokens in flight then, ARGV[7] the server time then, ARGV[8] g then.
+           Lower the buckets to what the provider reports, never raise them (t
            only while refunds are not applied: an older header would undo a newer
-           refund). In mode 2 the tokens figure first votes: above what tn allows
-           for refunds, below what t allows against them. Either level may be off
-           by the tokens admitted since the call's admission (the provider may not
-           have counted them when it wrote the header) and by the refill of the
-           call's age (the header, or an earlier one that lowered tn, is that old).
-           Split: ARGV[7] input tokens remaining lowers i.
+           refund). In mode 2 the tokens figure first gives a verdict, from bounds
+           that no timing can break (no worker's clock, no slack for lateness):
+           a provider that keeps reservations holds at most u plus what it may not
+           have counted yet (the tokens in flight at the call's admission, and
+           those admitted since): more than that proves refunds (v + 1). One that
+           gives back holds at least t less the refill and the refunds since the
+           call's admission (the header cannot be older): less than that
+           contradicts them, and refunds stop at once (v = min(v, 0) - 1: the
+           next switch needs one more proof per contradiction).
+           Split: ARGV[9] input tokens remaining lowers i.
   peek     refills and reports; writes nothing
 Every op returns one string, "admitted wait_seconds r t blocked_seconds slot
-tokens_in_flight refunding mark" (split: then i): one bulk reply is cheaper to parse
-than nine. t is the level admission spends from; mark is a's value before this admission.
+tokens_in_flight refunding mark now g keep_seconds" (split: then i): one bulk reply is
+cheaper to parse than twelve. t is the level admission spends from; mark is a's value
+before this admission; now the server's time; keep_seconds how long the hash now lives
+(0: not written).
 --]]
 
 local key = KEYS[1]
-local op = ARGV[1]
+local op, known = string.match(ARGV[1], '^(%a+)(!?)$')
 local budget = {}
 for number in string.gmatch(ARGV[2], '%S+') do table.insert(budget, tonumber(number)) end
 local rate_r, cap_r, rate_t, cap_t, flight_timeout, mode, rate_i, cap_i = unpack(budget)
 local split = rate_i ~= nil
 local SLOT_S, EPS = 10, 1e-9
--- Votes saturate at +-VOTES; refunds apply from REFUNDING votes on (mode 2).
-local VOTES, REFUNDING = 4, 2
--- Seconds of refill a header may be off by besides those of its call's age.
-local NOISE_S = 0.05
+-- Contradictions of refunds count down to -VOTES; refunds apply at 1 (mode 2).
+local VOTES = 4
 local fmt = '%.17g'
 
 local clock = redis.call('TIME')
@@ -106,24 +121,31 @@ for i = 1, #fields, 2 do
   end
 end
 
-local r = state.r or cap_r
-local t = state.t or cap_t
+-- A hash its caller knows must exist was lost: empty, not full.
+local lost = known == '!' and #fields == 0
+local full = lost and 0 or nil
+local r = state.r or full or cap_r
+local t = state.t or full or cap_t
 local tn = state.tn or t
+local u = state.u or cap_t
 local v = state.v or 0
 local a = state.a or 0
+local g = state.g or 0
 local mark = a
 local ts = state.ts or now
 local bu = state.bu or 0
 local pu = state.pu or 0
 -- Nothing refills while a 429 block lasts: the bucket is empty when it ends.
 local elapsed = math.max(0, now - math.max(ts, bu))
+-- u refills through blocks too: it bounds the provider's level from above.
+u = math.min(cap_t, u + math.max(0, now - ts) * rate_t)
 r = math.min(cap_r, r + elapsed * rate_r)
 t = math.min(cap_t, t + elapsed * rate_t)
 tn = math.min(cap_t, tn + elapsed * rate_t)
 local inp = 0
-if split then inp = math.min(cap_i, (state.i or cap_i) + elapsed * rate_i) end
+if split then inp = math.min(cap_i, (state.i or full or cap_i) + elapsed * rate_i) end
 local function refunding()
-  return mode == 1 or (mode == 2 and v >= REFUNDING)
+  return mode == 1 or (mode == 2 and v >= 1)
 end
 
 local admitted, wait = 0, 0
@@ -153,6 +175,7 @@ if op == 'acquire' then
         -- Spending from t, tn stops at 0: a provider that keeps reservations
         -- refuses below 0 rather than going there, and tn must stay its picture.
         r, t, tn = r - 1, t - cost, math.max(math.min(tn, 0), tn - cost)
+        u = math.max(-cap_t, u - cost)
         inp = inp - cost_i
         admitted, cost_total = admitted + 1, cost_total + cost
         input_total = input_total + cost_i
@@ -173,9 +196,11 @@ if op == 'acquire' then
     end
   end
 elseif op == 'settle' then
-  local step = split and 5 or 3
+  local step = split and 6 or 4
   for i = 3, #ARGV - step + 1, step do
     local at, cost, refund = ARGV[i], tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2])
+    -- Failed without an answer: the provider may never have counted it.
+    if ARGV[i + 3] == '0' then u = math.min(cap_t, u + cost) end
     if tonumber(at) >= oldest and cost > 0 then
       local left = tonumber(redis.call('HINCRBYFLOAT', key, 'f:' .. at, -cost))
       if left <= EPS then redis.call('HDEL', key, 'f:' .. at) end
@@ -184,10 +209,12 @@ elseif op == 'settle' then
     if refund < 0 then
       t, tn = t + refund, tn + refund
     else
+      local was = t
       t = math.max(t, math.min(t + refund, cap_t - f))
+      g = g + (t - was)
     end
     if split then
-      local cost_i, refund_i = tonumber(ARGV[i + 3]), tonumber(ARGV[i + 4])
+      local cost_i, refund_i = tonumber(ARGV[i + 4]), tonumber(ARGV[i + 5])
       if tonumber(at) >= oldest and cost_i > 0 then
         local left = tonumber(redis.call('HINCRBYFLOAT', key, 'g:' .. at, -cost_i))
         if left <= EPS then redis.call('HDEL', key, 'g:' .. at) end
@@ -209,24 +236,28 @@ elseif op == 'clamp' then
   if ARGV[3] ~= '' then r = math.min(r, tonumber(ARGV[3])) end
   if ARGV[4] ~= '' then
     local seen, since = tonumber(ARGV[4]), tonumber(ARGV[5])
-    if mode == 2 and since and since <= a then
-      -- More than tn + slack cannot be without refunds; less than t - slack
-      -- cannot be with them.
-      local slack = a - since + (tonumber(ARGV[6]) + NOISE_S) * rate_t
-      if seen > tn + slack then v = math.min(VOTES, v + 1)
-      elseif seen < t - slack then v = math.max(-VOTES, v - 1) end
+    local flying, at, given = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
+    if mode == 2 and since and flying and at and given and since <= a + EPS then
+      -- A contradiction outweighs a proof: the safe side wins.
+      if v >= 1 and seen + math.max(0, now - at) * rate_t + math.max(0, g - given) + 1 < t then
+        v = math.max(-VOTES, math.min(v, 0) - 1)
+      elseif seen > u + flying + (a - since) + 1 then
+        v = math.min(1, v + 1)
+      end
     end
     tn = math.min(tn, seen)
     if not refunding() then t = math.min(t, seen) end
   end
-  if split and ARGV[7] and ARGV[7] ~= '' then inp = math.min(inp, tonumber(ARGV[7])) end
+  if split and ARGV[9] and ARGV[9] ~= '' then inp = math.min(inp, tonumber(ARGV[9])) end
 end
 
 local blocked = math.max(0, bu - now, pu - now)
+local keep = 0
 if op ~= 'peek' then
   if #stale > 0 then redis.call('HDEL', key, unpack(stale)) end
   redis.call('HSET', key, 'r', string.format(fmt, r), 't', string.format(fmt, t),
              'tn', string.format(fmt, tn), 'v', v, 'a', string.format(fmt, a),
+             'u', string.format(fmt, u), 'g', string.format(fmt, g),
              'ts', string.format(fmt, now),
              'bu', string.format(fmt, bu), 'pu', string.format(fmt, pu))
   -- Keep the hash while calls are in flight, a block lasts, or it is not yet full.
@@ -236,12 +267,13 @@ if op ~= 'peek' then
     redis.call('HSET', key, 'i', string.format(fmt, inp))
     until_full = math.max(until_full, (cap_i - inp) / rate_i)
   end
-  local keep = until_full
+  keep = until_full
   if f > EPS or fi > EPS then keep = math.max(keep, flight_timeout + SLOT_S) end
   redis.call('PEXPIRE', key, math.ceil(keep * 1000) + 1000)
 end
 local spending = refunding()
-local reply = string.format('%d %.17g %.17g %.17g %.17g %d %.17g %d %.17g', admitted, wait, r,
-                            spending and t or tn, blocked, slot, f, spending and 1 or 0, mark)
+local reply = string.format('%d %.17g %.17g %.17g %.17g %d %.17g %d %.17g %.17g %.17g %.17g',
+                            admitted, wait, r, spending and t or tn, blocked, slot, f,
+                            spending and 1 or 0, mark, now, g, keep)
 if split then reply = reply .. string.format(' %.17g', inp) end
 return reply
