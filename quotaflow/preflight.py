@@ -23,7 +23,8 @@ from sqlalchemy.exc import SQLAlchemyError
 from quotaflow.config import Settings
 from quotaflow.db import normalize_url
 from quotaflow.deployments.catalog import Deployments
-from quotaflow.errors import ConfigError, QuotaflowError
+from quotaflow.errors import ConfigError, QuotaflowError, ServiceUnavailable
+from quotaflow.redis_clients import UNREACHABLE, connect
 
 CONNECT_TIMEOUT_S = 5
 MIGRATIONS_TABLE = "alembic_version"
@@ -71,13 +72,13 @@ def check_database(url: str) -> str | None:
 
 def check_redis(variable: str, url: str) -> str | None:
     """None when the Redis at `url` answers PING; else what is wrong."""
-    try:
-        client = redis.Redis.from_url(url, socket_connect_timeout=CONNECT_TIMEOUT_S,
-                                      socket_timeout=CONNECT_TIMEOUT_S)
+    try:  # the limiter's may be a Redis Cluster (redis_clients.py), the broker's never
+        client = connect(url, socket_connect_timeout=CONNECT_TIMEOUT_S,
+                         socket_timeout=CONNECT_TIMEOUT_S)
         client.ping()
     except ValueError as exc:  # not a redis:// URL
         return f"{variable} ({shown_url(url)}) is not a Redis URL: {exc}"
-    except redis.RedisError as exc:
+    except (redis.RedisError, ServiceUnavailable, *UNREACHABLE) as exc:
         return f"{variable}: the Redis at {shown_url(url)} cannot be reached: {exc}"
     finally:
         if "client" in locals():

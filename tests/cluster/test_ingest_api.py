@@ -176,7 +176,7 @@ def test_an_api_that_is_not_there_is_reported_at_once(cluster: V1Cluster) -> Non
     started = time.monotonic()
     result = subprocess.run(quotaflow("submit", str(path)), env=env, capture_output=True,
                             text=True, timeout=60)
-    assert result.returncode == 1 and "cannot reach the quotaflow API" in result.stderr
+    assert result.returncode == 4 and "cannot reach the quotaflow API" in result.stderr
     assert "note:" not in result.stderr  # not retried: nothing can have been made
     assert time.monotonic() - started < 30
 

@@ -139,7 +139,7 @@ def test_cli_sends_quotaflow_api_key(cluster: V1Cluster, team_a_batch: tuple[str
     without = cluster.cli("status", batch_id)
     assert without.returncode == 1 and "QUOTAFLOW_API_KEY" in without.stderr
     bad_tenant = cluster.cli("keys", "create", "--tenant", "no spaces")
-    assert bad_tenant.returncode == 1 and "tenant name 'no spaces' is not allowed" in (
+    assert bad_tenant.returncode == 2 and "tenant name 'no spaces' is not allowed" in (
         bad_tenant.stderr)
 
 

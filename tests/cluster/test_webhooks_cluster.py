@@ -180,7 +180,7 @@ def test_the_cli_says_what_is_wrong_without_a_traceback(cluster: V1Cluster) -> N
     env = {**cluster.env, "QUOTAFLOW_API_KEY": cluster.keys["team-a"]}
     refused = cluster.cli("webhooks", "add", "http://127.0.0.1:9/x", "--events", "batch.ended",
                           env=env)
-    assert refused.returncode == 1
+    assert refused.returncode == 2  # invalid input (cli/exit_codes.py)
     assert "unknown event 'batch.ended'" in refused.stderr and "Traceback" not in refused.stderr
     missing = cluster.cli("webhooks", "deliveries", "--endpoint", "we_nope", env=env)
     assert missing.returncode == 1 and "no webhook endpoint" in missing.stderr

@@ -242,7 +242,7 @@ class MultihostCluster:
         self.workers[host] = [
             self._spawn(host, f"worker-{host}{n}", [*clock, *quotaflow(
                 "worker", "--queues", "realtime,standard,bulk", "--concurrency",
-                str(CONCURRENCY), "--name", f"{host}{n}@qfmh")], env)
+                str(CONCURRENCY), "--realtime-slots", "0", "--name", f"{host}{n}@qfmh")], env)
             for n in range(1, WORKERS_PER_HOST + 1)]
         return self.workers[host]
 
