@@ -20,7 +20,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
 from quotaflow.deployments.catalog import Deployment
 from quotaflow.errors import ConfigError, RetryableProviderError
-from quotaflow.providers.local.requests import EMBED, Generated, GenerationRequest, bad_request
+from quotaflow.providers.local.prompt_ids import PromptIds
+from quotaflow.providers.local.requests import EMBED, Generated, GenerationRequest
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -81,7 +82,7 @@ def next_tokens(logits: torch.Tensor, temperatures: torch.Tensor,
     return torch.where(temperatures == 0, greedy, sampled)
 
 
-class TransformersEngine:
+class TransformersEngine(PromptIds):
     """A causal LM from a local directory (or hub id), on the chosen device and dtype."""
 
     def __init__(self, deployment: Deployment) -> None:
@@ -118,22 +119,7 @@ class TransformersEngine:
                                         or getattr(config, "n_positions", None))
         # The Rust tokenizer refuses concurrent use ("Already borrowed"): callers'
         # threads encode while the batch thread decodes.
-        self._tokenizer_lock = threading.Lock()
-
-    def chat_ids(self, messages: list[dict[str, Any]]) -> list[int]:
-        if not self.tokenizer.chat_template:
-            raise bad_request(f"the model of deployment {self.name!r} has no chat template; "
-                              "send /v1/completions requests or add chat_template to its "
-                              "tokenizer_config.json")
-        with self._tokenizer_lock:
-            text = self.tokenizer.apply_chat_template(messages, tokenize=False,
-                                                      add_generation_prompt=True)
-            # The template writes the special tokens (BOS) itself.
-            return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
-
-    def text_ids(self, text: str) -> list[int]:
-        with self._tokenizer_lock:
-            return list(self.tokenizer(text)["input_ids"])
+        self.tokenizer_lock = threading.Lock()
 
     def run_batch(self, kind: Hashable, payloads: Sequence[Any]) -> list[Any]:
         """The batcher's callback: errors of the device become retryable provider errors."""
@@ -203,7 +189,7 @@ class TransformersEngine:
         """Count up to and including the first EOS; the rest is padding after the stop."""
         stop = next((i for i, t in enumerate(tokens) if t in self.eos_ids), None)
         kept = tokens if stop is None else tokens[:stop]
-        with self._tokenizer_lock:
+        with self.tokenizer_lock:
             text = self.tokenizer.decode(kept, skip_special_tokens=True)
         if stop is None:
             return Generated(len(tokens), text, "length")

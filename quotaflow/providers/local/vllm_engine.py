@@ -25,6 +25,7 @@ from typing import Any
 
 from quotaflow.deployments.catalog import Deployment
 from quotaflow.errors import ConfigError, PermanentProviderError, RetryableProviderError
+from quotaflow.providers.local.prompt_ids import PromptIds
 from quotaflow.providers.local.requests import (
     EMBED,
     Generated,
@@ -53,7 +54,7 @@ log = logging.getLogger(__name__)
 LOAD_TIMEOUT_S = 900.0
 
 
-class VllmEngine:
+class VllmEngine(PromptIds):
     """vLLM's async engine on a thread of its own, and the model's tokenizer."""
 
     def __init__(self, deployment: Deployment) -> None:
@@ -61,7 +62,7 @@ class VllmEngine:
         check_model_path(deployment)
         check_device(deployment, current_platform.device_type or "")
         self.tokenizer = AutoTokenizer.from_pretrained(deployment.model_path)
-        self._tokenizer_lock = threading.Lock()  # the Rust tokenizer is not re-entrant
+        self.tokenizer_lock = threading.Lock()  # the Rust tokenizer is not re-entrant
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True,
                                         name=f"quotaflow-vllm-{deployment.name}")
@@ -86,20 +87,6 @@ class VllmEngine:
 
     def _call(self, coroutine: Coroutine[Any, Any, Any]) -> Future:
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop)
-
-    def chat_ids(self, messages: list[dict[str, Any]]) -> list[int]:
-        if not self.tokenizer.chat_template:
-            raise bad_request(f"the model of deployment {self.name!r} has no chat template; "
-                              "send /v1/completions requests or add chat_template to its "
-                              "tokenizer_config.json")
-        with self._tokenizer_lock:
-            text = self.tokenizer.apply_chat_template(messages, tokenize=False,
-                                                      add_generation_prompt=True)
-            return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
-
-    def text_ids(self, text: str) -> list[int]:
-        with self._tokenizer_lock:
-            return list(self.tokenizer(text)["input_ids"])
 
     def run_batch(self, kind: Hashable, payloads: Sequence[Any]) -> list[Any]:
         """The Engine protocol's batch call, for callers without a loop (the benchmark)."""

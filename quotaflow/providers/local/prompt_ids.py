@@ -1,0 +1,33 @@
+"""A prompt as the model's token ids: both local engines feed their models ids, so usage
+counts are the tokenizer's, the same whichever engine runs the model."""
+
+import threading
+from typing import Any
+
+from quotaflow.providers.local.requests import bad_request
+
+
+class PromptIds:
+    """Chat messages and completion prompts as token ids, with the engine's tokenizer.
+
+    The Rust tokenizer refuses concurrent use ("Already borrowed"): callers' threads encode
+    while a batch thread decodes, so every use holds `tokenizer_lock`."""
+
+    name: str
+    tokenizer: Any
+    tokenizer_lock: threading.Lock
+
+    def chat_ids(self, messages: list[dict[str, Any]]) -> list[int]:
+        if not self.tokenizer.chat_template:
+            raise bad_request(f"the model of deployment {self.name!r} has no chat template; "
+                              "send /v1/completions requests or add chat_template to its "
+                              "tokenizer_config.json")
+        with self.tokenizer_lock:
+            text = self.tokenizer.apply_chat_template(messages, tokenize=False,
+                                                      add_generation_prompt=True)
+            # The template writes the special tokens (BOS) itself.
+            return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def text_ids(self, text: str) -> list[int]:
+        with self.tokenizer_lock:
+            return list(self.tokenizer(text)["input_ids"])
