@@ -148,9 +148,9 @@ def test_jobs_of_two_queues_run_on_one_engine_with_real_usage(engine: Engine) ->
 
 
 def test_realtime_requests_go_ahead_of_bulk_waiting_in_the_engine(engine: Engine) -> None:
-    # Given a bulk job of 40 long requests, all sent into the engine at once (one batch,
+    # Given a bulk job of 50 long requests, all sent into the engine at once (one batch,
     # max_concurrency 64) where only MAX_NUM_SEQS run at a time
-    bulk = submit(engine, [chat(f"b{i}", f"bulk request {i}", 96) for i in range(40)], "bulk")
+    bulk = submit(engine, [chat(f"b{i}", f"bulk request {i}", 96) for i in range(50)], "bulk")
     deadline = time.monotonic() + 60
     while not any(r.answered_at for r in results(engine, bulk)):
         assert time.monotonic() < deadline, engine.worker.log()
