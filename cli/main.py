@@ -156,7 +156,7 @@ def status(job_id: str, watch: bool, as_json: bool, quiet: bool) -> None:
     """Show a job's status and request counts."""
     api = client()
     job = api.get_job(job_id)
-    if watch and job["status"] not in FINAL:
+    if watch:  # an ended job too: its final progress line is what a script reads
         job = _watch(api, job, quiet)
     code = exit_codes.for_job(job) if watch else exit_codes.OK
     if as_json:

@@ -81,6 +81,9 @@ def test_a_job_followed_from_a_script(cluster: Cluster) -> None:
     assert lines[-1].startswith(f"{job['id']} completed: 30/30 (100.0%), ")
     assert "req/s" in lines[-1] and "\r" not in watched.stderr and "\x1b" not in watched.stderr
     assert "completed=30 failed=0" in watched.stdout
+    # a job that ended before the watch began (a slow start, a late script) still gives it
+    again = cluster.cli("status", job["id"], "--watch")
+    assert f"{job['id']} completed: 30/30 (100.0%), " in again.stderr, again.stderr
     quiet = cluster.cli("status", job["id"], "--watch", "--quiet")
     assert (quiet.returncode, quiet.stdout, quiet.stderr) == (exit_codes.OK, "", "")
 
