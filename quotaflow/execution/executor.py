@@ -138,6 +138,7 @@ class BatchExecutor:
                                    for name, group in by_route.items()))
         finally:
             keeper.cancel()
+            await run.watch.close()
             flusher.cancel()  # a write under way goes on (shielded); the next one waits
             with contextlib.suppress(asyncio.CancelledError):
                 await flusher

@@ -10,6 +10,8 @@ has a spend limit, the same read adds up its month (quotaflow/tenants/spend.py):
 batch to see the limit reached stops every running job of the tenant.
 """
 
+import asyncio
+import contextlib
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -45,6 +47,7 @@ class JobWatch:
     spending: bool = True
     _checked: float = 0.0
     _ended: str | None = None
+    _signal: "asyncio.Task[str] | None" = None
 
     def __post_init__(self) -> None:
         # Spending, the first read is at once: a batch claimed after its tenant's limit
@@ -67,6 +70,27 @@ class JobWatch:
             except OperationalError:  # the database is away: go on, look again later
                 return None
         return self._ended
+
+    def signal(self) -> "asyncio.Task[str]":
+        """One task per batch that ends with ended()'s answer once the job ends: calls
+        that can be aborted wait on it beside their answer. One reader for all of them,
+        reading the moment each check is due, so a cancel is seen within STOP_CHECK_S
+        (calls polling on their own each saw it up to a whole interval late)."""
+        if self._signal is None:
+            self._signal = asyncio.ensure_future(self._until_ended())
+        return self._signal
+
+    async def _until_ended(self) -> str:
+        while (ended := self.ended()) is None:
+            await asyncio.sleep(max(0.0, self._checked + STOP_CHECK_S - time.monotonic()))
+        return ended
+
+    async def close(self) -> None:
+        """Stop the signal's reads: the batch has ended."""
+        if self._signal is not None and not self._signal.done():
+            self._signal.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._signal
 
     def _read(self) -> str | None:
         jobs = Job.__table__.c

@@ -2,6 +2,8 @@
 refused before loading; a request's queue becomes the engine's priority. vLLM-free."""
 
 import asyncio
+import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -9,7 +11,12 @@ import pytest
 from quotaflow.constants import QUEUE_BULK, QUEUE_REALTIME, QUEUE_STANDARD
 from quotaflow.deployments.catalog import Deployment
 from quotaflow.errors import ConfigError
-from quotaflow.providers.local.vllm_options import check_device, check_model_path, engine_args
+from quotaflow.providers.local.vllm_options import (
+    check_device,
+    check_model_path,
+    engine_args,
+    lower_thread_priority,
+)
 from quotaflow.providers.priority import current_queue, engine_priority
 
 
@@ -89,3 +96,29 @@ def test_a_worker_without_vllm_is_told_how_to_get_it(tmp_path: Path,
     with pytest.raises(ConfigError, match="runs on vLLM, which this interpreter") as caught:
         load_engine(vllm(tmp_path))
     assert "pip install vllm" in str(caught.value) and sys.executable in str(caught.value)
+
+
+def test_the_engine_thread_and_the_process_it_starts_run_below_the_worker() -> None:
+    # Given the worker's own priority
+    worker_nice = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    seen: dict[str, int] = {}
+
+    def engine_thread() -> None:
+        # When the engine's thread lowers itself, then starts a process (as vLLM does)
+        lower_thread_priority(7)
+        seen["thread"] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+        read, write = os.pipe()
+        if (pid := os.fork()) == 0:  # the child reports its own priority and leaves
+            os.write(write, str(os.nice(0)).encode())
+            os._exit(0)
+        os.close(write)
+        seen["process"] = int(os.read(read, 16))
+        os.close(read)
+        os.waitpid(pid, 0)
+
+    thread = threading.Thread(target=engine_thread)
+    thread.start()
+    thread.join()
+    # Then both run 7 steps lower, and the worker's other threads are untouched
+    assert seen == {"thread": min(19, worker_nice + 7), "process": min(19, worker_nice + 7)}
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == worker_nice

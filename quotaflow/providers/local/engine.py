@@ -85,6 +85,8 @@ def next_tokens(logits: torch.Tensor, temperatures: torch.Tensor,
 class TransformersEngine(PromptIds):
     """A causal LM from a local directory (or hub id), on the chosen device and dtype."""
 
+    applies: frozenset[str] = frozenset()  # no sampling field beyond temperature, top_p
+
     def __init__(self, deployment: Deployment) -> None:
         self.name = deployment.name
         self.device = pick_device(self.name, deployment.device)

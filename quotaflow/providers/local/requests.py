@@ -16,7 +16,7 @@ from typing import Any, Protocol
 from quotaflow.budget.tokens import max_output_tokens
 from quotaflow.constants import ENDPOINT_CHAT, ENDPOINT_COMPLETIONS, ENDPOINT_EMBEDDINGS
 from quotaflow.deployments.catalog import Deployment
-from quotaflow.errors import PermanentProviderError
+from quotaflow.providers.local.sampling import bad_request, extra_sampling
 
 GENERATE = "generate"
 EMBED = "embed"
@@ -27,6 +27,8 @@ class Tokenizer(Protocol):
     """What the translation needs of an engine."""
 
     max_context: int | None
+    # The sampling fields beyond temperature and top_p it applies (sampling.py).
+    applies: frozenset[str]
 
     def chat_ids(self, messages: list[dict[str, Any]]) -> list[int]: ...
 
@@ -41,12 +43,19 @@ class Engine(Tokenizer, Protocol):
 
 @dataclass(frozen=True)
 class GenerationRequest:
-    """One sequence to continue, with its own limit and sampling."""
+    """One sequence to continue, with its own limit and sampling (the fields after top_p
+    only where the engine applies them: sampling.py refuses them elsewhere)."""
 
     input_ids: list[int]
     max_new_tokens: int
     temperature: float  # 0: greedy
     top_p: float
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: dict[int, float] | None = None
+    structured: dict[str, Any] | None = None  # vLLM's StructuredOutputsParams keywords
 
 
 @dataclass(frozen=True)
@@ -66,12 +75,6 @@ class Part:
     prompt_tokens: int
     max_new_tokens: int
     payload: Any
-
-
-def bad_request(message: str) -> PermanentProviderError:
-    return PermanentProviderError(message, status_code=400,
-                                  body={"error": {"message": message,
-                                                  "type": "invalid_request_error"}})
 
 
 def parts_for(url: str, body: dict[str, Any], engine: Tokenizer,
@@ -100,13 +103,14 @@ def parts_for(url: str, body: dict[str, Any], engine: Tokenizer,
         ids = engine.text_ids(prompt)
     else:
         raise bad_request(f"the local engine does not serve {url}")
+    extra = extra_sampling(body, deployment.engine, engine.applies)
     limit = max_output_tokens(body, deployment.default_max_tokens)
     temperature = body.get("temperature")
     top_p = body.get("top_p")
     request = GenerationRequest(
         ids, limit,
         float(deployment.default_temperature if temperature is None else temperature),
-        float(deployment.default_top_p if top_p is None else top_p))
+        float(deployment.default_top_p if top_p is None else top_p), **extra)
     return [_checked(Part(GENERATE, len(ids), limit, request), engine)]
 
 

@@ -33,10 +33,12 @@ from quotaflow.providers.local.requests import (
     Part,
     bad_request,
 )
+from quotaflow.providers.local.sampling import VLLM_APPLIES
 from quotaflow.providers.local.vllm_options import (
     check_device,
     check_model_path,
     engine_args,
+    lower_thread_priority,
 )
 
 try:
@@ -45,7 +47,7 @@ try:
     from vllm import AsyncEngineArgs, PoolingParams, SamplingParams, TokensPrompt
     from vllm.exceptions import VLLMClientError
     from vllm.platforms import current_platform
-    from vllm.sampling_params import RequestOutputKind
+    from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
     from vllm.v1.engine.async_llm import AsyncLLM
 except ImportError as exc:  # the provider turns this into a ConfigError naming the fix
     raise ImportError(f"vLLM is not importable: {exc}") from exc
@@ -56,6 +58,8 @@ LOAD_TIMEOUT_S = 900.0
 
 class VllmEngine(PromptIds):
     """vLLM's async engine on a thread of its own, and the model's tokenizer."""
+
+    applies = VLLM_APPLIES  # stop, seed, penalties, logit_bias, response_format
 
     def __init__(self, deployment: Deployment) -> None:
         self.name = deployment.name
@@ -71,7 +75,8 @@ class VllmEngine(PromptIds):
         log.info("%s: loading %s on vLLM %s (%s)", self.name, deployment.model_path,
                  vllm.__version__, current_platform.device_type)
         try:
-            self.llm: AsyncLLM = self._call(self._start(args)).result(LOAD_TIMEOUT_S)
+            self.llm: AsyncLLM = self._call(
+                self._start(args, deployment.engine_nice)).result(LOAD_TIMEOUT_S)
         except Exception as exc:
             self._loop.call_soon_threadsafe(self._loop.stop)
             raise ConfigError(f"deployment {self.name!r}: vLLM could not load "
@@ -82,7 +87,8 @@ class VllmEngine(PromptIds):
         self.version = vllm.__version__
 
     @staticmethod
-    async def _start(args: "AsyncEngineArgs") -> "AsyncLLM":
+    async def _start(args: "AsyncEngineArgs", nice: int) -> "AsyncLLM":
+        lower_thread_priority(nice)  # this thread, and the engine process it starts
         return AsyncLLM.from_engine_args(args)
 
     def _call(self, coroutine: Coroutine[Any, Any, Any]) -> Future:
@@ -118,8 +124,14 @@ class VllmEngine(PromptIds):
 
     async def _generate(self, prompt: "TokensPrompt", request: GenerationRequest,
                         request_id: str, priority: int) -> Generated:
+        structured = (StructuredOutputsParams(**request.structured) if request.structured
+                      else None)
         params = SamplingParams(max_tokens=request.max_new_tokens,
                                 temperature=request.temperature, top_p=request.top_p,
+                                stop=list(request.stop) or None, seed=request.seed,
+                                presence_penalty=request.presence_penalty,
+                                frequency_penalty=request.frequency_penalty,
+                                logit_bias=request.logit_bias, structured_outputs=structured,
                                 output_kind=RequestOutputKind.FINAL_ONLY)
         final = None
         async for output in self.llm.generate(prompt, params, request_id, priority=priority):

@@ -5,6 +5,8 @@ deployment that cannot run (vLLM absent, no model directory, a CUDA device asked
 of the CPU build) is refused with what to change, before minutes of loading.
 """
 
+import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -64,3 +66,16 @@ def check_device(deployment: Deployment, platform: str) -> None:
     if ":" in deployment.device:
         raise ConfigError(f"deployment {deployment.name!r}: vLLM picks its GPUs itself; set "
                           "device = 'cuda' and pin the worker with CUDA_VISIBLE_DEVICES")
+
+
+def lower_thread_priority(nice: int) -> None:
+    """Run the calling thread, and the processes it starts, `nice` steps below the worker.
+
+    Called on the engine's thread before vLLM starts its engine process, which inherits
+    the thread's nice value (Linux keeps one per thread): the engine then yields a core
+    whenever the worker's other threads, or PostgreSQL beside it, want one. Raising a
+    nice value needs no privilege.
+    """
+    if nice and hasattr(os, "setpriority"):
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(),
+                       min(19, os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) + nice))
