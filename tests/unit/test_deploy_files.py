@@ -54,6 +54,30 @@ def test_gpu_profiles_run_a_vllm_server_and_a_pinned_local_worker() -> None:
     assert all(o in help_text for o in command[2:] if o.startswith("--"))
 
 
+def test_the_vllm_engine_profile_runs_a_worker_of_an_engine_deployment_on_vllms_image() -> None:
+    compose = yaml.safe_load((ROOT / "compose.yml").read_text())
+    worker = compose["services"]["worker-vllm"]
+    assert worker["profiles"] == ["vllm-engine"]
+    # Its deployment, in the example file, runs on vLLM's engine
+    command = worker["command"]
+    deployment = command[command.index("--deployment") + 1]
+    example = load_deployments(ROOT / "examples" / "deployments.toml")
+    assert (example.deployments[deployment].provider,
+            example.deployments[deployment].engine) == ("local", "vllm")
+    assert example.route_for(example.deployments[deployment].model).deployments == [deployment]
+    help_text = CliRunner().invoke(cli, ["worker", "--help"]).output
+    assert all(o in help_text for o in command[2:] if o.startswith("--"))
+    # built from vLLM's image with quotaflow installed around vLLM's pins, whose entry
+    # point (vLLM's server) is replaced, and given the GPU it is pinned to
+    dockerfile = (ROOT / worker["build"]["dockerfile"]).read_text()
+    assert "FROM vllm/vllm-openai:" in dockerfile and "ENTRYPOINT []" in dockerfile
+    assert "-c /tmp/held.txt" in dockerfile
+    for package in ("quotaflow", "api", "workers", "cli", "migrations"):
+        assert f"COPY {package} {package}" in dockerfile
+    devices = worker["deploy"]["resources"]["reservations"]["devices"]
+    assert devices[0]["device_ids"] == [worker["environment"]["CUDA_VISIBLE_DEVICES"]]
+
+
 def _subcommand(args: list[str]) -> list[str]:
     return [arg for arg in args[:2] if not arg.startswith("-")][: 2 if args[0] == "db" else 1]
 

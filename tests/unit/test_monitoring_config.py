@@ -156,7 +156,7 @@ def test_compose_monitoring_profile_scrapes_the_api_and_every_worker() -> None:
     # Every worker service, in any profile, is scraped on the port it serves metrics on.
     workers = {name for name, s in services.items()
                if s.get("command", [None, None])[:2] == ["quotaflow", "worker"]}
-    assert workers == {"worker-realtime", "worker-bulk", "worker-gpu0"}
+    assert workers == {"worker-realtime", "worker-bulk", "worker-gpu0", "worker-vllm"}
     assert set(dns["names"]) == workers
     for name in workers:
         env = services[name]["environment"]
