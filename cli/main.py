@@ -1,7 +1,6 @@
 """`quotaflow`: every command a user runs, from the quick start to the cluster."""
 
 import contextlib
-import json
 import logging
 import os
 import sys
@@ -10,46 +9,23 @@ from pathlib import Path
 from typing import IO
 
 import click
-from rich.console import Console
-from rich.live import Live
-from rich.table import Table
 
 from cli import exit_codes
 from cli.client import ApiClient
+from cli.common import (
+    DEDUP_OPTION,
+    JSON_OPTION,
+    QUEUE_OPTION,
+    QUIET_OPTION,
+    client,
+    print_json,
+)
 from cli.exit_codes import FINAL
 from cli.progress import request_progress
 from quotaflow.config import get_settings
-from quotaflow.constants import DEFAULT_QUEUE, QUEUES
 from quotaflow.deployments.pricing import money
 from quotaflow.errors import QuotaflowError
 from quotaflow.observe import logs
-
-QUEUE_OPTION = click.option("--queue", type=click.Choice(QUEUES), default=DEFAULT_QUEUE,
-                            show_default=True, help="Priority class of the job.")
-stdout = Console(soft_wrap=True)
-QUIET_OPTION = click.option("-q", "--quiet", is_flag=True,
-                            help="No progress and no summary: errors only (the exit status "
-                                 "says how it went; docs/operations/cli.md).")
-JSON_OPTION = click.option("--json", "as_json", is_flag=True,
-                           help="Print the job object as JSON (docs/formats/output.md).")
-
-
-def print_json(value: object) -> None:
-    click.echo(json.dumps(value, indent=2))
-
-
-def client(submit_timeout: float | None = None) -> ApiClient:
-    settings = get_settings()
-    key = settings.api_key.get_secret_value() if settings.api_key else None
-    return ApiClient(settings.api_url, api_key=key,
-                     submit_timeout=submit_timeout or settings.submit_timeout_s)
-
-
-DEDUP_OPTION = click.option(
-    "--dedup/--no-dedup", default=None,
-    help="Share one answer between identical lines: --dedup every identical line, "
-         "--no-dedup none (default: only lines whose answer cannot differ: temperature 0 "
-         "without n or top_p sampling, embeddings, moderations).")
 
 
 @click.group()
@@ -280,62 +256,10 @@ def cost_text(cost: dict | None) -> str:
     return money(cost["total"], cost["currency"]) + ("" if cost.get("complete") else " +?")
 
 
-@cli.command()
-@click.option("--deployment", default=None, help="Only this deployment.")
-@click.option("--watch", is_flag=True, help="Refresh every second until interrupted.")
-@click.option("--json", "as_json", is_flag=True,
-              help="Print the API's limit objects as a JSON list (no --watch).")
-def limits(deployment: str | None, watch: bool, as_json: bool) -> None:
-    """Show each deployment's limits, current level and utilisation."""
-    api = client()
-    if as_json:
-        print_json(api.limits(deployment))
-        return
-    if not watch:
-        rows = limit_rows(api.limits(deployment))
-        if stdout.is_terminal:
-            stdout.print(limits_table(rows))
-        else:  # piped: plain columns nothing gets cut from
-            widths = [max(len(row[i]) for row in [LIMIT_COLUMNS, *rows])
-                      for i in range(len(LIMIT_COLUMNS))]
-            for row in [LIMIT_COLUMNS, *rows]:
-                click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)))
-        return
-    with Live(limits_table(limit_rows(api.limits(deployment))), console=stdout,
-              auto_refresh=False) as live:
-        while True:
-            time.sleep(1.0)
-            live.update(limits_table(limit_rows(api.limits(deployment))), refresh=True)
-
-
-LIMIT_COLUMNS = ("deployment", "model", "rpm", "tpm", "burst s", "refunds", "requests left",
-                 "tokens left", "blocked s", "utilisation")
-
-
-def limit_rows(limits: list[dict]) -> list[tuple[str, ...]]:
-    return [(row["deployment"], row["model"], f"{row['rpm']:,}", f"{row['tpm']:,}",
-             f"{row['burst_seconds']:g}", _refunds(row),
-             f"{row['requests_available']:,.1f} / {row['request_capacity']:,.0f}",
-             f"{row['tokens_available']:,.0f} / {row['token_capacity']:,.0f}",
-             f"{row['blocked_for_s']:.1f}", f"{row['utilisation']:.0%}") for row in limits]
-
-
-def _refunds(row: dict) -> str:
-    """Whether unused max_tokens are given back: forced, or learned from the headers."""
-    given = "yes" if row.get("refunds_unused_tokens") else "no"
-    return f"{given} (learned)" if row.get("reconcile_usage") == "auto" else given
-
-
-def limits_table(rows: list[tuple[str, ...]]) -> Table:
-    table = Table(*LIMIT_COLUMNS)
-    for row in rows:
-        table.add_row(*row)
-    return table
-
-
-from cli import estimate, keys, services, webhooks  # noqa: E402  (registers the commands)
+from cli import estimate, keys, limits, services, webhooks  # noqa: E402  (registers them)
 
 services.register(cli)
+limits.register(cli)
 keys.register(cli)
 estimate.register(cli)
 webhooks.register(cli)
