@@ -86,7 +86,7 @@ def deployment(model_dir: Path, args: argparse.Namespace, engine: str = "vllm",
                       enforce_eager=args.device == "cpu", scheduling_policy=policy,
                       max_batch_size=args.batch_size, max_wait_ms=20, timeout_s=3600,
                       default_temperature=0, rpm=10_000_000, tpm=10_000_000_000,
-                      max_concurrency=1024)
+                      max_concurrency=1024, engine_nice=args.engine_nice)
 
 
 def body(i: int, max_tokens: int) -> dict:
@@ -174,7 +174,7 @@ def end_to_end(model_dir: Path, args: argparse.Namespace, workdir: Path) -> Row:
     toml = workdir / "deployments.toml"
     fields = ("provider", "model", "engine", "model_path", "device", "dtype", "max_model_len",
               "max_num_seqs", "enforce_eager", "rpm", "tpm", "max_concurrency",
-              "default_temperature")
+              "default_temperature", "engine_nice")
     toml.write_text(f"[deployments.{spec.name}]\n" + "".join(
         f"{k} = {json.dumps(getattr(spec, k))}\n" for k in fields)
         + f'[routes]\n"tiny" = "{spec.name}"\n')
@@ -193,10 +193,11 @@ def end_to_end(model_dir: Path, args: argparse.Namespace, workdir: Path) -> Row:
         loaded = settings.load_deployments()
         dispatcher = PlacingDispatcher(CeleryDispatcher(REDIS_URL), sessions, loaded)
         data = jsonl(lines(args.requests, args.max_tokens))
-        started = time.perf_counter()
+        started, wall = time.perf_counter(), time.time()
         job = pipeline.create_job_in_process(
             sessions, io.BytesIO(data), settings=settings, deployments=loaded,
             dispatcher=dispatcher, queue="bulk")
+        submitted = time.perf_counter() - started
         while (status := job_status(sessions, job.id)) == "in_progress":
             time.sleep(0.02)
         seconds = time.perf_counter() - started
@@ -206,9 +207,14 @@ def end_to_end(model_dir: Path, args: argparse.Namespace, workdir: Path) -> Row:
 
         from quotaflow.models import Result
         with sessions() as session:
-            done, tokens = session.execute(select(
-                func.count(), func.sum(Result.completion_tokens))
+            done, tokens, first_sent, last_answered = session.execute(select(
+                func.count(), func.sum(Result.completion_tokens), func.min(Result.sent_at),
+                func.max(Result.answered_at))
                 .where(Result.job_id == job.id, Result.error.is_(None))).one()
+        print(f"end to end, where the {seconds:.2f} s went: submitted (ingest, dispatch) "
+              f"{submitted:.2f} s, first call sent at {first_sent.timestamp() - wall:.2f} s, "
+              f"last answer at {last_answered.timestamp() - wall:.2f} s, job completed "
+              f"(seen) at {seconds:.2f} s")
         return Row("quotaflow + vLLM engine (end to end)", done, seconds, int(tokens or 0))
     finally:
         worker.stop()
@@ -276,6 +282,9 @@ def main() -> None:
     parser.add_argument("--realtime-after-s", type=float, default=0.5)
     parser.add_argument("--realtime-every-s", type=float, default=0.1)
     parser.add_argument("--only", choices=("throughput", "priority"))
+    parser.add_argument("--engine-nice", type=int, default=10,
+                        help="the deployment's engine_nice (0: the engine at the worker's "
+                             "priority)")
     args = parser.parse_args()
     import vllm
     print(f"vLLM {vllm.__version__}, device {args.device}, dtype {args.dtype}, "
