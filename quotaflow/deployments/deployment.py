@@ -202,8 +202,8 @@ class Deployment(BaseModel):
         "(realtime before standard before bulk, then by arrival); `fcfs` by arrival only.")
     engine_nice: int = Field(
         default=10, ge=0, le=19,
-        description="`local`, engine `vllm`: the CPU priority (nice) vLLM's engine runs at, "
-        "below the worker's own: on a CPU host the engine takes every core, and the worker's "
+        description="`local`, engine `vllm`: how many nice steps below the worker vLLM's "
+        "engine processes run: on a CPU host the engine takes every core, and the worker's "
         "leases, cancels and result writes beside it must not wait for a core (0: the "
         "worker's priority).")
     runner: VllmRunner = Field(

@@ -15,7 +15,7 @@ from quotaflow.providers.local.vllm_options import (
     check_device,
     check_model_path,
     engine_args,
-    lower_thread_priority,
+    lower_children_priority,
 )
 from quotaflow.providers.priority import current_queue, engine_priority
 
@@ -98,27 +98,35 @@ def test_a_worker_without_vllm_is_told_how_to_get_it(tmp_path: Path,
     assert "pip install vllm" in str(caught.value) and sys.executable in str(caught.value)
 
 
-def test_the_engine_thread_and_the_process_it_starts_run_below_the_worker() -> None:
-    # Given the worker's own priority
+def test_the_engine_processes_run_below_the_worker_and_the_worker_does_not() -> None:
+    # Given a child process (as vLLM's engine core) with two threads, and the worker's
+    # own priority
     worker_nice = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
-    seen: dict[str, int] = {}
-
-    def engine_thread() -> None:
-        # When the engine's thread lowers itself, then starts a process (as vLLM does)
-        lower_thread_priority(7)
-        seen["thread"] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
-        read, write = os.pipe()
-        if (pid := os.fork()) == 0:  # the child reports its own priority and leaves
-            os.write(write, str(os.nice(0)).encode())
+    ready_r, ready_w = os.pipe()
+    report_r, report_w = os.pipe()
+    go_r, go_w = os.pipe()
+    if (pid := os.fork()) == 0:
+        try:
+            seen: list[int] = []
+            thread = threading.Thread(target=lambda: (os.read(go_r, 1), seen.append(
+                os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))))
+            thread.start()
+            os.write(ready_w, b"r")
+            thread.join()
+            main = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+            os.write(report_w, f"{main} {seen[0]}".encode())
+        finally:
             os._exit(0)
-        os.close(write)
-        seen["process"] = int(os.read(read, 16))
-        os.close(read)
-        os.waitpid(pid, 0)
-
-    thread = threading.Thread(target=engine_thread)
-    thread.start()
-    thread.join()
-    # Then both run 7 steps lower, and the worker's other threads are untouched
-    assert seen == {"thread": min(19, worker_nice + 7), "process": min(19, worker_nice + 7)}
+    os.read(ready_r, 1)
+    # When the worker lowers its children by 7
+    lowered = lower_children_priority(7)
+    os.write(go_w, b"g")
+    child_main, child_thread = map(int, os.read(report_r, 64).split())
+    os.waitpid(pid, 0)
+    for fd in (ready_r, ready_w, report_r, report_w, go_r, go_w):
+        os.close(fd)
+    # Then both of the child's threads run 7 steps lower, and the worker's own do not
+    expected = min(19, worker_nice + 7)
+    assert lowered >= 2 and (child_main, child_thread) == (expected, expected)
     assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == worker_nice
+    assert lower_children_priority(0) == 0

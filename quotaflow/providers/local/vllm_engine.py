@@ -38,7 +38,7 @@ from quotaflow.providers.local.vllm_options import (
     check_device,
     check_model_path,
     engine_args,
-    lower_thread_priority,
+    lower_children_priority,
 )
 
 try:
@@ -75,20 +75,21 @@ class VllmEngine(PromptIds):
         log.info("%s: loading %s on vLLM %s (%s)", self.name, deployment.model_path,
                  vllm.__version__, current_platform.device_type)
         try:
-            self.llm: AsyncLLM = self._call(
-                self._start(args, deployment.engine_nice)).result(LOAD_TIMEOUT_S)
+            self.llm: AsyncLLM = self._call(self._start(args)).result(LOAD_TIMEOUT_S)
         except Exception as exc:
             self._loop.call_soon_threadsafe(self._loop.stop)
             raise ConfigError(f"deployment {self.name!r}: vLLM could not load "
                               f"{deployment.model_path}: {exc}") from exc
+        threads = lower_children_priority(deployment.engine_nice)
+        log.info("%s: vLLM's engine processes (%d threads) run %d steps below the worker",
+                 self.name, threads, deployment.engine_nice)
         config = self.llm.model_config
         self.max_context: int | None = config.max_model_len
         self.serves_embeddings = config.runner_type == "pooling"
         self.version = vllm.__version__
 
     @staticmethod
-    async def _start(args: "AsyncEngineArgs", nice: int) -> "AsyncLLM":
-        lower_thread_priority(nice)  # this thread, and the engine process it starts
+    async def _start(args: "AsyncEngineArgs") -> "AsyncLLM":
         return AsyncLLM.from_engine_args(args)
 
     def _call(self, coroutine: Coroutine[Any, Any, Any]) -> Future:

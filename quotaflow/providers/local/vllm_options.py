@@ -6,7 +6,6 @@ of the CPU build) is refused with what to change, before minutes of loading.
 """
 
 import os
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -68,14 +67,37 @@ def check_device(deployment: Deployment, platform: str) -> None:
                           "device = 'cuda' and pin the worker with CUDA_VISIBLE_DEVICES")
 
 
-def lower_thread_priority(nice: int) -> None:
-    """Run the calling thread, and the processes it starts, `nice` steps below the worker.
+def lower_children_priority(nice: int) -> int:
+    """Run every process this one started (vLLM's engine core and its workers), each of
+    their threads, `nice` steps below this process; returns how many threads.
 
-    Called on the engine's thread before vLLM starts its engine process, which inherits
-    the thread's nice value (Linux keeps one per thread): the engine then yields a core
-    whenever the worker's other threads, or PostgreSQL beside it, want one. Raising a
-    nice value needs no privilege.
+    Done once the engine has started, from the outside: the worker's own threads (the
+    batches, and the one that takes the engine's answers in) keep their priority, and a
+    thread the engine starts later inherits its parent thread's lowered one. Raising the
+    nice value of one's own processes needs no privilege. Linux only (/proc).
     """
-    if nice and hasattr(os, "setpriority"):
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(),
-                       min(19, os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) + nice))
+    if not nice or not Path("/proc/self/task").is_dir():
+        return 0
+    lowered = 0
+    for pid in _descendants(os.getpid()):
+        for task in Path(f"/proc/{pid}/task").glob("*"):
+            try:
+                tid = int(task.name)
+                os.setpriority(os.PRIO_PROCESS, tid,
+                               min(19, os.getpriority(os.PRIO_PROCESS, tid) + nice))
+                lowered += 1
+            except (OSError, ValueError):  # the thread ended meanwhile
+                continue
+    return lowered
+
+
+def _descendants(pid: int) -> list[int]:
+    found: list[int] = []
+    for children in Path(f"/proc/{pid}/task").glob("*/children"):
+        try:
+            kids = [int(c) for c in children.read_text().split()]
+        except OSError:
+            continue
+        for kid in kids:
+            found += [kid, *_descendants(kid)]
+    return found
