@@ -130,8 +130,10 @@ class BatchExecutor:
         by_route: dict[str | None, list[ClaimedItem]] = {}
         for item in items:
             by_route.setdefault(routes.route_name(self.deployments, item), []).append(item)
-        keeper = asyncio.create_task(keep_leases(self.sessions, run.ref.job_id, run.owner,
-                                                 self.lease, run.fence))
+        ref = run.ref
+        keeper = asyncio.create_task(keep_leases(self.sessions, ref.job_id, run.owner,
+                                                 self.lease, run.fence,
+                                                 (ref.first_line, ref.last_line)))
         flusher = asyncio.create_task(flush_when_due(run))
         try:
             await asyncio.gather(*(self._call_route(run, name, group)
