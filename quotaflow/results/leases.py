@@ -97,6 +97,11 @@ def leased_elsewhere_for(session: Session, ref: BatchRef) -> float | None:
         .where(ITEMS.c.job_id == ref.job_id,
                ITEMS.c.line_no.between(ref.first_line, ref.last_line),
                ITEMS.c.status == ItemStatus.RUNNING))
+    return look_again_in(latest)
+
+
+def look_again_in(latest: datetime | None) -> float | None:
+    """Seconds until a lease that runs out at `latest` has (None: no lease held)."""
     if latest is None:
         return None
     if latest.tzinfo is None:  # SQLite hands datetimes back without their zone
