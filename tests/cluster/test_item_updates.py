@@ -4,8 +4,10 @@ or lease_expires_at in an index, both rewrote every index of the items table, wh
 most of PostgreSQL's CPU per request (issue 29)."""
 
 import io
+from collections.abc import Iterator
 from datetime import timedelta
 
+import orjson
 from sqlalchemy import Connection, text
 from sqlalchemy.orm import sessionmaker
 
@@ -14,8 +16,9 @@ from quotaflow.db import get_engine
 from quotaflow.dispatch.queues import BatchRef
 from quotaflow.ingest import pipeline
 from quotaflow.jobs import service as jobs
-from quotaflow.models import Job, JobStatus
+from quotaflow.models import ItemStatus, Job, JobStatus, utcnow
 from quotaflow.providers.base import ProviderResponse
+from quotaflow.results import chunk_write, leases
 from quotaflow.results.leases import claim, renew, store_many
 from tests.cluster.test_jobs import Collect
 from tests.harness.factories import chat_line, jsonl
@@ -74,3 +77,41 @@ def test_claims_and_renewals_rewrite_no_index_and_closing_ends_the_job(pg_sessio
     # Then closing them ended the job (is_open, the index of open items, changed)
     with pg_sessions() as session:
         assert session.get(Job, job.id).status == JobStatus.COMPLETED
+
+
+def test_a_chunk_write_reads_its_own_rows_not_the_jobs(pg_sessions, pg_url: str) -> None:
+    # Given a job of 6,400 open lines, its statistics known (a size at which joining the
+    # chunk to the items alone was planned as a scan of all the job's open items)
+    settings = Settings(database_url=pg_url, _env_file=None)
+    lines = 6400
+    job = pipeline.create_job_in_process(
+        pg_sessions, io.BytesIO(jsonl([chat_line(f"c{i}") for i in range(lines)])),
+        settings=settings, deployments=settings.load_deployments(), dispatcher=Collect(),
+        queue="bulk", filename="in.jsonl")
+    items = claim(pg_sessions, BatchRef(job.id, 1, 64), "me", LEASE)
+    rows = [leases._result_row(job.id, item, ProviderResponse(200, {"choices": []}, "r", 1, 1),
+                               utcnow()) for item in items]
+    document = orjson.dumps([chunk_write._json_row(row) for row in rows]).decode()
+    # When a chunk of 64 is written (its plan read)
+    with get_engine(pg_url).connect() as conn, conn.begin():
+        conn.exec_driver_sql("ANALYZE items")
+        raw = conn.connection.driver_connection
+        with raw.cursor() as cursor:
+            cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + chunk_write._STATEMENT,
+                           (job.id, utcnow(), document, ItemStatus.SUCCEEDED,
+                            ItemStatus.FAILED, job.id, [item.line_no for item in items],
+                            list(ItemStatus.OPEN)))
+            [[plan]] = cursor.fetchall()
+        conn.rollback()
+    # Then the items it read are its own 64, not the job's 6,400
+    scans = list(_scans(plan[0]["Plan"], "items"))
+    assert scans, plan
+    assert sum((scan["Actual Rows"] + scan.get("Rows Removed by Filter", 0))
+               * scan["Actual Loops"] for scan in scans) == 64, scans
+
+
+def _scans(node: dict, table: str) -> Iterator[dict]:
+    if node.get("Relation Name") == table and "Scan" in node["Node Type"]:
+        yield node
+    for child in node.get("Plans", []):
+        yield from _scans(child, table)
