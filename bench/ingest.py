@@ -110,12 +110,12 @@ def quotaflow(*args: str) -> list[str]:
     return [sys.executable, "-c", "from cli.main import main; main()", *args]
 
 
-def run(lines: int, workdir: Path) -> dict[str, float]:
+def run(lines: int, workdir: Path, port: int | None = None) -> dict[str, float]:
     source = workdir / "batch.jsonl"
     size = write_file(source, lines)
     print(f"input: {lines:,} lines, {size / 1e6:,.0f} MB ({size / lines:.0f} bytes a line)")
     recreate_database()
-    port = 18000 + os.getpid() % 1000
+    port = port or 18000 + os.getpid() % 1000
     env = {k: v for k, v in os.environ.items() if not k.startswith("QUOTAFLOW_")}
     env |= {"QUOTAFLOW_DATABASE_URL": PG_URL, "QUOTAFLOW_BROKER_URL": REDIS_URL,
             "QUOTAFLOW_AUTH": "false", "QUOTAFLOW_API_URL": f"http://127.0.0.1:{port}",
@@ -177,10 +177,14 @@ def main() -> None:
     parser.add_argument("--keep-database", action="store_true",
                         help="Leave quotaflow_ingest_bench for a look (it is about 1 GB per "
                              "million lines); dropped otherwise.")
+    parser.add_argument("--port", type=int, default=None,
+                        help="The API's port (default: 18000 + the pid modulo 1000). The "
+                             "database and Redis db: QUOTAFLOW_BENCH_DATABASE_URL and "
+                             "QUOTAFLOW_BENCH_REDIS_URL.")
     args = parser.parse_args()
     print(f"machine: {machine()}")
     with tempfile.TemporaryDirectory(prefix="qf-ingest-") as workdir:
-        row = run(args.lines, Path(workdir))
+        row = run(args.lines, Path(workdir), args.port)
     if not args.keep_database:
         url = make_url(PG_URL)
         admin = url.set(drivername="postgresql", database="postgres")

@@ -14,6 +14,7 @@ from sqlalchemy import (
     JSON,
     BigInteger,
     Boolean,
+    Computed,
     DateTime,
     Float,
     ForeignKey,
@@ -144,19 +145,20 @@ Index("ix_jobs_unpurged", Job.deleted_at, postgresql_where=text(UNPURGED),
       sqlite_where=text(UNPURGED))
 
 
-OPEN_ITEMS = "status IN ('pending', 'running')"
+# Open: pending, running or waiting (ItemStatus.OPEN). A generated column, so that
+# the claim (pending -> running) changes no indexed value and is a HOT update.
+IS_OPEN = "status IN ('pending', 'running', 'waiting')"
 
 
 class Item(Base):
     __tablename__ = "items"
     __table_args__ = (
         UniqueConstraint("job_id", "custom_id", name="uq_items_job_custom_id"),
-        # line_no too, so a chunk's statement finds its rows directly (migration 0005).
-        Index("ix_items_job_status_line", "job_id", "status", "line_no"),
-        # The reaper's question (whose lease or queue patience ran out?) in the open
-        # items alone, not a scan of every item ever stored (migration 0005).
-        Index("ix_items_open_lease", "status", "lease_expires_at",
-              postgresql_where=text(OPEN_ITEMS), sqlite_where=text(OPEN_ITEMS)),
+        # A job's open items in line order: its last open line (is the job done?), the
+        # reaper's candidates. Neither status nor lease_expires_at is in any index, so
+        # an item's claim and its lease renewals are HOT updates (migration 0017).
+        Index("ix_items_job_open", "job_id", "line_no",
+              postgresql_where=text("is_open"), sqlite_where=text("is_open")),
         # Looked up only by equality: a hash index on PostgreSQL (migration 0004).
         Index("ix_items_body_hash", "body_hash", postgresql_using="hash"),
         Index("ix_items_job_duplicate_of", "job_id", "duplicate_of",
@@ -183,11 +185,17 @@ class Item(Base):
     route: Mapped[str | None] = mapped_column(String(255))
     # The line whose call this item shares (status `waiting` until it has a result).
     duplicate_of: Mapped[int | None] = mapped_column(Integer)
+    # status in ItemStatus.OPEN, kept by the database (STORED on PostgreSQL, VIRTUAL on
+    # SQLite); never written. Queries that want the open items name it, so that they
+    # read ix_items_job_open.
+    is_open: Mapped[bool | None] = mapped_column(Boolean, Computed(IS_OPEN, persisted=True))
 
 
 class Result(Base):
     __tablename__ = "results"
 
+    # The foreign key is SQLite's only: PostgreSQL dropped it (migration 0017), its
+    # per-row check cost a worker's chunk write as much as the rest of the insert.
     job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
     line_no: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
     custom_id: Mapped[str | None] = mapped_column(String(512))

@@ -197,7 +197,7 @@ def _mark(session: Session, job: Job, reason: str, now: datetime) -> None:
 def _in_flight(same_job: ColumnElement[bool], now: datetime) -> ColumnElement[bool]:
     """A call whose answer may still be stored: an item running under a live lease, or
     out at a provider's batch API."""
-    return exists().where(same_job, Item.status == ItemStatus.RUNNING,
+    return exists().where(same_job, Item.is_open, Item.status == ItemStatus.RUNNING,
                           or_(Item.lease_expires_at > now,
                               Item.lease_owner == PROVIDER_BATCH_OWNER))
 

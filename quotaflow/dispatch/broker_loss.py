@@ -72,7 +72,7 @@ class BrokerLoss:
     def _pending_work(self) -> bool:
         with self._sessions() as session:
             return bool(session.scalar(select(exists().where(
-                Item.status == ItemStatus.PENDING,
+                Item.is_open, Item.status == ItemStatus.PENDING,
                 Item.job_id.in_(select(Job.id).where(Job.status == JobStatus.IN_PROGRESS))))))
 
 

@@ -37,15 +37,17 @@ def reap(sessions: sessionmaker[Session], dispatcher: Dispatcher, batch_size: in
              (ItemStatus.PENDING, true() if messages_lost else overdue)]
     abandoned = or_(*(and_(Item.status == status, condition) for status, condition in stale))
     with sessions.begin() as session:
-        # Job by job, through (job_id, status, line_no): a join of all items with the
-        # running jobs may scan every item ever stored, every reap_interval_s.
+        # Job by job, through the job's open items (ix_items_job_open): a join of all
+        # items with the running jobs may scan every item ever stored, every
+        # reap_interval_s.
         by_job: dict[str, list[int]] = {}
         budget = REAP_LIMIT
         running = session.scalars(select(Job.id).where(Job.status == JobStatus.IN_PROGRESS)).all()
         for job_id in running:
             lines = [line for status, overdue in stale
                      for line in session.scalars(select(Item.line_no).where(
-                         Item.job_id == job_id, Item.status == status, overdue).limit(budget))]
+                         Item.job_id == job_id, Item.is_open, Item.status == status,
+                         overdue).limit(budget))]
             if lines:
                 by_job[job_id] = lines
                 budget -= len(lines)

@@ -45,7 +45,8 @@ from quotaflow.execution.stopping import JobWatch
 from quotaflow.execution.writer import ResultWriter
 from quotaflow.jobs.service import close_if_done
 from quotaflow.providers.priority import current_queue
-from quotaflow.results.leases import ClaimedItem, claim, leased_elsewhere_for
+from quotaflow.results import batch_sql
+from quotaflow.results.leases import ClaimedItem, claim, leased_elsewhere_for, look_again_in
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +69,8 @@ class BatchExecutor:
         self.limiter, self.breaker = limiter, breaker or LocalCircuitBreaker()
         self.lease, self.providers = timedelta(seconds=settings.lease_seconds), providers
         self.jobs = JobFactsCache(sessions)
+        bind = sessions.kw.get("bind")  # the prepared statements are PostgreSQL's
+        self._postgres = bind is not None and bind.dialect.name == "postgresql"
         self.policies = Policies(sessions, deployments, settings, fair,
                                  defer if provider_batches is None else provider_batches)
         router = Router(deployments, limiter, self.breaker)
@@ -92,7 +95,8 @@ class BatchExecutor:
             return BatchReport(0, 0, 0, back_in)  # a hook gave way: nothing claimed
         owner = uuid.uuid4().hex
         claimed_at = time.monotonic()
-        items = claim(self.sessions, ref, owner, self.lease)
+        items = (batch_sql.claim if self._postgres else claim)(self.sessions, ref, owner,
+                                                               self.lease)
         if not items:
             return self._report(ref, BatchReport(0, 0, 0))
         run = self._new_run(ref, owner, job, hooks, on_item)
@@ -130,8 +134,10 @@ class BatchExecutor:
         by_route: dict[str | None, list[ClaimedItem]] = {}
         for item in items:
             by_route.setdefault(routes.route_name(self.deployments, item), []).append(item)
-        keeper = asyncio.create_task(keep_leases(self.sessions, run.ref.job_id, run.owner,
-                                                 self.lease, run.fence))
+        ref = run.ref
+        keeper = asyncio.create_task(keep_leases(self.sessions, ref.job_id, run.owner,
+                                                 self.lease, run.fence,
+                                                 (ref.first_line, ref.last_line)))
         flusher = asyncio.create_task(flush_when_due(run))
         try:
             await asyncio.gather(*(self._call_route(run, name, group)
@@ -157,8 +163,11 @@ class BatchExecutor:
     def _report(self, ref: BatchRef, report: BatchReport) -> BatchReport:
         """Close the job if this was its last work; look again later at foreign leases."""
         with self.sessions.begin() as session:
-            close_if_done(session, ref.job_id)
-            elsewhere = leased_elsewhere_for(session, ref)
+            if self._postgres:  # one prepared statement (results/batch_sql.py)
+                elsewhere = look_again_in(batch_sql.report(session, ref))
+            else:
+                close_if_done(session, ref.job_id)
+                elsewhere = leased_elsewhere_for(session, ref)
         if elsewhere is None:
             return report
         retry_in = elsewhere if report.retry_in is None else min(report.retry_in, elsewhere)

@@ -19,15 +19,16 @@ log = logging.getLogger(__name__)
 
 
 async def keep_leases(sessions: sessionmaker[Session], job_id: str, owner: str,
-                      lease: timedelta, fence: Fence | None = None) -> None:
-    """Renew `owner`'s leases on the job's items until cancelled, telling the fence. A
-    renewal that fails (the database is restarting) is tried again at the next beat, not
-    given up."""
+                      lease: timedelta, fence: Fence | None = None,
+                      lines: tuple[int, int] | None = None) -> None:
+    """Renew `owner`'s leases on the job's items (within `lines`, first and last, where
+    given) until cancelled, telling the fence. A renewal that fails (the database is
+    restarting) is tried again at the next beat, not given up."""
     while True:
         await asyncio.sleep(lease.total_seconds() / 3)
         started = time.monotonic()
         try:
-            await asyncio.to_thread(renew, sessions, job_id, owner, lease)
+            await asyncio.to_thread(renew, sessions, job_id, owner, lease, lines)
             if fence is not None:
                 fence.renewed(started)
         except Exception as exc:  # SQLAlchemy's errors for a database that is away

@@ -66,7 +66,7 @@ def cancel_job(sessions: sessionmaker[Session], job_id: str) -> Job:
         job.status = JobStatus.CANCELLING
         job.cancelling_at = utcnow()
         session.execute(update(Item)
-                        .where(Item.job_id == job_id,
+                        .where(Item.job_id == job_id, Item.is_open,
                                Item.status.in_((ItemStatus.PENDING, ItemStatus.WAITING)))
                         .values(status=ItemStatus.CANCELLED))
     finish_if_done(sessions, job_id)
@@ -126,7 +126,7 @@ def expire_overdue(sessions: sessionmaker[Session]) -> list[str]:
             .returning(Job.id)).all()
         if overdue:
             session.execute(update(Item)
-                            .where(Item.job_id.in_(overdue),
+                            .where(Item.job_id.in_(overdue), Item.is_open,
                                    Item.status.in_((ItemStatus.PENDING, ItemStatus.WAITING)))
                             .values(status=ItemStatus.EXPIRED))
     return list(overdue)
@@ -149,23 +149,23 @@ def close_if_done(session: Session, job_id: str) -> None:
         update(Job.__table__)
         .where(jobs.id == job_id,
                jobs.status.in_((JobStatus.IN_PROGRESS, JobStatus.CANCELLING)),
-               *(_last_line(job_id, status).is_(None) for status in ItemStatus.OPEN))
+               _last_open_line(job_id).is_(None))
         .values(status=case((running, JobStatus.COMPLETED), else_=JobStatus.CANCELLED),
                 finalizing_at=case((running, now), else_=jobs.finalizing_at),
                 completed_at=case((running, now), else_=jobs.completed_at),
                 cancelled_at=case((running, jobs.cancelled_at), else_=now)))
 
 
-def _last_line(job_id: str, status: str) -> ScalarSelect[int]:
-    """The job's last line in this status: a backward walk of (job_id, status, line_no).
+def _last_open_line(job_id: str) -> ScalarSelect[int]:
+    """The job's last open line: a backward walk of ix_items_job_open (the open items).
 
-    Not EXISTS over the statuses at once: the planner may answer that with a scan of
-    all the job's items, and the first open item in table order comes after every
-    closed one. The open items are the newest lines (pending) or claims (running), so
-    read backwards the index finds one at once while the job runs.
+    Not EXISTS: the planner may answer that with a scan of all the job's items, and the
+    first open item in table order comes after every closed one. The open items are the
+    newest lines (pending) or claims (running), so read backwards the index finds one at
+    once while the job runs.
     """
     items = Item.__table__.c
-    return (select(items.line_no).where(items.job_id == job_id, items.status == status)
+    return (select(items.line_no).where(items.job_id == job_id, items.is_open)
             .order_by(items.line_no.desc()).limit(1).scalar_subquery())
 
 

@@ -38,6 +38,11 @@ _NAMES = ", ".join(name for name, _ in _COLUMNS)
 # The chunk goes as one JSON array of row objects, made by orjson in one call (the
 # answers' own bytes embedded as they came): binding an array per column cost the
 # worker more than the rest of the write.
+# The chunk's line numbers go again as an array for the UPDATE: joined to `stored`
+# alone, whose size the planner cannot know (json_to_recordset: 100 rows), a job of some
+# thousands of lines had it hash the chunk and read every open item of the job, for
+# every chunk (EXPLAIN, 6,400 lines: 4.9 ms a chunk); with line_no = ANY(lines) it reads
+# the chunk's rows by primary key (1.9 ms). Larger jobs were already planned that way.
 _STATEMENT = (
     "WITH stored AS (INSERT INTO results (job_id, created_at, " + _NAMES + ") "
     "SELECT %s, %s, " + _NAMES + " FROM json_to_recordset(%s::json) AS t("
@@ -45,7 +50,8 @@ _STATEMENT = (
     "ON CONFLICT DO NOTHING RETURNING line_no, error IS NULL AS ok), "
     "closed AS (UPDATE items SET status = CASE WHEN stored.ok THEN %s ELSE %s END, "
     "lease_owner = NULL, lease_expires_at = NULL FROM stored "
-    "WHERE items.job_id = %s AND items.line_no = stored.line_no "
+    "WHERE items.job_id = %s AND items.line_no = ANY(%s::int4[]) "
+    "AND items.line_no = stored.line_no "
     "AND items.status = ANY(%s) RETURNING items.line_no, items.status) "
     "SELECT line_no, status FROM closed")
 
@@ -64,7 +70,8 @@ def store_chunk(session: Session, job_id: str, rows: Sequence[dict[str, Any]],
     assert raw is not None
     with raw.cursor() as cursor:
         cursor.execute(_STATEMENT, (job_id, now, document.decode(), ItemStatus.SUCCEEDED,
-                                    ItemStatus.FAILED, job_id, list(ItemStatus.OPEN)))
+                                    ItemStatus.FAILED, job_id, [row["line_no"] for row in rows],
+                                    list(ItemStatus.OPEN)))
         return [(line, status) for line, status in cursor.fetchall()]
 
 

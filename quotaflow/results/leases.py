@@ -97,6 +97,11 @@ def leased_elsewhere_for(session: Session, ref: BatchRef) -> float | None:
         .where(ITEMS.c.job_id == ref.job_id,
                ITEMS.c.line_no.between(ref.first_line, ref.last_line),
                ITEMS.c.status == ItemStatus.RUNNING))
+    return look_again_in(latest)
+
+
+def look_again_in(latest: datetime | None) -> float | None:
+    """Seconds until a lease that runs out at `latest` has (None: no lease held)."""
     if latest is None:
         return None
     if latest.tzinfo is None:  # SQLite hands datetimes back without their zone
@@ -247,11 +252,17 @@ def _share(session: Session, job_id: str, lines: list[int], now: datetime) -> li
     return [twin.status for twin in twins]
 
 
-def renew(sessions: sessionmaker[Session], job_id: str, owner: str, lease: timedelta) -> int:
-    """Extend this worker's leases: a live worker's items must never look abandoned."""
+def renew(sessions: sessionmaker[Session], job_id: str, owner: str, lease: timedelta,
+          lines: tuple[int, int] | None = None) -> int:
+    """Extend this worker's leases: a live worker's items must never look abandoned.
+    `lines` (first, last), the batch's range where known, finds them by primary key
+    rather than among all the job's open items."""
+    where = [ITEMS.c.job_id == job_id, ITEMS.c.lease_owner == owner,
+             ITEMS.c.status == ItemStatus.RUNNING]
+    if lines is not None:
+        where.append(ITEMS.c.line_no.between(*lines))
+    else:
+        where.append(ITEMS.c.is_open)
     with sessions.begin() as session:
         return session.execute(
-            update(ITEMS)
-            .where(ITEMS.c.job_id == job_id, ITEMS.c.lease_owner == owner,
-                   ITEMS.c.status == ItemStatus.RUNNING)
-            .values(lease_expires_at=utcnow() + lease)).rowcount
+            update(ITEMS).where(*where).values(lease_expires_at=utcnow() + lease)).rowcount

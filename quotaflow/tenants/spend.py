@@ -197,7 +197,7 @@ def stop_tenant(sessions: sessionmaker[Session], tenant: str) -> list[str]:
             .values(stop_reason=STOP_REASON).returning(Job.id)))
         if stopped:
             session.execute(update(Item)
-                            .where(Item.job_id.in_(stopped),
+                            .where(Item.job_id.in_(stopped), Item.is_open,
                                    Item.status.in_((ItemStatus.PENDING, ItemStatus.WAITING)))
                             .values(status=ItemStatus.SPEND_LIMITED, lease_owner=None,
                                     lease_expires_at=None))
