@@ -45,11 +45,6 @@ _REPORT = (
     "AND line_no BETWEEN %(first)s AND %(last)s AND status = %(running)s")
 
 
-def supported(session: Session) -> bool:
-    """Whether the session's database takes these statements (PostgreSQL)."""
-    return session.get_bind().dialect.name == "postgresql"
-
-
 def claim(sessions: sessionmaker[Session], ref: BatchRef, owner: str,
           lease: timedelta) -> list[ClaimedItem]:
     """leases.claim on PostgreSQL: the batch's pending items, and those whose lease ran
