@@ -46,9 +46,8 @@ def test_no_admission_later_than_two_seconds_after_a_job_ends(
         provider, provider_url = start_provider(tmp_path, "--rpm", "600", "--tpm", "10000000",
                                                 "--burst-seconds", "1", "--latency-ms", "100")
         procs.append(provider)
-        deployments = deployment_file(tmp_path, "throttled", provider_url)
-        deployments.write_text(deployments.read_text().replace(
-            "rpm = 600000", "rpm = 600\nburst_seconds = 1"))
+        deployments = deployment_file(tmp_path, "throttled", provider_url, rpm=600,
+                                      burst_seconds=1)
         env = service_env(QUOTAFLOW_DATABASE_URL=pg_url, QUOTAFLOW_BROKER_URL=REDIS_URL,
                           QUOTAFLOW_DEPLOYMENTS_FILE=str(deployments))
         procs += start_workers(env, tmp_path, how, count=4)

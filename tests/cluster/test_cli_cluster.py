@@ -44,9 +44,7 @@ def cluster(pg_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[C
     workdir = tmp_path_factory.mktemp("cli")
     provider, provider_url = start_provider(workdir, "--rpm", "600000", "--tpm", "100000000",
                                             "--latency-ms", "50")
-    deployments = deployment_file(workdir, "paced", provider_url)
-    deployments.write_text(deployments.read_text().replace(
-        "rpm = 600000", "rpm = 600\nburst_seconds = 1"))
+    deployments = deployment_file(workdir, "paced", provider_url, rpm=600, burst_seconds=1)
     api_port, metrics_port = free_port(), free_port()
     env = service_env(QUOTAFLOW_DATABASE_URL=pg_url, QUOTAFLOW_BROKER_URL=REDIS_URL,
                       QUOTAFLOW_DEPLOYMENTS_FILE=str(deployments),

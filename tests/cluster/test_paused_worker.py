@@ -44,9 +44,8 @@ def test_a_worker_frozen_past_its_lease_does_not_send_its_items_again(
             tmp_path, "--rpm", str(RPM), "--tpm", "100000000", "--burst-seconds", str(BURST_S),
             "--latency-ms", "200", "--no-reconcile")
         procs.append(provider)
-        deployments = deployment_file(tmp_path, "strict", provider_url)
-        deployments.write_text(deployments.read_text().replace(
-            "rpm = 600000", f"rpm = {RPM}\nburst_seconds = {BURST_S}"))
+        deployments = deployment_file(tmp_path, "strict", provider_url, rpm=RPM,
+                                      burst_seconds=BURST_S)
         env = service_env(QUOTAFLOW_DATABASE_URL=pg_url, QUOTAFLOW_BROKER_URL=REDIS_URL,
                           QUOTAFLOW_DEPLOYMENTS_FILE=str(deployments),
                           QUOTAFLOW_LEASE_SECONDS=str(LEASE_S), QUOTAFLOW_REAP_INTERVAL_S="1")

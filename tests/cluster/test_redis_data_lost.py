@@ -47,9 +47,8 @@ def test_flushdb_mid_job_resumes_within_30s_without_429s_or_repeats(
             tmp_path, "--rpm", str(RPM), "--tpm", "100000000", "--burst-seconds", str(BURST_S),
             "--latency-ms", "200", "--no-reconcile")
         procs.append(provider)
-        deployments = deployment_file(tmp_path, "strict", provider_url)
-        deployments.write_text(deployments.read_text().replace(
-            "rpm = 600000", f"rpm = {RPM}\nburst_seconds = {BURST_S}"))
+        deployments = deployment_file(tmp_path, "strict", provider_url, rpm=RPM,
+                                      burst_seconds=BURST_S)
         env = service_env(QUOTAFLOW_DATABASE_URL=pg_url, QUOTAFLOW_BROKER_URL=redis_url,
                           QUOTAFLOW_DEPLOYMENTS_FILE=str(deployments))
         procs += start_workers(env, tmp_path, "flushed", count=4)

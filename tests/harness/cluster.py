@@ -36,12 +36,15 @@ def start_provider(tmp_path: Path, *options: str) -> tuple[Proc, str]:
     return proc, url
 
 
-def deployment_file(tmp_path: Path, name: str, provider_url: str, extra: str = "") -> Path:
-    """A deployments file with one OpenAI-compatible deployment serving every model."""
+def deployment_file(tmp_path: Path, name: str, provider_url: str, extra: str = "",
+                    rpm: int = 600000, burst_seconds: float | None = None) -> Path:
+    """A deployments file with one OpenAI-compatible deployment serving every model; its
+    rpm and burst the provider's, where a test spends that budget to the last request."""
+    burst = "" if burst_seconds is None else f"burst_seconds = {burst_seconds:g}\n"
     path = tmp_path / "deployments.toml"
     path.write_text(f'[deployments.{name}]\nprovider = "openai"\n'
                     f'base_url = "{provider_url}/v1"\nmodel = "{name}"\n'
-                    f'rpm = 600000\ntpm = 100000000\n{extra}[routes]\n"*" = "{name}"\n')
+                    f'rpm = {rpm}\n{burst}tpm = 100000000\n{extra}[routes]\n"*" = "{name}"\n')
     return path
 
 

@@ -78,9 +78,8 @@ class FairCluster:
             self.tmp_path, "--rpm", str(RPM), "--tpm", "100000000",
             "--burst-seconds", "1", "--latency-ms", str(LATENCY_MS))
         self.procs.append(provider)
-        deployments = deployment_file(self.tmp_path, "strict", self.provider_url)
-        deployments.write_text(deployments.read_text().replace(
-            "rpm = 600000", f"rpm = {RPM}\nburst_seconds = 1"))
+        deployments = deployment_file(self.tmp_path, "strict", self.provider_url, rpm=RPM,
+                                      burst_seconds=1)
         env = service_env(QUOTAFLOW_DATABASE_URL=self.pg_url, QUOTAFLOW_BROKER_URL=self.redis_url,
                           QUOTAFLOW_DEPLOYMENTS_FILE=str(deployments),
                           QUOTAFLOW_FAIR_SHARE=str(self.fair).lower())

@@ -90,9 +90,8 @@ class FloodCluster:
             self.tmp_path, "--rpm", str(RPM), "--tpm", "100000000",
             "--burst-seconds", str(BURST_S), "--latency-ms", str(LATENCY_MS))
         self.procs.append(provider)
-        deployments = deployment_file(self.tmp_path, "strict", provider_url)
-        deployments.write_text(deployments.read_text().replace(
-            "rpm = 600000", f"rpm = {RPM}\nburst_seconds = {BURST_S}"))
+        deployments = deployment_file(self.tmp_path, "strict", provider_url, rpm=RPM,
+                                      burst_seconds=BURST_S)
         env = service_env(QUOTAFLOW_DATABASE_URL=self.pg_url, QUOTAFLOW_BROKER_URL=self.redis_url,
                           QUOTAFLOW_DEPLOYMENTS_FILE=str(deployments), QUOTAFLOW_AUTH="false")
         port = free_port()
