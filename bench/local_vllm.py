@@ -282,7 +282,7 @@ def main() -> None:
     parser.add_argument("--realtime-after-s", type=float, default=0.5)
     parser.add_argument("--realtime-every-s", type=float, default=0.1)
     parser.add_argument("--only", choices=("throughput", "priority"))
-    parser.add_argument("--engine-nice", type=int, default=10,
+    parser.add_argument("--engine-nice", type=int, default=19,
                         help="the deployment's engine_nice (0: the engine at the worker's "
                              "priority)")
     args = parser.parse_args()

@@ -201,11 +201,12 @@ class Deployment(BaseModel):
         description="`local`, engine `vllm`: `priority` schedules a request by its queue "
         "(realtime before standard before bulk, then by arrival); `fcfs` by arrival only.")
     engine_nice: int = Field(
-        default=10, ge=0, le=19,
+        default=19, ge=0, le=19,
         description="`local`, engine `vllm`: how many nice steps below the worker vLLM's "
         "engine processes run: on a CPU host the engine takes every core, and the worker's "
-        "leases, cancels and result writes beside it must not wait for a core (0: the "
-        "worker's priority).")
+        "leases, cancels and result writes beside it must not wait for a core. Each of the "
+        "engine's threads is weighed on its own, so the whole 19 steps (0: the worker's "
+        "priority).")
     runner: VllmRunner = Field(
         default="auto",
         description="`local`, engine `vllm`: `generate` (chat and completions), `pooling` "

@@ -153,12 +153,6 @@ def test_jobs_of_two_queues_run_on_one_engine_with_real_usage(engine: Engine) ->
     assert overlapping > 0, spans
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "issue 27 open: passed 3 of 3 repeats and the module three times once the engine ran "
-    "below the worker, then a run saw the realtime batch reach the engine 5.7 s after the "
-    "bulk job (which had ended): the same ~5 s stall of the worker beside a busy engine as "
-    "the cancel test's 5.8 s; its cause is not yet found. The priority's measure is "
-    "bench.local_vllm --only priority"))
 def test_realtime_requests_go_ahead_of_bulk_waiting_in_the_engine(engine: Engine) -> None:
     # Given a bulk job of 50 long requests, all sent into the engine at once (one batch,
     # max_concurrency 64) where only MAX_NUM_SEQS run at a time
@@ -189,10 +183,6 @@ def test_realtime_requests_go_ahead_of_bulk_waiting_in_the_engine(engine: Engine
         "before the realtime ones")
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "issue 27 open: with one stop signal per batch and the engine below the worker, 8 "
-    "cancels in a row took 0.8-1.5 s here and the module passed three times, but a fresh "
-    "CI clone's vLLM phase then saw one take 5.8 s; the tail is not yet explained"))
 def test_cancelling_a_job_aborts_its_requests_in_the_engine(engine: Engine) -> None:
     # Given a bulk job whose requests wait in the engine (only MAX_NUM_SEQS run)
     # (400 tokens each: ten rounds of MAX_NUM_SEQS take seconds, not one)

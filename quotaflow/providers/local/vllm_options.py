@@ -74,7 +74,9 @@ def lower_children_priority(nice: int) -> int:
     Done once the engine has started, from the outside: the worker's own threads (the
     batches, and the one that takes the engine's answers in) keep their priority, and a
     thread the engine starts later inherits its parent thread's lowered one. Raising the
-    nice value of one's own processes needs no privilege. Linux only (/proc).
+    nice value of one's own processes needs no privilege. Linux only (/proc). The
+    scheduler weighs each thread on its own: an engine of a dozen busy threads at 10 steps
+    below still outweighs one worker thread, which is why deployments default to 19.
     """
     if not nice or not Path("/proc/self/task").is_dir():
         return 0
