@@ -32,6 +32,10 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 # SQL NULL for Python None, so "IS NULL" means "absent" (an invalid line has no body).
 JsonType = JSON(none_as_null=True).with_variant(JSONB(none_as_null=True), "postgresql")
+# A provider's answer, written once and read back as text: json keeps the text as it was
+# written, where jsonb parsed it on the way in and printed it on every download
+# (migration 0018).
+AnswerType = JSON(none_as_null=True)
 
 
 def utcnow() -> datetime:
@@ -201,7 +205,7 @@ class Result(Base):
     custom_id: Mapped[str | None] = mapped_column(String(512))
     request_id: Mapped[str] = mapped_column(String(64))
     status_code: Mapped[int | None] = mapped_column(Integer)
-    response: Mapped[dict[str, Any] | None]
+    response: Mapped[dict[str, Any] | None] = mapped_column(AnswerType)
     error: Mapped[dict[str, Any] | None]
     prompt_tokens: Mapped[int] = mapped_column(Integer, default=0)
     completion_tokens: Mapped[int] = mapped_column(Integer, default=0)

@@ -27,7 +27,7 @@ from quotaflow.models import ItemStatus
 
 # The columns a row (a dict of leases._result_row) gives, with their SQL types.
 _COLUMNS = (("line_no", "int4"), ("custom_id", "varchar"), ("request_id", "varchar"),
-            ("status_code", "int4"), ("response", "jsonb"), ("error", "jsonb"),
+            ("status_code", "int4"), ("response", "json"), ("error", "jsonb"),
             ("prompt_tokens", "int4"), ("completion_tokens", "int4"),
             ("shared_from", "jsonb"), ("deployment", "varchar"), ("attempts", "int4"),
             ("admitted_at", "timestamptz"), ("sent_at", "timestamptz"),

@@ -196,8 +196,7 @@ def _result_row(job_id: str, item: ClaimedItem, outcome: Outcome,
         row.update(status_code=outcome.status_code, response=outcome.body,
                    shared_from=outcome.source)
     else:
-        row.update(status_code=outcome.status_code,
-                   response=RawJson(outcome.raw) if outcome.raw is not None else outcome.body,
+        row.update(status_code=outcome.status_code, response=_answer(outcome),
                    prompt_tokens=outcome.prompt_tokens,
                    completion_tokens=outcome.completion_tokens,
                    provider_request_id=outcome.request_id)
@@ -266,3 +265,14 @@ def renew(sessions: sessionmaker[Session], job_id: str, owner: str, lease: timed
     with sessions.begin() as session:
         return session.execute(
             update(ITEMS).where(*where).values(lease_expires_at=utcnow() + lease)).rowcount
+
+
+def _answer(outcome: ProviderResponse) -> RawJson | dict[str, Any]:
+    """The answer as stored: the provider's own text, unless it holds a line break (a
+    pretty-printed body), which the download's one line per result cannot carry; that
+    one is written compact from its parsed body (results.response keeps text as written,
+    migration 0018)."""
+    raw = outcome.raw
+    if raw is None or b"\n" in raw or b"\r" in raw:
+        return outcome.body
+    return RawJson(raw)

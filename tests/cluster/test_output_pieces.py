@@ -69,3 +69,30 @@ def test_the_sql_path_is_the_one_taken(pg_sessions, settings, monkeypatch) -> No
     with pg_sessions() as session:
         assert b"".join(output_pieces.output_pieces(session, job.id, errors=False)).count(
             b"\n") == 1
+
+
+def test_answers_keep_their_text_and_a_pretty_printed_one_stays_one_line(
+        pg_sessions, settings) -> None:
+    # Given two answers: one compact in the provider's own key order, one pretty-printed
+    # (as OpenAI's API sends its bodies), with a long number jsonb would have rewritten
+    job = pipeline.create_job_in_process(
+        pg_sessions, io.BytesIO(jsonl([chat_line("compact"), chat_line("pretty")])),
+        settings=settings, deployments=settings.load_deployments(), dispatcher=_Collect(),
+        queue="realtime")
+    compact = b'{"object":"chat.completion","id":"c1","created":12345678901234567890123}'
+    body = {"object": "chat.completion", "id": "c2", "choices": [{"index": 0}]}
+    pretty = json.dumps(body, indent=2).encode() + b"\n"
+    items = leases.claim(pg_sessions, BatchRef(job.id, 1, 2), "w", timedelta(seconds=30))
+    leases.store_many(pg_sessions, job.id, [
+        (items[0], ProviderResponse(200, {}, None, 1, 1, raw=compact)),
+        (items[1], ProviderResponse(200, body, None, 1, 1, raw=pretty))])
+    # When the job's output is downloaded, both ways
+    with pg_sessions() as session:
+        sql = b"".join(output_pieces.output_pieces(session, job.id, errors=False))
+        python = "".join(output.iter_output(session, job.id, errors=False)).encode()
+    # Then it is two lines, the first answer's text as the provider wrote it (its key
+    # order, its number's digits), the second the same object
+    assert sql == python and sql.count(b"\n") == 2
+    first, second = sql.splitlines()
+    assert b'"body":' + compact + b"}" in first
+    assert json.loads(second)["response"]["body"] == body
