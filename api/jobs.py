@@ -37,6 +37,7 @@ from quotaflow.jobs import view as job_view
 from quotaflow.models import JobStatus
 from quotaflow.observe import bound_data, report_data
 from quotaflow.results import output_pieces
+from quotaflow.results.read_ahead import read_ahead
 
 JSONL = "application/jsonl"
 REPLAYED_HEADER = "Idempotent-Replayed"
@@ -232,4 +233,4 @@ def _stream(sessions: sessionmaker[Session], job_id: str, errors: bool) -> Strea
         with sessions() as session:
             yield from output_pieces.output_pieces(session, job_id, errors=errors)
 
-    return StreamingResponse(chunks(), media_type=JSONL)
+    return StreamingResponse(read_ahead(chunks), media_type=JSONL)
