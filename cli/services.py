@@ -18,12 +18,10 @@ import click
 
 from cli import worker_group
 from cli.worker_group import companion_node
-from quotaflow import preflight
 from quotaflow.config import get_settings
 from quotaflow.constants import QUEUE_REALTIME, QUEUES, local_queue
 from quotaflow.errors import ConfigError
 from quotaflow.observe import logs
-from quotaflow.runtime import Runtime
 
 
 def _celery_argv(*args: str) -> list[str]:
@@ -66,6 +64,8 @@ def _run_with_realtime_slots(main: list[str], env: dict[str, str], slots: int, n
 
 def _check_local(name: str) -> None:
     """`--deployment` must name a local deployment of the deployments file."""
+    from quotaflow.runtime import Runtime  # the domain's wiring: only the commands that serve
+
     known = Runtime(get_settings()).deployments.deployments
     if name not in known:
         raise ConfigError(f"--deployment {name!r}: no such deployment in the deployments file "
@@ -130,6 +130,8 @@ def register(cli: click.Group) -> None:
         """Serve the REST API (OpenAPI docs at /docs)."""
         import uvicorn
 
+        from quotaflow import preflight  # the checks pull in the whole domain
+
         settings = get_settings()
         preflight.ensure_ready(settings, "quotaflow api")
         logs.configure(settings, logging.INFO)
@@ -187,6 +189,8 @@ def register(cli: click.Group) -> None:
         # JSON logs: no banner, so that every line of the worker's output parses.
         quiet = ["--quiet"] if get_settings().log_format == "json" else []
         # The options are checked first (above), then what the worker depends on.
+        from quotaflow import preflight  # the checks pull in the whole domain
+
         preflight.ensure_ready(get_settings(), "quotaflow worker", only=deployment)
         main = [*quiet, "worker", "-Q", ",".join(chosen), "--concurrency", str(concurrency),
                 *pool, "-n", node, "-l", loglevel, "-E"]

@@ -18,6 +18,7 @@ from click.testing import CliRunner
 
 from cli import services
 from cli.main import cli
+from quotaflow import preflight
 from tests.harness.promtool import promtool
 from tests.harness.servers import ROOT
 
@@ -202,7 +203,7 @@ def _celery_argv(monkeypatch, *args: str) -> tuple[int, list[str], str]:
     monkeypatch.setattr(services, "_exec_celery",
                         lambda *argv, env=None: captured.extend(argv))
     # The settings' checks need PostgreSQL and Redis (tests/cluster/test_preflight.py).
-    monkeypatch.setattr(services.preflight, "ensure_ready", lambda *_a, **_k: None)
+    monkeypatch.setattr(preflight, "ensure_ready", lambda *_a, **_k: None)
     result = CliRunner().invoke(cli, ["worker", *args])
     return result.exit_code, captured, result.output
 

@@ -13,12 +13,13 @@ from click.testing import CliRunner
 from cli import services
 from cli.main import cli
 from cli.worker_group import Child, companion_node
+from quotaflow import preflight
 
 
 @pytest.fixture
 def started(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     seen: dict[str, Any] = {}
-    monkeypatch.setattr(services.preflight, "ensure_ready", lambda *_a, **_k: None)
+    monkeypatch.setattr(preflight, "ensure_ready", lambda *_a, **_k: None)
     monkeypatch.setattr(services, "_exec_celery",
                         lambda *argv, env=None: seen.update(exec=list(argv), env=env))
     monkeypatch.setattr(services.worker_group, "exec_or_group",
