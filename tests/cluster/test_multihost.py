@@ -28,6 +28,9 @@ DELAY_MS = 4.0  # one way, each direction: about 10 ms a round trip with the pro
 SKEW_S = 5.0
 LEASE_S = 30  # the default lease, renewed every 10 s
 IDLE_IN_TRANSACTION_S = 3  # quicker than the default 10 s, to fit a 10 s partition
+# B's pool processes (2 workers x 2), each a session that may hold the spend row for
+# IDLE_IN_TRANSACTION_S in turn once B is cut, and 4 s more for host C to show it goes on.
+B_CUT_S = 4 * IDLE_IN_TRANSACTION_S + 4
 
 
 @pytest.fixture(scope="module")
@@ -96,12 +99,12 @@ def test_the_limiter_is_exact_across_hosts_with_delays_and_a_clock_ahead(
 def test_partitions_of_a_worker_host_lose_nothing_and_send_nothing_twice(
         cluster: MultihostCluster) -> None:
     # Given a job of about 40 s on both worker hosts
-    # When host B is cut off from Redis and PostgreSQL for 10 s, at the worst moment: in
+    # When host B is cut off from Redis and PostgreSQL for 16 s, at the worst moment: in
     # the middle of one of its transactions; then, once healed and the job has moved on,
     # from the provider for 10 s
     row = run_job(cluster, "partitions", 800, in_turn(
         cluster,
-        cut_b(["postgres", "redis"], 10, at=150, label="B cut from Redis and PostgreSQL",
+        cut_b(["postgres", "redis"], B_CUT_S, at=150, label="B cut from Redis and PostgreSQL",
               mid_transaction=True),
         cut_b(["provider"], 10, at=450, label="B cut from the provider")))
     # Then every custom_id came back once, no request reached the provider twice, and the
@@ -113,7 +116,10 @@ def test_partitions_of_a_worker_host_lose_nothing_and_send_nothing_twice(
                      "PostgreSQL)"] is not None, row.notes
     # And host C carried on meanwhile: B's open transaction was ended by PostgreSQL after
     # IDLE_IN_TRANSACTION_S, not left to hold the job's spend row (and every other
-    # worker's writes) until B came back; at 20 requests a second, 4 s of the 10 make 80
+    # worker's writes) until B came back. B's other sessions may be queued on that row
+    # when the cut comes: each then takes it, cannot commit, and holds it for
+    # IDLE_IN_TRANSACTION_S in turn (CI once saw no result in a 10 s cut), so the cut
+    # outlasts all of them (B_CUT_S); at 20 requests a second, 2 s of C's make 40
     assert row.notes["results while B cut from Redis and PostgreSQL"] >= 40, row.notes
     # (cut from the provider, B's calls hold their admissions until they time out, and
     # the job is near its end: 20, a second of the budget, shows C was not held up)
