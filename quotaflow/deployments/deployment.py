@@ -204,9 +204,9 @@ class Deployment(BaseModel):
         default=19, ge=0, le=19,
         description="`local`, engine `vllm`: how many nice steps below the worker vLLM's "
         "engine processes run: on a CPU host the engine takes every core, and the worker's "
-        "leases, cancels and result writes beside it must not wait for a core. Each of the "
-        "engine's threads is weighed on its own, so the whole 19 steps (0: the worker's "
-        "priority).")
+        "leases, cancels and result writes beside it must not wait for a core. The kernel "
+        "weighs each of the engine's threads on its own, so it takes all 19 steps to keep "
+        "their sum below one worker thread (0: the worker's priority).")
     runner: VllmRunner = Field(
         default="auto",
         description="`local`, engine `vllm`: `generate` (chat and completions), `pooling` "
