@@ -26,8 +26,16 @@ class PromptIds:
             text = self.tokenizer.apply_chat_template(messages, tokenize=False,
                                                       add_generation_prompt=True)
             # The template writes the special tokens (BOS) itself.
-            return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+            return self._encode(text, special=False)
 
     def text_ids(self, text: str) -> list[int]:
         with self.tokenizer_lock:
-            return list(self.tokenizer(text)["input_ids"])
+            return self._encode(text, special=True)
+
+    def _encode(self, text: str, special: bool) -> list[int]:
+        """The text's ids from the Rust tokenizer itself where there is one: transformers'
+        `__call__` around it (a BatchEncoding, its checks) cost several times the encoding."""
+        backend = getattr(self.tokenizer, "backend_tokenizer", None)
+        if backend is None:
+            return list(self.tokenizer(text, add_special_tokens=special)["input_ids"])
+        return backend.encode(text, add_special_tokens=special).ids

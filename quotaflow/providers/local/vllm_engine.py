@@ -48,6 +48,7 @@ try:
     from vllm.exceptions import VLLMClientError
     from vllm.platforms import current_platform
     from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
+    from vllm.utils.gc_utils import freeze_gc_heap
     from vllm.v1.engine.async_llm import AsyncLLM
 except ImportError as exc:  # the provider turns this into a ConfigError naming the fix
     raise ImportError(f"vLLM is not importable: {exc}") from exc
@@ -81,6 +82,11 @@ class VllmEngine(PromptIds):
             raise ConfigError(f"deployment {self.name!r}: vLLM could not load "
                               f"{deployment.model_path}: {exc}") from exc
         threads = lower_children_priority(deployment.engine_nice)
+        # What loading made (torch's, transformers' and vLLM's objects) out of the collector's
+        # sight, as vLLM's own servers do once started: each full collection walked them
+        # all, about half a second of one worker thread's CPU in a job of 512 answers
+        # (docs/benchmarks.md, "On vLLM's engine"), taken from the engine beside it.
+        freeze_gc_heap()
         log.info("%s: vLLM's engine processes (%d threads) run %d steps below the worker",
                  self.name, threads, deployment.engine_nice)
         config = self.llm.model_config
