@@ -16,6 +16,7 @@ from quotaflow.constants import REDIS_PREFIX
 from quotaflow.deployments.limits import Budget, Refunds
 from quotaflow.errors import ServiceUnavailable
 from quotaflow.redis_clients import UNREACHABLE, connect
+from quotaflow.redis_scripts import load_script
 
 SCRIPT = Path(__file__).with_name("lua") / "bucket.lua"
 EPS = 1e-9
@@ -39,7 +40,7 @@ class RedisLimiter:
     def __init__(self, url: str) -> None:
         self._url = url
         self._redis = connect(url, socket_timeout=5, socket_connect_timeout=5)
-        self._script = self._redis.register_script(SCRIPT.read_text())
+        self._script = load_script(self._redis, SCRIPT.read_text())
         # Per budget, until when (monotonic) this process knows its hash exists: it wrote
         # it, with an expiry not yet passed. Found missing before then, it was lost.
         self._known_until: dict[str, float] = {}

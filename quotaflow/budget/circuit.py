@@ -23,6 +23,7 @@ from quotaflow.constants import REDIS_PREFIX
 from quotaflow.deployments.catalog import Deployment
 from quotaflow.errors import ServiceUnavailable
 from quotaflow.redis_clients import UNREACHABLE, connect
+from quotaflow.redis_scripts import load_script
 
 SCRIPT = Path(__file__).with_name("lua") / "circuit.lua"
 # A probe that has not answered in its deployment's timeout plus this is presumed lost.
@@ -83,7 +84,7 @@ class RedisCircuitBreaker:
 
     def __init__(self, url: str, closed_for_s: float = 0.0) -> None:
         self._redis = connect(url, socket_timeout=5, socket_connect_timeout=5)
-        self._script = self._redis.register_script(SCRIPT.read_text())
+        self._script = load_script(self._redis, SCRIPT.read_text())
         self._closed_for_s = closed_for_s
         self._closed_until: dict[str, float] = {}
         self._clean: set[str] = set()  # closed, no failures counted, as last read

@@ -26,6 +26,7 @@ from quotaflow.constants import REDIS_PREFIX
 from quotaflow.deployments.limits import Budget
 from quotaflow.errors import ServiceUnavailable
 from quotaflow.redis_clients import UNREACHABLE, connect
+from quotaflow.redis_scripts import load_script
 
 SCRIPT = Path(__file__).with_name("lua") / "fair.lua"
 # A tenant that has not asked for a budget this long no longer has demand for it.
@@ -119,7 +120,7 @@ class RedisFairShare:
     def __init__(self, url: str, active_ttl_s: float = ACTIVE_TTL_S,
                  quantum_s: float = QUANTUM_S) -> None:
         self._redis = connect(url, socket_timeout=5, socket_connect_timeout=5)
-        self._script = self._redis.register_script(SCRIPT.read_text())
+        self._script = load_script(self._redis, SCRIPT.read_text())
         self._ttl = repr(float(active_ttl_s))
         self._quantum = repr(float(quantum_s))
 
