@@ -42,22 +42,35 @@ class ProviderPool:
         self._by_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop,
                                                  dict[tuple[object, ...], Provider]] = (
             weakref.WeakKeyDictionary())
+        self._last = threading.local()
 
     def get(self, deployment: Deployment) -> Provider:
         """The deployment's provider in the running loop; ConfigError where it cannot be
-        made (its key's environment variable is not set, say)."""
-        providers = self._by_loop.setdefault(asyncio.get_running_loop(), {})
+        made (its key's environment variable is not set, say).
+
+        Asked once per request: the thread's last answer is kept for the same loop and
+        deployment object, since the weak mapping and the key cost more than the call's
+        own HTTP parsing (py-spy of the workers, docs/benchmarks.md)."""
+        loop = asyncio.get_running_loop()
+        last = self._last
+        if getattr(last, "loop", None) is loop and last.deployment is deployment:
+            return last.provider
+        providers = self._by_loop.setdefault(loop, {})
         key = (deployment.name, deployment.provider, deployment.base_url,
                deployment.api_key_env, deployment.timeout_s, deployment.anthropic_version)
         provider = providers.get(key)
         if provider is None:
             provider = providers[key] = self._factory(deployment)
+        last.loop, last.deployment, last.provider = loop, deployment, provider
         return provider
 
     async def aclose(self) -> None:
         """Close the running loop's providers (a loop about to end, as the embedded
         runner's does)."""
-        providers = self._by_loop.pop(asyncio.get_running_loop(), {})
+        loop = asyncio.get_running_loop()
+        if getattr(self._last, "loop", None) is loop:
+            self._last.loop = None
+        providers = self._by_loop.pop(loop, {})
         for provider in providers.values():
             await provider.aclose()
 
