@@ -156,12 +156,13 @@ def run_batch(model_dir: Path, args: argparse.Namespace, workdir: Path) -> Row:
 
 def end_to_end(model_dir: Path, args: argparse.Namespace, workdir: Path) -> Row:
     """The same requests as a quotaflow job on a real --deployment worker."""
+    import psycopg
     import redis
+    from sqlalchemy.engine import make_url
 
     from quotaflow.config import Settings
     from quotaflow.db import session_factory, upgrade
     from quotaflow.dispatch.queues import PlacingDispatcher
-    from tests.harness.cluster import job_status
     from tests.harness.factories import jsonl
     from tests.harness.procs import Proc, quotaflow
     from tests.harness.servers import recreate_database, service_env
@@ -198,8 +199,14 @@ def end_to_end(model_dir: Path, args: argparse.Namespace, workdir: Path) -> Row:
             sessions, io.BytesIO(data), settings=settings, deployments=loaded,
             dispatcher=dispatcher, queue="bulk")
         submitted = time.perf_counter() - started
-        while (status := job_status(sessions, job.id)) == "in_progress":
-            time.sleep(0.02)
+        # Polled on a plain connection: reading the job through the ORM cost ~0.4 ms of
+        # this process's CPU a time, 50 times a second, taken from the engine's two cores.
+        with psycopg.connect(make_url(PG_URL).set(drivername="postgresql").render_as_string(
+                hide_password=False), autocommit=True) as poll:
+            while (status := poll.execute("SELECT status FROM jobs WHERE id = %s",
+                                          (job.id,)).fetchone()[0]) in ("validating",
+                                                                        "in_progress"):
+                time.sleep(0.02)
         seconds = time.perf_counter() - started
         if status != "completed":
             raise RuntimeError(f"the job ended {status}:\n{worker.log()}")

@@ -10,13 +10,15 @@ each run batches on their own event loop, and a forked child opens its own),
 made from the client's own connection settings (address, credentials, TLS,
 timeouts).
 
-What the pool did for failures is kept: a connection that fails is dropped and
-the call is tried once more on a new one (a Redis restarted since the last call
-closed it), and what still fails is raised as redis-py's ConnectionError or
-TimeoutError, which the callers turn into ServiceUnavailable. A server that lost
-its scripts (restarted, flushed) answers NOSCRIPT: the script is loaded again and
-the call repeated. A Redis Cluster keeps redis-py's `Script`, which routes each
-call by its key's slot.
+What the pool did for failures is kept, and no more: before each call the held
+connection is checked as the pool checks one it hands out (closed by the server, a
+Redis restarted since the last call: a new one is opened); a call that fails is
+never sent again (the server may have run it: an acquire would take its budget
+twice, a settle refund twice), its connection is dropped, and redis-py's
+ConnectionError or TimeoutError goes to the caller, which turns it into
+ServiceUnavailable. A server that lost its scripts (restarted, flushed) answers
+NOSCRIPT: the script is loaded again and the call repeated. A Redis Cluster keeps
+redis-py's `Script`, which routes each call by its key's slot.
 """
 
 import hashlib
@@ -31,7 +33,7 @@ from redis.exceptions import NoScriptError
 from quotaflow.redis_clients import RedisClient
 
 Script = Callable[..., Any]
-_RETRIED = (redis.ConnectionError, redis.TimeoutError, OSError)
+_FAILED = (redis.ConnectionError, redis.TimeoutError, OSError)
 
 
 def load_script(client: RedisClient, text: str) -> Script:
@@ -53,28 +55,30 @@ class HeldScript:
         self._held = threading.local()
 
     def __call__(self, keys: Sequence[str] = (), args: Sequence[Any] = ()) -> Any:
+        connection = self._connection()
         command = ("EVALSHA", self._sha, len(keys), *keys, *args)
         try:
-            return self._run(self._connection(), command)
-        except _RETRIED:
-            self._drop()
-            return self._run(self._connection(), command)
-
-    def _run(self, connection: redis.Connection, command: tuple[Any, ...]) -> Any:
-        try:
-            return _ask(connection, command)
-        except NoScriptError:
-            return _ask(connection, ("EVAL", self._text, *command[2:]))
-        except _RETRIED:
+            try:
+                return _ask(connection, command)
+            except NoScriptError:
+                return _ask(connection, ("EVAL", self._text, *command[2:]))
+        except _FAILED:  # its answer may still come: this connection cannot be read again
             connection.disconnect()
             raise
 
     def _connection(self) -> redis.Connection:
+        """This thread's connection, made or made again where the pool would have."""
         held = self._held
         connection = getattr(held, "connection", None)
         if connection is None or held.pid != os.getpid():
             connection = held.connection = self._make()
             held.pid = os.getpid()
+            return connection  # it connects on its first command
+        try:
+            if connection.can_read():  # closed by the server, or stray bytes: start afresh
+                connection.disconnect()
+        except _FAILED:
+            connection.disconnect()
         return connection
 
     def _drop(self) -> None:

@@ -4,6 +4,7 @@ kept (a restarted Redis, a server that lost its scripts, a forked child)."""
 
 import os
 import threading
+import time
 
 import pytest
 import redis
@@ -75,6 +76,32 @@ def test_scripts_lost_or_server_restarted(throwaway_redis) -> None:
     # When it is back (empty): the next call reconnects by itself
     start()
     assert held(keys=["n"], args=[5]) == 5
+
+
+SLOW_COUNT = """
+local ends = tonumber(redis.call('TIME')[1]) + tonumber(ARGV[1])
+while tonumber(redis.call('TIME')[1]) < ends do end
+return redis.call('INCR', KEYS[1])
+"""
+
+
+def test_a_call_that_fails_is_not_sent_again(throwaway_redis) -> None:
+    # Given a script the server runs for longer than the client waits for an answer
+    url, _, _ = throwaway_redis
+    held = load_script(connect(url, socket_timeout=0.5), SLOW_COUNT)
+    # When the call times out: the error reaches the caller
+    with pytest.raises(redis.TimeoutError):
+        held(keys=["n"], args=[2])
+    # Then the server ran it once, not once more on a new connection (an acquire would
+    # have taken its budget twice), and the next call is answered on a fresh connection
+    client = redis.Redis.from_url(url)
+    for _ in range(60):
+        if client.get("n") is not None:
+            break
+        time.sleep(0.05)
+    assert client.get("n") == b"1"
+    assert load_script(connect(url), COUNT)(keys=["n"], args=[1]) == 2
+    assert held(keys=["n"], args=[0]) == 3
 
 
 def test_a_forked_child_opens_its_own(throwaway_redis) -> None:
