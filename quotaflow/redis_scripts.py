@@ -81,16 +81,6 @@ class HeldScript:
             connection.disconnect()
         return connection
 
-    def _drop(self) -> None:
-        self._held.connection = None
-
-    def close(self) -> None:
-        """Close this thread's connection (others close when their thread's data goes)."""
-        connection = getattr(self._held, "connection", None)
-        if connection is not None:
-            connection.disconnect()
-            self._drop()
-
 
 def _ask(connection: redis.Connection, command: tuple[Any, ...]) -> Any:
     connection.send_command(*command)
