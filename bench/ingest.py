@@ -106,6 +106,36 @@ def peak_rss_mb(pid: int) -> float:
     return float("nan")
 
 
+def postmaster_pid(dsn: str) -> int:
+    """The PostgreSQL server's own pid (its backends are its children), for its CPU."""
+    with psycopg.connect(dsn) as conn:
+        backend = conn.execute("SELECT pg_backend_pid()").fetchone()[0]
+    stat = Path(f"/proc/{backend}/stat").read_bytes()
+    return int(stat[stat.rindex(b")") + 2:].split()[1])
+
+
+def cpu_s(pids: list[int]) -> float:
+    """CPU seconds of the process trees under pids (bench.e2e's accounting)."""
+    from bench.e2e import _process_table, tree_cpu
+    return tree_cpu(pids, _process_table())
+
+
+def timed(command: list[str], env: dict[str, str], watched: list[int]
+          ) -> tuple[subprocess.CompletedProcess[str], float, list[float]]:
+    """Run a CLI command to its end: its result, wall seconds, and the CPU seconds it,
+    then each watched process tree, used meanwhile."""
+    before = [cpu_s([pid]) for pid in watched]
+    child_before = os.times()
+    start = time.perf_counter()
+    done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+    wall = time.perf_counter() - start
+    child_after = os.times()
+    used = [child_after.children_user + child_after.children_system
+            - child_before.children_user - child_before.children_system]
+    used += [cpu_s([pid]) - b for pid, b in zip(watched, before, strict=True)]
+    return done, wall, used
+
+
 def quotaflow(*args: str) -> list[str]:
     return [sys.executable, "-c", "from cli.main import main; main()", *args]
 
@@ -132,10 +162,10 @@ def run(lines: int, workdir: Path, port: int | None = None) -> dict[str, float]:
                 pass
             time.sleep(0.1)
         idle_rss = peak_rss_mb(api.pid)
-        start = time.perf_counter()
-        made = subprocess.run(quotaflow("submit", str(source), "--queue", "bulk"), env=env,
-                              capture_output=True, text=True, check=False)
-        submit_s = time.perf_counter() - start
+        dsn = make_url(PG_URL).set(drivername="postgresql").render_as_string(hide_password=False)
+        watched = [api.pid, postmaster_pid(dsn)]
+        made, submit_s, submit_cpu = timed(quotaflow("submit", str(source), "--queue", "bulk"),
+                                           env, watched)
         if made.returncode != 0:
             raise SystemExit(f"submit failed: {made.stderr}\n{(workdir / 'api.log').read_text()}")
         job_id = made.stdout.strip()
@@ -149,10 +179,8 @@ def run(lines: int, workdir: Path, port: int | None = None) -> dict[str, float]:
                          "WHERE id = %s", (job_id,))
         conn.close()
         output = workdir / "results.jsonl"
-        start = time.perf_counter()
-        got = subprocess.run(quotaflow("results", job_id, "-o", str(output)), env=env,
-                             capture_output=True, text=True, check=False)
-        download_s = time.perf_counter() - start
+        got, download_s, download_cpu = timed(quotaflow("results", job_id, "-o", str(output)),
+                                              env, watched)
         if got.returncode != 0:
             raise SystemExit(f"results failed: {got.stderr}")
         with output.open("rb") as handle:
@@ -163,7 +191,7 @@ def run(lines: int, workdir: Path, port: int | None = None) -> dict[str, float]:
         return {"lines": lines, "submit_s": submit_s, "idle_rss": idle_rss,
                 "submit_rss": submit_rss, "peak_rss": peak_rss_mb(api.pid),
                 "download_s": download_s, "download_mb": output.stat().st_size / 1e6,
-                "queued": queued}
+                "queued": queued, "submit_cpu": submit_cpu, "download_cpu": download_cpu}
     finally:
         os.killpg(api.pid, 15)
         api.wait(30)
@@ -193,6 +221,11 @@ def main() -> None:
             conn.execute(f'DROP DATABASE IF EXISTS "{url.database}" WITH (FORCE)')
     print(f"{row['queued']:,} Celery messages queued; API RSS idle {row['idle_rss']:.0f} MB, "
           f"after submit {row['submit_rss']:.0f} MB; results file {row['download_mb']:,.0f} MB")
+    for phase in ("submit", "download"):
+        cli, api, pg = row[f"{phase}_cpu"]
+        print(f"{phase} CPU us a line: CLI {cli / row['lines'] * 1e6:.1f}, API "
+              f"{api / row['lines'] * 1e6:.1f}, PostgreSQL {pg / row['lines'] * 1e6:.1f} "
+              "(the whole server: anything else it runs counts too)")
     header = ("lines", "submit s", "lines/s", "API peak RSS MB", "download s",
               "download lines/s")
     values = (f"{row['lines']:,}", f"{row['submit_s']:.1f}",

@@ -49,6 +49,8 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, float]:
             worker.wait_until(lambda w=worker: " ready." in w.log())
         api_idle = peak_rss_mb(bench.api.pid)
 
+        api_cpu = tree_cpu([bench.api.pid], _process_table())
+        pg_cpu = tree_cpu([bench.postgres.pid], _process_table())
         started = time.monotonic()
         submit = bench._start("submit", quotaflow("submit", str(source), "--queue", "bulk"), env)
         submit_use = wait_with_rusage(submit, args.timeout, "submit")
@@ -57,6 +59,10 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, float]:
         if submit.popen.returncode != 0:
             raise RuntimeError(f"submit failed:\n{submit.log()}")
         api_submit = peak_rss_mb(bench.api.pid)
+        table = _process_table()
+        submit_cpu = (f"API {tree_cpu([bench.api.pid], table) - api_cpu:.1f}, "
+                      f"PostgreSQL {tree_cpu([bench.postgres.pid], table) - pg_cpu:.1f}, "
+                      f"CLI {submit_use.ru_utime + submit_use.ru_stime:.1f}")
         with psycopg.connect(bench.db_url.replace("postgresql+psycopg://", "postgresql://"),
                              autocommit=True) as conn:
             while (status := conn.execute("SELECT status FROM jobs WHERE id = %s",
@@ -89,6 +95,7 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, float]:
                 "submit_rss": submit_use.ru_maxrss / 1024,
                 "results_rss": download_use.ru_maxrss / 1024,
                 "download_mb": output.stat().st_size / 1e6,
+                "submit_cpu": submit_cpu,
                 "download_cpu": (f"API {api_cpu:.1f}, PostgreSQL {pg_cpu:.1f}, CLI "
                                  f"{download_use.ru_utime + download_use.ru_stime:.1f}")}
     finally:
@@ -121,7 +128,8 @@ def main() -> None:
         row = run(args, Path(workdir))
     n = row["lines"]
     print(f"API RSS idle {row['api_idle']:.0f} MB, after submit {row['api_submit']:.0f} MB; "
-          f"results file {row['download_mb']:,.0f} MB; download CPU s: {row['download_cpu']}")
+          f"results file {row['download_mb']:,.0f} MB")
+    print(f"CPU s: submit {row['submit_cpu']}; download {row['download_cpu']}")
     header = ("lines", "submit s", "lines/s", "run s", "req/s", "download s", "lines/s",
               "API peak MB", "submit CLI MB", "results CLI MB")
     values = (f"{n:,}", f"{row['submit_s']:.1f}", f"{n / row['submit_s']:,.0f}",

@@ -32,9 +32,9 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 # SQL NULL for Python None, so "IS NULL" means "absent" (an invalid line has no body).
 JsonType = JSON(none_as_null=True).with_variant(JSONB(none_as_null=True), "postgresql")
-# A provider's answer, written once and read back as text: json keeps the text as it was
-# written, where jsonb parsed it on the way in and printed it on every download
-# (migration 0018).
+# A request body or a provider's answer, written once and read back as text: json keeps
+# the text as it was written, where jsonb parsed it on the way in and printed it on
+# every claim or download (migrations 0018, 0019).
 AnswerType = JSON(none_as_null=True)
 
 
@@ -175,7 +175,7 @@ class Item(Base):
     job_id: Mapped[str] = mapped_column(String(64), primary_key=True)
     line_no: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
     custom_id: Mapped[str | None] = mapped_column(String(512))
-    body: Mapped[dict[str, Any] | None]
+    body: Mapped[dict[str, Any] | None] = mapped_column(AnswerType)
     status: Mapped[str] = mapped_column(String(16))
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     lease_owner: Mapped[str | None] = mapped_column(String(64))
