@@ -6,7 +6,6 @@ and act for the tenant of the request's API key (api.deps.tenant): another tenan
 """
 
 import json
-from collections.abc import Iterator
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, File, Form, Query, Response, UploadFile
@@ -37,7 +36,6 @@ from quotaflow.jobs import view as job_view
 from quotaflow.models import JobStatus
 from quotaflow.observe import bound_data, report_data
 from quotaflow.results import output_pieces
-from quotaflow.results.read_ahead import read_ahead
 
 JSONL = "application/jsonl"
 REPLAYED_HEADER = "Idempotent-Replayed"
@@ -229,8 +227,5 @@ def _stream(sessions: sessionmaker[Session], job_id: str, errors: bool) -> Strea
     with sessions() as session:  # 404 before the stream starts
         retention.require_results(jobs.get_job(session, job_id))
 
-    def chunks() -> Iterator[bytes]:
-        with sessions() as session:
-            yield from output_pieces.output_pieces(session, job_id, errors=errors)
-
-    return StreamingResponse(read_ahead(chunks), media_type=JSONL)
+    return StreamingResponse(output_pieces.output_stream(sessions, job_id, errors),
+                             media_type=JSONL)

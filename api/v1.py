@@ -123,8 +123,7 @@ def file_content(file_id: IdPath, sessions: SessionsDep, tenant: TenantDep) -> S
 
 
 def _lines(sessions: sessionmaker[Session], virtual: files.VirtualFile) -> Iterator[bytes]:
-    with sessions() as session:
-        yield from files.virtual_pieces(session, virtual)
+    return files.virtual_stream(sessions, virtual)
 
 
 def _chunks(sessions: sessionmaker[Session], file_id: str) -> Iterator[bytes]:

@@ -22,7 +22,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from quotaflow.constants import QUEUE_BULK, QUEUE_REALTIME, QUEUE_STANDARD
 from quotaflow.deployments.catalog import Deployments, load_deployments
 from quotaflow.errors import ConfigError
-from quotaflow.redis_clients import check_url, is_cluster_url
+from quotaflow.redis_urls import check_url, is_cluster_url
 
 # Svix's schedule: at once, then 5 s, 5 min, 30 min, 2 h, 5 h, 10 h, 10 h (about a day).
 WEBHOOK_RETRY_SCHEDULE_S = (0.0, 5.0, 300.0, 1800.0, 7200.0, 18000.0, 36000.0, 36000.0)

@@ -25,9 +25,8 @@ from redis.cluster import ClusterNode, RedisCluster
 from redis.exceptions import ClusterError, RedisClusterException, TryAgainError
 
 from quotaflow.errors import ServiceUnavailable
+from quotaflow.redis_urls import CLUSTER_SCHEMES, is_cluster_url, seed_addresses
 
-CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
-PLAIN_SCHEMES = ("redis", "rediss", "unix")
 # What a Redis, or a cluster between a master's death and its replica's promotion,
 # raises when it cannot answer now but may shortly: the caller waits and asks again.
 UNREACHABLE: tuple[type[Exception], ...] = (
@@ -37,42 +36,8 @@ UNREACHABLE: tuple[type[Exception], ...] = (
 RedisClient = redis.Redis | RedisCluster
 
 
-def is_cluster_url(url: str) -> bool:
-    return urlsplit(url).scheme in CLUSTER_SCHEMES
-
-
-def check_url(url: str) -> str:
-    """`url`, if it names a Redis or a Redis Cluster this module can open; else a
-    ValueError that says what is wrong (the settings show it with the variable's name)."""
-    parts = urlsplit(url)
-    if parts.scheme in PLAIN_SCHEMES:
-        return url
-    if parts.scheme not in CLUSTER_SCHEMES:
-        raise ValueError(
-            f"unknown scheme {parts.scheme!r}: use redis://, rediss:// or unix:// for one "
-            "Redis, redis+cluster:// or rediss+cluster:// for a Redis Cluster")
-    _seeds(url)
-    return url
-
-
 def _seeds(url: str) -> list[ClusterNode]:
-    parts = urlsplit(url)
-    if parts.query:
-        raise ValueError("a cluster URL takes no ?options (they would be ignored): give "
-                         "host:port seeds, and credentials before an @")
-    if parts.path.strip("/") not in ("", "0"):
-        raise ValueError(f"a Redis Cluster has only database 0, not {parts.path.strip('/')!r}; "
-                         "drop the path from the URL")
-    hosts = parts.netloc.rpartition("@")[2]
-    seeds = []
-    for seed in filter(None, hosts.split(",")):
-        host, _, port = seed.rpartition(":") if ":" in seed else (seed, "", "6379")
-        if not host or not port.isdigit():
-            raise ValueError(f"seed node {seed!r} is not host:port")
-        seeds.append(ClusterNode(host.strip("[]"), int(port)))
-    if not seeds:
-        raise ValueError("name at least one node of the cluster, e.g. redis+cluster://host:7000")
-    return seeds
+    return [ClusterNode(host, port) for host, port in seed_addresses(url)]
 
 
 def connect(url: str, **options: float) -> RedisClient:

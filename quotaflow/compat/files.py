@@ -31,7 +31,7 @@ from quotaflow.jobs import service as jobs
 from quotaflow.jobs import view as job_view
 from quotaflow.models import File, FileChunk, Job, utcnow
 from quotaflow.results import output
-from quotaflow.results.output_pieces import output_pieces
+from quotaflow.results.output_pieces import output_pieces, output_stream
 
 CHUNK_BYTES = 1024 * 1024
 PURPOSE_BATCH = "batch"
@@ -195,6 +195,11 @@ def virtual_lines(session: Session, virtual: VirtualFile) -> Iterator[str]:
 def virtual_pieces(session: Session, virtual: VirtualFile) -> Iterator[bytes]:
     """The batch output or error file's bytes, in pieces (output_pieces.py)."""
     return output_pieces(session, virtual.job_id, virtual.errors)
+
+
+def virtual_stream(sessions: sessionmaker[Session], virtual: VirtualFile) -> Iterator[bytes]:
+    """virtual_pieces made ahead of the one being sent, on connections of their own."""
+    return output_stream(sessions, virtual.job_id, virtual.errors)
 
 
 def virtual_object(session: Session, virtual: VirtualFile) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from quotaflow.budget.circuit import circuit_key
 from quotaflow.budget.fair_share import SLOTS_KEY, fair_key
 from quotaflow.config import Settings, get_settings
 from quotaflow.errors import ConfigError
-from quotaflow.redis_clients import check_url, is_cluster_url
+from quotaflow.redis_urls import check_url, is_cluster_url
 
 LUA = Path(redis_clients.__file__).parent / "budget" / "lua"
 
