@@ -80,6 +80,7 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, float]:
         output = workdir / "results.jsonl"
         api_cpu = tree_cpu([bench.api.pid], _process_table())
         pg_cpu = tree_cpu([bench.postgres.pid], _process_table())
+        download_started = time.monotonic()  # the workers' shutdown above is not the download's
         download = bench._start("results", quotaflow("results", job_id, "-o", str(output)), env)
         download_use = wait_with_rusage(download, args.timeout, "results")
         downloaded = time.monotonic()
@@ -89,7 +90,7 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, float]:
             raise RuntimeError(f"results failed:\n{download.log()}")
         check_output(output, args.lines)
         return {"lines": args.lines, "submit_s": submitted - started,
-                "run_s": ran - submitted, "download_s": downloaded - ran,
+                "run_s": ran - submitted, "download_s": downloaded - download_started,
                 "api_idle": api_idle, "api_submit": api_submit,
                 "api_peak": peak_rss_mb(bench.api.pid),
                 "submit_rss": submit_use.ru_maxrss / 1024,

@@ -14,6 +14,8 @@ primary key, so memory holds one piece whatever the job's size.
 
 from collections.abc import Iterator
 
+from psycopg.abc import Buffer
+from psycopg.adapt import Loader
 from sqlalchemy.orm import Session, sessionmaker
 
 from quotaflow.constants import OUTPUT_ANTHROPIC
@@ -88,7 +90,25 @@ def piece_starts(session: Session, job_id: str, errors: bool) -> range | None:
 
 def render_piece(session: Session, job_id: str, first: int) -> bytes | None:
     """The output lines of the job's successes from line `first` on (PIECE_LINES
-    line numbers), made by PostgreSQL; None if that range has none."""
-    piece = session.connection().exec_driver_sql(
-        _PIECE, {"job": job_id, "first": first, "end": first + PIECE_LINES}).scalar()
-    return piece.encode() if piece else None
+    line numbers), made by PostgreSQL; None if that range has none. The piece is taken
+    as the bytes the server sent: decoded to a str and encoded back, it cost the API
+    more than half of its CPU per line (0.7 against 0.3 s for 400,000 lines)."""
+    connection = session.connection().connection.driver_connection
+    cursor = connection.cursor()
+    utf8 = connection.info.encoding == "utf-8"
+    if utf8:
+        cursor.adapters.register_loader("text", _Utf8Bytes)
+    with cursor:
+        row = cursor.execute(_PIECE, {"job": job_id, "first": first,
+                                      "end": first + PIECE_LINES}).fetchone()
+    piece = row[0] if row else None
+    if not piece:
+        return None
+    return piece if utf8 else piece.encode()
+
+
+class _Utf8Bytes(Loader):
+    """A text value as the bytes it arrived in (only where the client encoding is UTF-8)."""
+
+    def load(self, data: Buffer) -> bytes:
+        return bytes(data)
