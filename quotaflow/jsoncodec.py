@@ -12,16 +12,18 @@ from typing import Any
 
 import orjson
 
-# orjson (3.8) turns an integer of 20 or more digits into a float; text holding one
-# takes the standard library's parser, which keeps the number exact (as PostgreSQL's
-# JSONB does). Digits map to "0" and all else to " ", so a run is a substring test
-# (a regex is 7x slower).
-_DIGITS_ONLY = bytes(48 if 48 <= byte <= 57 else 32 for byte in range(256))
+# orjson turns an integer beyond 64 bits into a float: one of 20 or more digits, or a
+# negative one of 19 below -2**63 (-9223372036854775809). Text holding either takes the
+# standard library's parser, which keeps the number exact (as PostgreSQL does). Digits
+# and the minus sign map to "0", all else to " ", so a run of 20 is a substring test (a
+# regex is 7x slower); a run the minus sign lengthens ("555-0100-...") only costs the
+# slower parser.
+_DIGITS_ONLY = bytes(48 if 48 <= byte <= 57 or byte == 45 else 32 for byte in range(256))
 _LONG_NUMBER = b"0" * 20
 
 
 def has_long_number(raw: bytes) -> bool:
-    """Whether orjson would round a number in `raw`."""
+    """Whether orjson might round a number in `raw`."""
     return _LONG_NUMBER in raw.translate(_DIGITS_ONLY)
 
 
