@@ -12,6 +12,7 @@ Lines come in input order; pieces are ranges of line numbers walked by the
 primary key, so memory holds one piece whatever the job's size.
 """
 
+import threading
 from collections.abc import Iterator
 
 from psycopg.abc import Buffer
@@ -25,8 +26,11 @@ from quotaflow.results.read_ahead import made_in_parallel, read_ahead
 
 # Lines per statement: about 1.5 MB of text for answers of 700 bytes.
 PIECE_LINES = 2000
-# Connections writing a download's pieces at once (output_stream).
+# Connections writing a download's pieces at once (output_stream), and how many
+# downloads of a process may take more than one at a time.
 PIECE_WORKERS = 2
+PARALLEL_DOWNLOADS = 2
+_SECOND_CONNECTIONS = threading.BoundedSemaphore(PARALLEL_DOWNLOADS)
 
 # output.render_stored's line, for a result without an error, in SQL.
 _PIECE = """
@@ -72,9 +76,16 @@ def output_stream(sessions: sessionmaker[Session], job_id: str, errors: bool,
                 yield from output_pieces(session, job_id, errors=errors)
         yield from read_ahead(chunks)
         return
-    yield from made_in_parallel(starts, lambda session, first: render_piece(session, job_id,
-                                                                           first),
-                                sessions, workers=workers)
+    # The API's connection pool is small (quotaflow/db.py): a few downloads at a time
+    # take a second connection, the others make do with one.
+    extra = workers > 1 and _SECOND_CONNECTIONS.acquire(blocking=False)
+    try:
+        yield from made_in_parallel(
+            starts, lambda session, first: render_piece(session, job_id, first), sessions,
+            workers=workers if extra else 1)
+    finally:
+        if extra:
+            _SECOND_CONNECTIONS.release()
 
 
 def piece_starts(session: Session, job_id: str, errors: bool) -> range | None:
