@@ -26,10 +26,11 @@ pytestmark = [pytest.mark.multihost, pytest.mark.cluster, pytest.mark.timeout(42
 BUDGET = Budget(rpm=1200, burst_seconds=5, latency_ms=100)  # 20 requests a second
 DELAY_MS = 4.0  # one way, each direction: about 10 ms a round trip with the proxy's time
 SKEW_S = 5.0
-# Twice the default lease (renewed every 20 s): the partition test's cuts (a renewal beat,
-# the search for the worst moment, at most 16 s, then a 16 s cut) must end inside one
-# lease, or the reaper rightly gives B's items to C and what B had in flight is sent again
-# (docs/operations/reliability.md). With 30 s they did not always: CI saw 10 bodies twice.
+# Twice the default lease (renewed every 20 s): the partition test's cuts (up to a renewal
+# beat since B's last renewal, the search for the worst moment, then a 16 s cut) must end
+# inside one lease, or the reaper rightly gives B's items to C and what B had in flight
+# is sent again (docs/operations/reliability.md). With 30 s that left the search 4 s, and
+# CI once saw 10 bodies sent twice; with 60 s it has 24.
 LEASE_S = 60
 IDLE_IN_TRANSACTION_S = 3  # quicker than the default 10 s, to fit a 10 s partition
 # B's pool processes (2 workers x 2), each a session that may hold the spend row for
