@@ -14,6 +14,7 @@ Feedback is best effort: a limiter or breaker that is down must not fail a
 finished call (its in-flight tally lapses by itself after the flight timeout).
 """
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable
@@ -64,6 +65,9 @@ class Feedback:
     _succeeded: dict[str, Deployment] = field(default_factory=dict)
     _count: int = 0
     _since: float = 0.0
+    # Rung as the writer's is (writer.py): when the first settlement starts the clock
+    # and when a flush falls due by its size.
+    bell: asyncio.Event | None = None
 
     def answered(self, admitted: Admitted, response: ProviderResponse | None) -> None:
         """Record an admitted call's end: settled once, whatever became of it. A failed
@@ -84,6 +88,8 @@ class Feedback:
         if not self._count:
             self._since = now
         self._count += 1
+        if self.bell is not None and (self._count == 1 or self._count == FLUSH_SIZE):
+            self.bell.set()
         pending.settlements.append(settlement)
         if response is None:
             return
@@ -121,9 +127,15 @@ class Feedback:
         _best_effort(self.breaker.record_failure, admitted.deployment)
         return False
 
+    def due_at(self) -> float | None:
+        """When the settlements waiting are to be flushed (time.monotonic()); None: none."""
+        if not self._count:
+            return None
+        return self._since if self._count >= FLUSH_SIZE else self._since + FLUSH_AFTER_S
+
     def due(self) -> bool:
-        return self._count >= FLUSH_SIZE or (
-            self._count > 0 and time.monotonic() - self._since >= FLUSH_AFTER_S)
+        due_at = self.due_at()
+        return due_at is not None and due_at <= time.monotonic()
 
     def flush(self) -> None:
         """One settle (and at most one clamp) per budget, one success per deployment."""

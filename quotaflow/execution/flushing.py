@@ -5,6 +5,7 @@ Both used to live in the executor; they are the run's plumbing, not its course.
 """
 
 import asyncio
+import contextlib
 import logging
 import time
 
@@ -14,8 +15,6 @@ from quotaflow.execution.batch import BatchRun
 
 log = logging.getLogger(__name__)
 
-# How often a running batch looks whether feedback or results are due to be written.
-FLUSH_TICK_S = 0.01
 # After a failed write, the next try waits this long (the database may be restarting),
 # doubling up to MAX_WRITE_RETRY_S; a batch keeps its answers for KEEP_ANSWERS_S at most.
 WRITE_RETRY_S = 1.0
@@ -25,9 +24,17 @@ KEEP_ANSWERS_S = 300.0
 
 async def flush_when_due(run: BatchRun) -> None:
     """Settle and store a chunk at a time while the batch runs, not only at its end; the
-    hooks' buffers (the metrics tally) are written with each settle."""
+    hooks' buffers (the metrics tally) are written with each settle.
+
+    It sleeps until the first of the two is due, or until one of them rings its bell
+    (something to wait for, or a full chunk). It used to look every 10 ms: a batch
+    waiting on slow answers (a model generating for seconds) woke a hundred times a
+    second for nothing, which on a small VM cost a batch thread up to a fifth of a
+    millisecond of CPU a wake-up, taken from the engine it was waiting on
+    (docs/benchmarks.md, "On vLLM's engine")."""
+    bell = run.writer.bell = run.feedback.bell = asyncio.Event()
     while True:
-        await asyncio.sleep(FLUSH_TICK_S)
+        await _until_due(run, bell)
         if run.feedback.due():
             run.feedback.flush()
             run.hooks.flush_all()
@@ -40,6 +47,17 @@ async def flush_when_due(run: BatchRun) -> None:
                 raise
             except Exception:  # kept for the next try; the batch's end raises it
                 await asyncio.sleep(WRITE_RETRY_S)
+
+
+async def _until_due(run: BatchRun, bell: asyncio.Event) -> None:
+    while True:
+        due = [at for at in (run.feedback.due_at(), run.writer.due_at()) if at is not None]
+        wait = min(due) - time.monotonic() if due else None
+        if wait is not None and wait <= 0:
+            return
+        bell.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(bell.wait(), wait)
 
 
 def _retrieve(task: "asyncio.Future[None]") -> None:

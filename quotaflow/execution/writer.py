@@ -40,21 +40,33 @@ class ResultWriter:
     _provenance: list[Provenance | None] = field(default_factory=list)  # one per entry
     _since: float = 0.0
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    # Rung when a write falls due by its size, or when the first answer starts the
+    # clock: the batch's flusher (flushing.py) sleeps on it, not on a tick.
+    bell: asyncio.Event | None = None
 
     def add(self, item: ClaimedItem, outcome: Outcome,
             provenance: Provenance | None = None) -> None:
-        if not self._buffer:
+        buffer = self._buffer
+        if not buffer:
             self._since = time.monotonic()
-        self._buffer.append((item, outcome))
+        buffer.append((item, outcome))
         self._provenance.append(provenance)
+        if self.bell is not None and (len(buffer) == 1 or len(buffer) == FLUSH_SIZE):
+            self.bell.set()
 
     @property
     def waiting(self) -> int:
         return len(self._buffer)
 
+    def due_at(self) -> float | None:
+        """When the answers waiting are to be written (time.monotonic()); None: none wait."""
+        if not self._buffer:
+            return None
+        return self._since if len(self._buffer) >= FLUSH_SIZE else self._since + FLUSH_AFTER_S
+
     def due(self) -> bool:
-        return bool(self._buffer) and (len(self._buffer) >= FLUSH_SIZE
-                                       or time.monotonic() - self._since >= FLUSH_AFTER_S)
+        due_at = self.due_at()
+        return due_at is not None and due_at <= time.monotonic()
 
     async def flush(self) -> None:
         """Write what waits, in a thread so the loop goes on receiving answers meanwhile."""
