@@ -41,7 +41,7 @@ from quotaflow.execution.loops import PROVIDERS, ProviderPool
 from quotaflow.execution.policies import Policies
 from quotaflow.execution.prepare import Preparer
 from quotaflow.execution.retries import RetryPolicy
-from quotaflow.execution.stopping import JobWatch
+from quotaflow.execution.stopping import JobWatch, SharedReads
 from quotaflow.execution.writer import ResultWriter
 from quotaflow.jobs.service import close_if_done
 from quotaflow.providers.priority import current_queue
@@ -69,6 +69,7 @@ class BatchExecutor:
         self.limiter, self.breaker = limiter, breaker or LocalCircuitBreaker()
         self.lease, self.providers = timedelta(seconds=settings.lease_seconds), providers
         self.jobs = JobFactsCache(sessions)
+        self.job_reads = SharedReads()  # its batches' reads of their jobs' status
         bind = sessions.kw.get("bind")  # the prepared statements are PostgreSQL's
         self._postgres = bind is not None and bind.dialect.name == "postgresql"
         self.policies = Policies(sessions, deployments, settings, fair,
@@ -125,7 +126,8 @@ class BatchExecutor:
                         ResultWriter(self.sessions, ref.job_id, on_item, job.has_duplicates,
                                      billing=hooks.ledger),
                         Feedback(self.limiter, self.breaker),
-                        JobWatch(self.sessions, ref.job_id, job.tenant, spending=False),
+                        JobWatch(self.sessions, ref.job_id, job.tenant, spending=False,
+                                 shared=self.job_reads),
                         output_format=job.output_format, hooks=hooks)
 
     async def _call(self, run: BatchRun, items: list[ClaimedItem]) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from quotaflow.execution.abortable import CallStopped, until_stopped
-from quotaflow.execution.stopping import STOP_CHECK_S, JobWatch
+from quotaflow.execution.stopping import STOP_CHECK_S, JobWatch, SharedReads
 from quotaflow.providers.base import ProviderResponse
 
 
@@ -44,9 +44,11 @@ async def _engine_call(started: list[str], cancelled: list[str], name: str) -> A
         raise
 
 
-def _watch(cancel_after: float) -> ScriptedWatch:
-    return ScriptedWatch(sessions=None, job_id="batch_x", spending=False,  # type: ignore[arg-type]
-                         cancel_after=cancel_after)
+def _watch(cancel_after: float, shared: SharedReads | None = None,
+           reads: list[float] | None = None, job_id: str = "batch_x") -> ScriptedWatch:
+    return ScriptedWatch(sessions=None, job_id=job_id, spending=False,  # type: ignore[arg-type]
+                         cancel_after=cancel_after, shared=shared,
+                         reads=[] if reads is None else reads)
 
 
 def test_every_call_in_flight_is_aborted_within_one_interval_of_the_cancel() -> None:
@@ -113,3 +115,26 @@ def test_a_caller_cancelled_with_its_batch_cancels_the_engine_call() -> None:
         return cancelled
 
     assert asyncio.run(scenario()) == ["c"]
+
+
+def test_the_batches_of_one_worker_share_their_reads_of_a_job() -> None:
+    """Four batches of a job on one executor read its status once an interval between
+    them, and all see its cancel within an interval; another job is read on its own."""
+    async def scenario() -> tuple[list[float], list[float], list[float]]:
+        shared, reads, other_reads = SharedReads(), [], []
+        watches = [_watch(0.6, shared, reads) for _ in range(4)]
+        other = _watch(3600, shared, other_reads, job_id="batch_y")
+        begun = time.monotonic()
+        signals = [w.signal() for w in watches]
+        other_signal = other.signal()
+        ended = await asyncio.gather(*signals)
+        took = time.monotonic() - begun
+        assert ended == ["cancelled"] * 4 and not other_signal.done()
+        await other.close()
+        return reads, other_reads, [took]
+
+    reads, other_reads, (took,) = asyncio.run(scenario())
+    assert took < 0.6 + STOP_CHECK_S + 0.15, took
+    # 0.0, 0.5, 1.0 (cancelled): one reader each time, not four
+    assert len(reads) <= 3, reads
+    assert len(other_reads) >= 2  # the other job was not answered from this one's reads
