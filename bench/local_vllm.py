@@ -311,6 +311,8 @@ def main() -> None:
                         help="the deployment's engine_nice (0: the engine at the worker's "
                              "priority)")
     args = parser.parse_args()
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
     import vllm
     print(f"vLLM {vllm.__version__}, device {args.device}, dtype {args.dtype}, "
           f"max_num_seqs {args.max_num_seqs}; {os.cpu_count()} CPUs")
