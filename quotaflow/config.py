@@ -58,9 +58,15 @@ class Settings(BaseSettings):
 
     batch_size: int = Field(
         default=100, gt=0, le=10_000,
-        description="Requests per Celery message: small enough that a lost worker costs "
-        "little, large enough that one message amortises its round trips (a message, its "
-        "events, its claim and its report cost a worker about as much CPU as 25 requests).")
+        description="Requests per Celery message at a job's start: small enough that a small "
+        "job spreads over many workers, large enough that one message amortises its round "
+        "trips (a message, its events, its claim and its report cost a worker about as much "
+        "CPU as 25 requests). A job's later batches grow (`LARGEST_BATCH_SIZE`).")
+    largest_batch_size: int = Field(
+        default=800, gt=0, le=10_000,
+        description="The most requests a job's later batches grow to: the batch size doubles "
+        "every 16 batches up to this, so a large job pays a message's cost on few of its "
+        "requests (docs/scaling.md). Set it to `BATCH_SIZE` to cut every batch alike.")
     max_file_bytes: int = Field(
         default=1024 * 1024 * 1024, gt=0,
         description="The largest file `POST /jobs` (`quotaflow submit`) takes, 1 GiB. Ingest "

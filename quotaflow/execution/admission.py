@@ -5,7 +5,10 @@ Only what can be sent at once is admitted (a deployment's max_concurrency):
 budget taken for a request that then queues here would be refill the
 provider never sees. A wait longer than max_inline_wait hands the unstarted
 items back to the queue with a countdown (Celery), or is slept through
-(the embedded runner).
+(the embedded runner). A batch that has run longer than `hand_back_after_s` (half of
+Celery's time limit) hands its unstarted items back to run at once, in another
+message: a large batch on a slow deployment (batches grow with the job,
+quotaflow/dispatch/batch_sizes.py) never meets the limit that would end it.
 """
 
 import asyncio
@@ -47,7 +50,8 @@ class Admitter:
 
     def __init__(self, sessions: sessionmaker[Session], deployments: Deployments,
                  router: Router, limiter: Limiter, preparer: Preparer, caller: Caller,
-                 settings: Settings, max_inline_wait: float) -> None:
+                 settings: Settings, max_inline_wait: float,
+                 hand_back_after_s: float = float("inf")) -> None:
         self.sessions = sessions
         self.deployments = deployments
         self.router = router
@@ -56,6 +60,7 @@ class Admitter:
         self.caller = caller
         self.settings = settings
         self.max_inline_wait = max_inline_wait
+        self.hand_back_after_s = hand_back_after_s
 
     async def run_route(self, run: BatchRun, route: Route, items: list[ClaimedItem]) -> None:
         waiting = list(items)
@@ -71,7 +76,7 @@ class Admitter:
                      calls: dict[str, set[asyncio.Task[None]]]) -> None:
         gathered = False
         while waiting:
-            if self._stopped(run, waiting):
+            if self._stopped(run, waiting) or self._overran(run, waiting):
                 break
             busy = self._busy(calls)
             try:
@@ -177,6 +182,16 @@ class Admitter:
             end_unsent(self.sessions, run.ref.job_id, run.owner, waiting, ended)
             waiting.clear()
         return ended is not None
+
+    def _overran(self, run: BatchRun, waiting: list[ClaimedItem]) -> bool:
+        """Hand the unsent items back to run at once elsewhere, past the batch's time."""
+        ran_s = time.monotonic() - run.started
+        if ran_s <= self.hand_back_after_s:
+            return False
+        log.info("batch ran %.0fs: its %d unsent items go back to the queue", ran_s,
+                 len(waiting), extra=run.context)
+        self._defer(run, waiting, 0.0)
+        return True
 
     def _busy(self, calls: dict[str, set[asyncio.Task[None]]]) -> set[str]:
         """Forget finished calls; the deployments with no call to spare."""

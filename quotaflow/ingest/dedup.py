@@ -12,12 +12,14 @@ the first answer with its copies (quotaflow/results/leases.py).
 """
 
 import struct
+from collections.abc import Iterator
 from typing import Any
 
 from sqlalchemy import bindparam, func, select, update
 from sqlalchemy.orm import Session
 
 from quotaflow.constants import ANTHROPIC_PARAMS, ENDPOINT_EMBEDDINGS, ENDPOINT_MODERATIONS
+from quotaflow.dispatch.batch_sizes import cut
 from quotaflow.dispatch.queues import BatchRef
 from quotaflow.models import Item, ItemStatus
 
@@ -121,18 +123,9 @@ def share_identical(session: Session, job_id: str, suspects: set[bytes] | None) 
     return len(copies)
 
 
-def pending_batches(session: Session, job_id: str, batch_size: int) -> list[BatchRef]:
-    """The job's pending lines as BatchRefs of batch_size lines each, read in order."""
-    batches: list[BatchRef] = []
+def pending_batches(session: Session, job_id: str, sizes: Iterator[int]) -> list[BatchRef]:
+    """The job's pending lines as BatchRefs of the given sizes, read in order."""
     lines = session.scalars(select(Item.line_no)
                             .where(Item.job_id == job_id, Item.status == ItemStatus.PENDING)
                             .order_by(Item.line_no).execution_options(yield_per=10_000))
-    chunk: list[int] = []
-    for line in lines:
-        chunk.append(line)
-        if len(chunk) == batch_size:
-            batches.append(BatchRef(job_id, chunk[0], chunk[-1]))
-            chunk = []
-    if chunk:
-        batches.append(BatchRef(job_id, chunk[0], chunk[-1]))
-    return batches
+    return cut(job_id, lines, sizes)

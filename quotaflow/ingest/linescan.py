@@ -4,7 +4,8 @@ The hot loop of ingest (quotaflow/ingest/pipeline.py holds the job around it). A
 becomes one pending item row with its route (decided here, once), its body's
 digest for in-job dedup and its tokens counted for the tenant's quota; a bad line
 becomes a failed item and an error row naming the line and the reason, and never
-fails the file. Batches (BatchRef) are cut as the lines go by.
+fails the file. Batches (BatchRef) are cut as the lines go by, growing as the job does
+(quotaflow/dispatch/batch_sizes.py).
 """
 
 from collections.abc import Callable
@@ -22,6 +23,7 @@ from quotaflow.constants import (
     OUTPUT_OPENAI,
 )
 from quotaflow.deployments.catalog import Deployments
+from quotaflow.dispatch.batch_sizes import sizes_for
 from quotaflow.dispatch.queues import BatchRef
 from quotaflow.errors import InputFileError, LineProblem
 from quotaflow.ingest.bulkwrite import RowWriter
@@ -89,7 +91,8 @@ class LineScan:
 
     def run(self, stream: IO[bytes], writer: RowWriter) -> None:  # noqa: C901 (the hot loop)
         max_lines, seen, job_id, dedup = self.max_lines, self.seen, self.job_id, self.dedup
-        size = self.settings.batch_size
+        sizes = sizes_for(self.settings)
+        size = next(sizes)
         budget = (self.room.limit - self.room.held
                   if self.room is not None and self.room.limit is not None else None)
         first = last = count = batch_tokens = 0
@@ -156,6 +159,7 @@ class LineScan:
                 self.batches.append(BatchRef(job_id, first, last))
                 self.batch_loads.append((count, batch_tokens))
                 count = batch_tokens = 0
+                size = next(sizes)
         if count:
             self.batches.append(BatchRef(job_id, first, last))
             self.batch_loads.append((count, batch_tokens))

@@ -7,9 +7,10 @@ is parsed, validated, counted for the tenant's token quota, hashed for in-job
 dedup and handed to the database as one row (PostgreSQL COPY, quotaflow/ingest/bulkwrite.py).
 Memory does not grow with the file: custom_id uniqueness is the items' unique
 index, identical requests are found by a fixed-size filter plus one UPDATE, and
-the only per-file list is one BatchRef per `batch_size` lines. Everything happens
-in one transaction, so a refused file (bad as a whole, over a limit or over the
-quota) leaves no job, item or result; the batches are queued after the commit.
+the only per-file list is one BatchRef per batch (quotaflow/dispatch/batch_sizes.py).
+Everything happens in one transaction, so a refused file (bad as a whole, over a
+limit or over the quota) leaves no job, item or result; the batches are queued after
+the commit.
 
 A request with an Idempotency-Key returns the tenant's job made with that key, if
 there is one, instead of making another: a client that lost the answer to a long
@@ -31,6 +32,7 @@ from quotaflow.config import Settings
 from quotaflow.constants import DEFAULT_TENANT, ENDPOINT_CHAT, OUTPUT_FORMATS, QUEUES
 from quotaflow.db import insert_ignore, refresh_statistics
 from quotaflow.deployments.catalog import Deployments
+from quotaflow.dispatch.batch_sizes import sizes_for
 from quotaflow.dispatch.mixing import mixed_order
 from quotaflow.dispatch.queues import Dispatcher
 from quotaflow.errors import (
@@ -215,7 +217,7 @@ def _fill(session: Session, job_id: str, stream: IO[bytes], spec: JobSpec, setti
     # Suspects: bodies that may repeat an earlier line's (None: too many to list them).
     if (scan.suspects is None or scan.suspects) and share_identical(session, job_id,
                                                                      scan.suspects):
-        scan.batches = pending_batches(session, job_id, settings.batch_size)
+        scan.batches = pending_batches(session, job_id, sizes_for(settings))
         scan.batch_loads = []  # other batches now: queued in line order
     if spec.enforce_quota:
         quotas.admit(session, settings, spec.tenant, scan.tokens)
