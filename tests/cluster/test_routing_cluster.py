@@ -80,8 +80,10 @@ def test_work_follows_the_budgets_and_avoids_a_failing_deployment(
         env = service_env(QUOTAFLOW_DATABASE_URL=pg_url, QUOTAFLOW_BROKER_URL=REDIS_URL,
                           QUOTAFLOW_DEPLOYMENTS_FILE=str(path))
         procs += start_workers(env, tmp_path, "routing")
+        # Runs of 20 (none growing): a run never has more waiting than one deployment's
+        # max_concurrency, which would spill its calls onto the others whatever budgets.
         settings = Settings(database_url=pg_url, broker_url=REDIS_URL, batch_size=20,
-                            deployments_file=path, _env_file=None)
+                            largest_batch_size=20, deployments_file=path, _env_file=None)
         deployments = settings.load_deployments()
 
         # When a job of 1800 requests runs
