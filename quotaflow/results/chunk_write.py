@@ -65,7 +65,7 @@ def store_chunk(session: Session, job_id: str, rows: Sequence[dict[str, Any]],
                 now: datetime) -> list[tuple[int, str]]:
     """Insert the rows that are not stored yet and close their items, in the session's
     transaction; (line_no, status) of each item closed, i.e. of each row inserted."""
-    document = orjson.dumps([_json_row(row) for row in rows])
+    document = orjson.dumps([_json_columns(row) for row in rows])
     raw = session.connection().connection.driver_connection
     assert raw is not None
     with raw.cursor() as cursor:
@@ -75,10 +75,11 @@ def store_chunk(session: Session, job_id: str, rows: Sequence[dict[str, Any]],
         return [(line, status) for line, status in cursor.fetchall()]
 
 
-def _json_row(row: dict[str, Any]) -> dict[str, Any]:
-    """The row with its JSON columns as JSON text (NUL-free, numbers kept exact)."""
-    out = {name: row[name] for name, _ in _COLUMNS}
+def _json_columns(row: dict[str, Any]) -> dict[str, Any]:
+    """The row, its JSON columns made JSON text in place (NUL-free, numbers kept exact).
+    Its other keys (job_id, created_at) go too: json_to_recordset reads only the columns
+    it names, and a copy of each row without them cost more than their bytes."""
     for name in _JSON:
-        if (value := out[name]) is not None:
-            out[name] = orjson.Fragment(jsoncodec.dumps(value))
-    return out
+        if (value := row[name]) is not None:
+            row[name] = orjson.Fragment(jsoncodec.dumps(value))
+    return row

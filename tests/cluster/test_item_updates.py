@@ -91,7 +91,7 @@ def test_a_chunk_write_reads_its_own_rows_not_the_jobs(pg_sessions, pg_url: str)
     items = claim(pg_sessions, BatchRef(job.id, 1, 64), "me", LEASE)
     rows = [leases._result_row(job.id, item, ProviderResponse(200, {"choices": []}, "r", 1, 1),
                                utcnow()) for item in items]
-    document = orjson.dumps([chunk_write._json_row(row) for row in rows]).decode()
+    document = orjson.dumps([chunk_write._json_columns(row) for row in rows]).decode()
     # When a chunk of 64 is written (its plan read)
     with get_engine(pg_url).connect() as conn, conn.begin():
         conn.exec_driver_sql("ANALYZE items")
