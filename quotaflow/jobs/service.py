@@ -4,6 +4,7 @@ The API, the CLI and the workers all come through here, so every view of a
 job (REST, CLI, embedded run) reports the same statuses and counts.
 """
 
+import os
 import uuid
 from datetime import timedelta
 
@@ -21,7 +22,9 @@ MAX_ATTEMPTS_LIMIT = 20
 
 
 def new_request_id() -> str:
-    return f"batch_req_{uuid.uuid4().hex}"
+    """An answer's id: 128 random bits as OpenAI's 32 hex digits. Made once per request,
+    from os.urandom directly (a uuid4 object cost four times as much)."""
+    return f"batch_req_{os.urandom(16).hex()}"
 
 
 def stable_request_id(job_id: str, line_no: int) -> str:
