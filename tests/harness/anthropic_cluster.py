@@ -173,7 +173,7 @@ class AnthropicCluster:
     def run(self, scenario: Scenario, timeout: float = 120) -> Outcome:
         settings = Settings(database_url=self.pg_url, broker_url=self.redis_url,
                             deployments_file=self.deployments_file, batch_size=5,
-                            _env_file=None)
+                            largest_batch_size=5, _env_file=None)  # small, none growing
         sessions = session_factory(self.pg_url)
         lines = scenario.lines()
         data = "".join(json.dumps(line) + "\n" for line in lines).encode()

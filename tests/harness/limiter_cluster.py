@@ -205,7 +205,7 @@ class LimiterCluster:
         """Queue the scenario's job; its id."""
         settings = Settings(database_url=self.pg_url, broker_url=self.redis_url,
                             deployments_file=self.deployments_file, batch_size=5,
-                            _env_file=None)
+                            largest_batch_size=5, _env_file=None)  # small, none growing
         data = "".join(json.dumps(line) + "\n" for line in scenario.lines()).encode()
         return pipeline.create_job_in_process(
             session_factory(self.pg_url), io.BytesIO(data), settings=settings,

@@ -105,7 +105,8 @@ class MixCluster:
         env = service_env(QUOTAFLOW_DATABASE_URL=self.pg_url, QUOTAFLOW_BROKER_URL=self.redis_url,
                           QUOTAFLOW_DEPLOYMENTS_FILE=str(deployments), QUOTAFLOW_AUTH="false",
                           QUOTAFLOW_ADMISSION_ORDER=self.order,
-                          QUOTAFLOW_BATCH_SIZE=str(self.batch_size))
+                          QUOTAFLOW_BATCH_SIZE=str(self.batch_size),
+                          QUOTAFLOW_LARGEST_BATCH_SIZE=str(self.batch_size))
         port = free_port()
         self.procs.append(Proc("api", quotaflow("api", "--port", str(port)), env, self.tmp_path))
         self.api_url = f"http://127.0.0.1:{port}"
