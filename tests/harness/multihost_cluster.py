@@ -222,7 +222,8 @@ class MultihostCluster:
             QUOTAFLOW_DATABASE_URL=f"postgresql+psycopg://postgres@{a}:{PORTS['postgres']}"
                                    "/postgres",
             QUOTAFLOW_BROKER_URL=f"redis://{a}:{PORTS['redis']}/0", QUOTAFLOW_AUTH="false",
-            QUOTAFLOW_BATCH_SIZE="20", QUOTAFLOW_DEPLOYMENTS_FILE=str(self.deployments_file())))
+            QUOTAFLOW_BATCH_SIZE="20", QUOTAFLOW_LARGEST_BATCH_SIZE="20",  # none growing
+            QUOTAFLOW_DEPLOYMENTS_FILE=str(self.deployments_file())))
         with self.provider() as client:
             provider.wait_until(lambda: client.get("/healthz").status_code == 200)
         with self.api() as client:
