@@ -379,6 +379,12 @@ class Settings(BaseSettings):
                 QUEUE_BULK: self.floor_bulk}[queue]
 
     @property
+    def task_soft_time_limit(self) -> int:
+        """Celery's soft limit, 30 s before the hard one: the batch's last chance to end
+        cleanly (a batch hands its unsent lines back at half of it, execution/admission.py)."""
+        return max(1, self.task_time_limit - 30)
+
+    @property
     def max_countdown_s(self) -> float:
         """The longest a batch may be deferred: well inside Redis's visibility timeout."""
         return max(1.0, self.visibility_timeout - self.task_time_limit - 60)

@@ -42,7 +42,7 @@ def create_app() -> Celery:
         task_reject_on_worker_lost=True,
         worker_prefetch_multiplier=1,
         task_time_limit=settings.task_time_limit,
-        task_soft_time_limit=max(1, settings.task_time_limit - 30),
+        task_soft_time_limit=settings.task_soft_time_limit,
         broker_transport_options=transport,
         broker_connection_retry_on_startup=True,
         task_serializer="json",

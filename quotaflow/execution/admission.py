@@ -6,7 +6,7 @@ budget taken for a request that then queues here would be refill the
 provider never sees. A wait longer than max_inline_wait hands the unstarted
 items back to the queue with a countdown (Celery), or is slept through
 (the embedded runner). A batch that has run longer than `hand_back_after_s` (half of
-Celery's time limit) hands its unstarted items back to run at once, in another
+Celery's soft time limit) hands its unstarted items back to run at once, in another
 message: a large batch on a slow deployment (batches grow with the job,
 quotaflow/dispatch/batch_sizes.py) never meets the limit that would end it.
 """

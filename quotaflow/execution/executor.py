@@ -79,7 +79,7 @@ class BatchExecutor:
         self.admitter = Admitter(
             sessions, deployments, router, limiter, preparer, Caller(router, limiter, preparer),
             settings, settings.max_inline_wait_s if defer else float("inf"),
-            settings.task_time_limit / 2 if defer else float("inf"))
+            settings.task_soft_time_limit / 2 if defer else float("inf"))
 
     def run(self, ref: BatchRef, on_item: Callable[[bool], None] | None = None) -> BatchReport:
         """Run the batch on this thread's long-lived loop (its connections stay open)."""

@@ -1,5 +1,5 @@
 """A large job's batches grow (quotaflow/dispatch/batch_sizes.py), and a batch that runs
-past half of Celery's time limit hands its unsent lines back to the queue."""
+past half of Celery's soft time limit hands its unsent lines back to the queue."""
 
 import asyncio
 import io
@@ -69,7 +69,7 @@ class SlowProvider(MockProvider):
 def test_a_batch_past_half_its_time_limit_hands_its_unsent_lines_back(pg_sessions,
                                                                        settings) -> None:
     # Given a batch of 60 lines on a deployment answering 16 calls every 0.2 s (0.8 s in
-    # all) under a time limit of 1 s
+    # all) under a soft time limit of 1 s (the least: the hard limit, 1 s, less 30)
     settings.task_time_limit = 1
     job, [ref] = create(pg_sessions, settings, [chat_line(f"r{i}") for i in range(60)])
     executor = BatchExecutor(pg_sessions, settings.load_deployments(), LocalLimiter(), settings,
@@ -89,3 +89,17 @@ def test_a_batch_past_half_its_time_limit_hands_its_unsent_lines_back(pg_session
         results = session.scalars(select(Result.line_no).where(Result.job_id == job.id)).all()
         status = session.get_one(Job, job.id).status
     assert sorted(results) == list(range(1, 61)) and status == JobStatus.COMPLETED
+
+
+def test_the_hand_back_comes_before_celerys_soft_limit_whatever_the_limit(pg_sessions,
+                                                                          settings) -> None:
+    # Celery's soft limit is 30 s before the hard one; half of the hard one would be later
+    # than the soft one below a 60 s limit
+    for limit, hand_back in ((900, 435.0), (40, 5.0)):
+        settings.task_time_limit = limit
+        executor = BatchExecutor(pg_sessions, settings.load_deployments(), LocalLimiter(),
+                                 settings)
+        assert executor.admitter.hand_back_after_s == hand_back
+        embedded = BatchExecutor(pg_sessions, settings.load_deployments(), LocalLimiter(),
+                                 settings, defer=False)
+        assert embedded.admitter.hand_back_after_s == float("inf")
