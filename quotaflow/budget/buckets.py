@@ -74,11 +74,11 @@ class RedisLimiter:
             return
         if budget.split:
             self._call(budget, "settle", *(part for s in settlements for part in (
-                str(s.slot), str(s.cost), repr(float(s.refund)), "1" if s.answered else "0",
+                str(s.slot), str(s.cost), repr(float(s.refund)), s.state,
                 str(s.input_cost), repr(float(s.input_refund)))))
             return
         self._call(budget, "settle", *(part for s in settlements for part in (
-            str(s.slot), str(s.cost), repr(float(s.refund)), "1" if s.answered else "0")))
+            str(s.slot), str(s.cost), repr(float(s.refund)), s.state)))
 
     def drain(self, budget: Budget, seconds: float) -> None:
         self._call(budget, "drain", repr(float(seconds)))
@@ -228,6 +228,9 @@ class LocalLimiter:
                 _, f = self._in_flight(state)
                 if not settlement.answered:  # maybe never counted: u stays an upper bound
                     state.u = min(budget.token_capacity, state.u + cost)
+                if not settlement.sent:  # never counted: its request and tokens back
+                    state.r = min(budget.request_capacity, state.r + 1)
+                    state.tn = max(state.tn, min(state.tn + refund, budget.token_capacity - f))
                 if refund < 0:
                     state.t += refund
                     state.tn += refund

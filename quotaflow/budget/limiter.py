@@ -91,6 +91,15 @@ class Settlement:
     # False: it failed without an answer (refused before the provider counted it, a
     # connection lost, never sent): the provider may not have counted it at all.
     answered: bool = True
+    # False: it was never sent (its admission went stale in a stalled process, or its
+    # lease passed to another worker): the provider cannot have counted it, so its
+    # request and all its tokens go back, whether or not the provider gives refunds.
+    sent: bool = True
+
+    @property
+    def state(self) -> str:
+        """How bucket.lua's settle reads it: 1 answered, 0 failed unanswered, - never sent."""
+        return "-" if not self.sent else "1" if self.answered else "0"
 
 
 @dataclass(frozen=True)

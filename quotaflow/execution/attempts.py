@@ -66,13 +66,14 @@ class Caller:
             deployment = admitted.deployment
             response: ProviderResponse | None = None
             if not run.holds(admitted.item):  # fenced off: its lease passed on (fencing.py)
-                run.feedback.answered(admitted, None)  # its admission settled, unsent
+                run.feedback.unsent(admitted)
                 return None, None
             if time.monotonic() - admitted.admitted_at > STALE_ADMISSION_S:
                 # Admitted before a stall (a frozen process): the budget it took has been
                 # refilled and spent by others since. Sent now, it would take the
-                # provider's budget of now, which the limiter gave to someone else.
-                run.feedback.answered(admitted, None)
+                # provider's budget of now, which the limiter gave to someone else. What
+                # it took goes back (the provider never saw it), and it is admitted again.
+                run.feedback.unsent(admitted)
                 readmitted = await self._readmit(run, route, admitted.item, avoid)
                 if isinstance(readmitted, Failure):
                     return readmitted, provenance

@@ -81,16 +81,7 @@ class Feedback:
             used = 0 if response is None else response.prompt_tokens + response.completion_tokens
             settlement = Settlement(admitted.slot, cost, float(cost - used) if used > 0 else 0.0,
                                     answered=response is not None)
-        pending = self._pending.get(budget.name)
-        now = time.monotonic()
-        if pending is None:
-            pending = self._pending[budget.name] = _Pending(budget)
-        if not self._count:
-            self._since = now
-        self._count += 1
-        if self.bell is not None and (self._count == 1 or self._count == FLUSH_SIZE):
-            self.bell.set()
-        pending.settlements.append(settlement)
+        pending = self._settle(budget, settlement)
         if response is None:
             return
         self._succeeded[admitted.deployment.name] = admitted.deployment
@@ -98,6 +89,28 @@ class Feedback:
                 or response.remaining_input_tokens is not None):
             pending.remaining = _Remaining(response.remaining_requests, response.remaining_tokens,
                                            admitted.dating, response.remaining_input_tokens)
+
+    def unsent(self, admitted: Admitted) -> None:
+        """Record an admission that was never sent (stale after a stall, or its lease
+        passed on): the provider never counted it, so its whole cost goes back, its
+        request too, whether or not the provider gives back unused reservations. Kept,
+        it would idle the budget for as long as the provider takes to refill it."""
+        self._settle(admitted.budget, Settlement(
+            admitted.slot, admitted.cost, float(admitted.cost), admitted.input_cost,
+            float(admitted.input_cost), answered=False, sent=False))
+
+    def _settle(self, budget: Budget, settlement: Settlement) -> _Pending:
+        """Buffer a settlement for the next flush; the budget's pending entry."""
+        pending = self._pending.get(budget.name)
+        if pending is None:
+            pending = self._pending[budget.name] = _Pending(budget)
+        if not self._count:
+            self._since = time.monotonic()
+        self._count += 1
+        if self.bell is not None and (self._count == 1 or self._count == FLUSH_SIZE):
+            self.bell.set()
+        pending.settlements.append(settlement)
+        return pending
 
     def failed(self, admitted: Admitted, error: ProviderError) -> bool:
         """Tell the limiter or the breaker now; True when it was the quota (a 429).

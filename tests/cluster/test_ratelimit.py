@@ -23,6 +23,7 @@ from tests.harness.servers import REDIS_URL
 # The suite, collected here too: its tests take `limiter` from this module.
 from tests.unit.test_ratelimit import (  # noqa: F401
     budget,
+    test_a_call_never_sent_gives_back_its_request_and_all_its_tokens,
     test_a_chunk_of_settlements_counts_as_each_one_in_turn,
     test_a_large_request_still_fits_a_full_bucket_under_a_floor,
     test_a_provider_that_keeps_reservations_gets_no_refund_but_its_debts,

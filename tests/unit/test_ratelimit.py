@@ -151,6 +151,23 @@ def test_a_provider_that_keeps_reservations_gets_no_refund_but_its_debts(limiter
     assert -101 < limiter.levels(tokens).tokens <= -99
 
 
+@pytest.mark.parametrize("refunds", [Refunds.ALWAYS, Refunds.NEVER, Refunds.LEARNED],
+                         ids=lambda refunds: refunds.name.lower())
+def test_a_call_never_sent_gives_back_its_request_and_all_its_tokens(limiter, refunds) -> None:
+    # A failed call may have been counted: nothing back. One never sent (its admission
+    # went stale in a stalled process) cannot have been: all of it, in every mode,
+    # or the budget idles while the provider refills what it never took.
+    tokens = budget(rpm=60, tpm=600, burst=60, refunds=refunds)  # 60 requests, 600 tokens
+    failed = limiter.acquire(tokens, [300], 0.0)
+    limiter.settle(tokens, [Settlement(failed.slot, 300, 0.0, answered=False)])
+    assert 299 < limiter.levels(tokens).tokens <= 301
+    stale = limiter.acquire(tokens, [200], 0.0)
+    limiter.settle(tokens, [Settlement(stale.slot, 200, 200.0, answered=False, sent=False)])
+    levels = limiter.levels(tokens)
+    assert 299 < levels.tokens <= 301
+    assert 58.9 < levels.requests <= 59.1  # the failed call's request spent, the stale one's not
+
+
 def test_refunds_are_learned_from_the_providers_remaining_tokens(limiter) -> None:
     # 600 tokens, 10 a second. A provider that keeps reservations can show at most what
     # is left of 600 after every admission, plus what it may not have counted yet: the

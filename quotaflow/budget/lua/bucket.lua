@@ -55,7 +55,9 @@ then, by op:
   settle   four numbers per finished call, ARGV[3..]: the slot it was admitted in, its
            admitted cost, its unused estimate (< 0 for a debt), and 1 if it was
            answered, 0 if it failed without an answer (the provider may not have
-           counted it: its cost goes back to u); split: six, the four then the input
+           counted it: its cost goes back to u), - if it was never sent (stale or
+           fenced off: its request goes back to r and its unused estimate, all of
+           it, to tn as well as t); split: six, the four then the input
            cost and its unused estimate. A refund goes to t
            only, a debt to both. A worker settles a chunk of calls at once: one round
            trip, not one per call.
@@ -200,11 +202,16 @@ elseif op == 'settle' then
   for i = 3, #ARGV - step + 1, step do
     local at, cost, refund = ARGV[i], tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2])
     -- Failed without an answer: the provider may never have counted it.
-    if ARGV[i + 3] == '0' then u = math.min(cap_t, u + cost) end
+    if ARGV[i + 3] ~= '1' then u = math.min(cap_t, u + cost) end
     if tonumber(at) >= oldest and cost > 0 then
       local left = tonumber(redis.call('HINCRBYFLOAT', key, 'f:' .. at, -cost))
       if left <= EPS then redis.call('HDEL', key, 'f:' .. at) end
       f = math.max(0, f - cost - math.min(0, left))
+    end
+    -- Never sent: the provider cannot have counted it, in either mode.
+    if ARGV[i + 3] == '-' then
+      r = math.min(cap_r, r + 1)
+      tn = math.max(tn, math.min(tn + refund, cap_t - f))
     end
     if refund < 0 then
       t, tn = t + refund, tn + refund
