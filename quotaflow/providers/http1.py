@@ -8,7 +8,8 @@ providers: keep-alive connections pooled per endpoint (most recently used first,
 closed ones skipped), TLS for https, Content-Length and chunked answers, a total
 timeout per call, and each answer parsed by a small protocol object rather than
 a stream reader. It does only what providers need: no redirects, no cookies, no
-proxies, no compression (none is asked for).
+proxies, no compression (none is asked for). A connection idle for IDLE_EXPIRY_S is
+closed, not reused, so that a request never races the server's keep-alive close.
 
 Failures are plain exceptions (OSError, TimeoutError, Http1Error); the provider
 turns them into quotaflow's retryable errors at its edge.
@@ -19,6 +20,12 @@ import ssl
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+# A connection idle this long is closed rather than reused. Servers close idle keep-alive
+# connections on a timer (uvicorn and Node after 5 s, nginx after 75 s); a request written
+# as that timer fires meets a closed connection, fails without an answer, and costs its
+# admission's budget (the provider may have counted it) and a retry. Reused only well
+# inside the shortest common timeout, a connection never races its server's close.
+IDLE_EXPIRY_S = 4.0
 # Informational answers (100 Continue, 103 Early Hints) precede the real one; these
 # statuses never carry a body.
 _NO_BODY = frozenset({204, 304})
@@ -45,6 +52,7 @@ class _Connection(asyncio.Protocol):
         self._buffer = bytearray()
         self._waiter: asyncio.Future[Http1Response] | None = None
         self._reusable = True
+        self.idle_since = 0.0  # the loop's time its last answer came in
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -192,8 +200,9 @@ class Http1Pool:
         """POST `body` to the base URL's path + `path`, with `head`'s header lines (each
         ending in CRLF) beside the pool's own; TimeoutError past the timeout."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self._timeout_s
-        connection = self._take() or await self._connect(deadline)
+        now = loop.time()
+        deadline = now + self._timeout_s
+        connection = self._take(now) or await self._connect(deadline)
         payload = b"POST %s%s HTTP/1.1\r\n%s%sContent-Length: %d\r\n\r\n%s" % (
             self._prefix.encode(), path.encode(), self._head, head, len(body), body)
         answer = connection.request(payload)
@@ -206,16 +215,24 @@ class Http1Pool:
         finally:
             timer.cancel()
         if connection.reusable:
+            connection.idle_since = loop.time()
             self._idle.append(connection)
         elif connection.transport is not None:
             connection.transport.close()
         return response
 
-    def _take(self) -> _Connection | None:
+    def _take(self, now: float) -> _Connection | None:
+        """The most recently used connection still open and not idle past the expiry;
+        the rest below it are older still, so an expired one closes them all."""
         while self._idle:
             connection = self._idle.pop()
-            if connection.reusable:
+            if not connection.reusable:
+                continue
+            if now - connection.idle_since < IDLE_EXPIRY_S:
                 return connection
+            if connection.transport is not None:
+                connection.transport.close()
+            self.close()
         return None
 
     async def _connect(self, deadline: float) -> _Connection:

@@ -8,6 +8,7 @@ from collections.abc import Awaitable, Callable
 import pytest
 import trustme
 
+from quotaflow.providers import http1
 from quotaflow.providers.http1 import Http1Pool
 
 ANSWER = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n"
@@ -79,3 +80,24 @@ def test_a_certificate_from_an_unknown_authority_is_refused() -> None:
         assert requests == []
 
     asyncio.run(_serve(ca, call))
+
+
+def test_a_connection_idle_past_the_expiry_is_closed_not_reused(monkeypatch) -> None:
+    # A server closes idle keep-alive connections on its own timer: a request written as
+    # it fires fails unanswered. Past the pool's expiry a new connection is made instead.
+    monkeypatch.setattr(http1, "IDLE_EXPIRY_S", 0.2)
+    ca = trustme.CA()
+    client_context = ssl.create_default_context()
+    ca.configure_trust(client_context)
+
+    async def calls(port: int, requests: list[bytes]) -> None:
+        pool = Http1Pool(f"https://localhost:{port}/v1", {}, timeout_s=10,
+                         connect_timeout_s=5, ssl_context=client_context)
+        try:
+            for pause in (0.0, 0.05, 0.3, 0.0):  # the third call comes after the expiry
+                await asyncio.sleep(pause)
+                assert (await pool.post("chat/completions", b"{}")).status == 200
+        finally:
+            pool.close()
+
+    assert len(asyncio.run(_serve(ca, calls))) == 2
