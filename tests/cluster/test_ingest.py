@@ -135,6 +135,27 @@ def test_numbers_keep_their_value(pg_sessions, settings) -> None:
     assert json.loads(json.dumps(body)) == line["body"]
 
 
+def test_custom_ids_and_bodies_are_stored_exactly_as_written(pg_sessions, settings) -> None:
+    # Given ids and text that COPY's text format would have to escape, and multi-byte
+    # characters whose bytes outnumber their characters (the binary rows give lengths)
+    ids = ["tab\there", "new\nline\r", "back\\slash\\N", "é ünïcødé 🚀", "x" * 512]
+    lines: list[dict | str] = []
+    for custom_id in ids:
+        line = chat_line(custom_id, "a \\ backslash, a \t tab, a \n newline, \u00e9 and 🚀")
+        lines.append(line)
+    lines.append({"custom_id": "refused 🚀\t", "method": "GET"})
+    made = make(pg_sessions, settings, jsonl(lines))
+    # Then every one is stored as it came, the refused line's id too
+    with pg_sessions() as session:
+        rows = session.execute(select(Item.line_no, Item.custom_id, Item.body, Item.status)
+                               .where(Item.job_id == made.job.id)
+                               .order_by(Item.line_no)).all()
+    assert [(row.line_no, row.custom_id) for row in rows] == [
+        *enumerate(ids, start=1), (len(ids) + 1, "refused 🚀\t")]
+    assert [row.body for row in rows[:-1]] == [line["body"] for line in lines[:-1]]
+    assert (rows[-1].body, rows[-1].status) == (None, "failed")
+
+
 def test_hostile_lines_are_each_their_own_error(pg_sessions, settings) -> None:
     # Given a file starting with a byte-order mark, each hostile line between good ones
     lines: list[dict | str] = [chat_line("good-0")]
