@@ -8,10 +8,12 @@ and act for the tenant of the request's API key (api.deps.tenant): another tenan
 import json
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, File, Form, Query, Response, UploadFile
+from fastapi import APIRouter, File, Form, Query, Request, Response, UploadFile
 from fastapi.responses import HTMLResponse, StreamingResponse
 from sqlalchemy.orm import Session, sessionmaker
+from starlette.requests import ClientDisconnect
 
+from api.body_stream import BodyReader, read_while_receiving
 from api.deps import (
     AfterQuery,
     DeploymentsDep,
@@ -90,11 +92,55 @@ def create_job(
                           dedup=dedup)
     made = ingest.create_job(sessions, file.file, settings=settings,
                              deployments=deployments, dispatcher=dispatcher, spec=spec)
+    return _created(sessions, made, response)
+
+@router.post("/jobs/jsonl", status_code=201,
+             openapi_extra={"requestBody": {"required": True, "content": {
+                 JSONL: {"schema": {"type": "string", "format": "binary"}}}}},
+             responses={200: {"description": "The job made earlier with this Idempotency-Key "
+                                             "(header `Idempotent-Replayed: true`)"},
+                        **responses(400, 401, 413)})
+async def create_job_from_body(
+    request: Request, sessions: SessionsDep, settings: SettingsDep,
+    deployments: DeploymentsDep, dispatcher: DispatcherDep, tenant: TenantDep,
+    response: Response,
+    queue: Annotated[str, Query()] = DEFAULT_QUEUE,
+    metadata: Annotated[str | None, Query(description="JSON object of strings")] = None,
+    max_attempts: Annotated[int | None, Query(ge=1, le=jobs.MAX_ATTEMPTS_LIMIT)] = None,
+    idempotency_key: IdempotencyKey = None,
+    output_format: Annotated[Literal["openai", "anthropic"] | None, Query()] = None,
+    dedup: Annotated[bool | None, Query()] = None,
+    filename: Annotated[str | None, Query(max_length=255)] = None,
+) -> dict[str, Any]:
+    """Make a job of the request's body, a JSONL file (`Content-Type: application/jsonl`),
+    with POST /jobs's options in the query string. The lines are read and stored as the
+    body arrives, rather than after the whole upload as a form is (api/body_stream.py);
+    the answers are POST /jobs's."""
+    spec = ingest.JobSpec(queue=queue, tenant=tenant, filename=_filename(filename),
+                          metadata=_metadata(metadata), max_attempts=max_attempts,
+                          idempotency_key=idempotency_key, output_format=output_format,
+                          dedup=dedup)
+
+    def make(body: BodyReader) -> dict[str, Any]:
+        made = ingest.create_job(sessions, body, settings=settings, deployments=deployments,
+                                 dispatcher=dispatcher, spec=spec, reopen=body.reread)
+        return _created(sessions, made, response)
+
+    try:
+        return await read_while_receiving(request.stream(), make)
+    except ClientDisconnect as exc:  # nobody is left to answer; nothing was stored
+        raise InvalidParameter("body", str(exc)) from None
+
+
+def _created(sessions: sessionmaker[Session], made: ingest.Created,
+             response: Response) -> dict[str, Any]:
+    """A new job's object (201), or the one an Idempotency-Key made before (200)."""
     if made.replayed:
         response.status_code = 200
         response.headers[REPLAYED_HEADER] = "true"
     with sessions() as session:
         return job_view.job_object(session, jobs.get_job(session, made.job.id), made.counts)
+
 
 @router.get("/jobs", responses=responses(401, 404))
 def list_jobs(session: SessionDep, tenant: TenantDep,

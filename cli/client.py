@@ -20,6 +20,7 @@ from quotaflow.errors import (
 )
 
 IDEMPOTENCY_HEADER = "Idempotency-Key"
+JSONL = "application/jsonl"
 SUBMIT_ATTEMPTS = 3
 # Answers worth sending the same upload again for: the key makes it safe.
 RETRY_STATUSES = (502, 503, 504)
@@ -74,21 +75,25 @@ class ApiClient:
         again with the same Idempotency-Key, which gets the job the first one made
         rather than a second job."""
         key = idempotency_key or new_idempotency_key()
-        data = {"queue": queue} | ({"metadata": metadata} if metadata else {})
+        options = {"queue": queue, "filename": path.name[:255]} | (
+            {"metadata": metadata} if metadata else {})
         if max_attempts is not None:
-            data["max_attempts"] = str(max_attempts)
+            options["max_attempts"] = str(max_attempts)
         if output_format is not None:
-            data["output_format"] = output_format
+            options["output_format"] = output_format
         if dedup is not None:
-            data["dedup"] = "true" if dedup else "false"
+            options["dedup"] = "true" if dedup else "false"
         timeout = httpx.Timeout(self._timeout, read=self._submit_timeout,
                                 write=self._submit_timeout)
         for attempt in range(1, attempts + 1):
             try:
                 with path.open("rb") as handle:
+                    # The file as the body (POST /jobs/jsonl): the API stores its lines
+                    # as they arrive, where a form is received whole first.
                     response = self._http.post(
-                        "/jobs", files={"file": (path.name, handle)}, data=data,
-                        headers={IDEMPOTENCY_HEADER: key}, timeout=timeout)
+                        "/jobs/jsonl", content=handle, params=options,
+                        headers={IDEMPOTENCY_HEADER: key, "Content-Type": JSONL},
+                        timeout=timeout)
             except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
                 if attempt == 1:
                     raise ServiceUnavailable(self._failure(exc)) from exc

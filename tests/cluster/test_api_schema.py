@@ -34,6 +34,8 @@ def api_schema(cluster: V1Cluster) -> schemathesis.BaseSchema:
 
 
 schema = schemathesis.pytest.from_fixture("api_schema")
+# POST /jobs/jsonl's body is a file's bytes, sent as they are.
+schemathesis.serializer.alias("application/jsonl", "application/octet-stream")
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,
           response_schema_conformance]
 
