@@ -30,7 +30,7 @@ from quotaflow.ingest.bulkwrite import RowWriter
 from quotaflow.ingest.dedup import SeenFilter, shares
 from quotaflow.ingest.formats import LineRejected, body_digest, canonical_body, line_custom_id
 from quotaflow.ingest.formats import to_request as _to_request
-from quotaflow.ingest.jsonlines import load_object, read_lines
+from quotaflow.ingest.jsonlines import load_object, read_screened_lines
 from quotaflow.jobs.service import new_request_id
 from quotaflow.providers.outcomes import FailureCode
 from quotaflow.tenants import quotas
@@ -96,8 +96,8 @@ class LineScan:
         budget = (self.room.limit - self.room.held
                   if self.room is not None and self.room.limit is not None else None)
         first = last = count = batch_tokens = 0
-        for line_no, raw in read_lines(stream, self.settings.max_line_bytes,
-                                       self.settings.max_file_bytes):
+        for line_no, raw, screened in read_screened_lines(stream, self.settings.max_line_bytes,
+                                                          self.settings.max_file_bytes):
             if raw is not None and (not raw or raw.isspace()):
                 continue
             self.total += 1
@@ -108,7 +108,7 @@ class LineScan:
                 self._bad(writer, line_no, None, "line is longer than the limit of "
                                                  f"{self.settings.max_line_bytes} bytes")
                 continue
-            obj = load_object(raw)
+            obj = load_object(raw, screened)
             if isinstance(obj, str):
                 self._bad(writer, line_no, None, obj)
                 continue

@@ -79,3 +79,75 @@ def test_lines_come_out_whole_whatever_the_read_size(block: int,
     assert list(jsonlines.read_lines(io.BytesIO(b"z" * 30), 12)) == [(1, None)]
     with pytest.raises(InputFileError, match="larger than the limit of 20 bytes"):
         list(jsonlines.read_lines(io.BytesIO(data), 12, max_file_bytes=20))
+
+
+class _Rows:
+    """What LineScan hands its writer: each pending line's body, each refused line's error."""
+
+    def __init__(self) -> None:
+        self.pending: dict[int, bytes] = {}
+        self.refused: dict[int, str] = {}
+
+    def pending_row(self, line_no: int, custom_id: str, body: bytes, *_: object) -> None:
+        self.pending[line_no] = body
+
+    def invalid(self, line_no: int, custom_id: str | None, request_id: str,
+                error: bytes) -> None:
+        self.refused[line_no] = error.decode()
+
+
+def _scan(data: bytes) -> _Rows:
+    from quotaflow.ingest.linescan import LineScan
+
+    settings = Settings(_env_file=None)
+    rows = _Rows()
+    writer = type("W", (), {"pending": rows.pending_row, "invalid": rows.invalid})()
+    LineScan("job", settings, settings.load_deployments(), None).run(io.BytesIO(data), writer)
+    return rows
+
+
+SCREENED_AWAY = {  # lines orjson takes and load_object refuses (65 levels: 2 objects, 63 arrays)
+    "65 levels deep": ('{"custom_id": "deep", "method": "POST", "url": "/v1/chat/completions", '
+                       '"body": {"model": "gpt-4o-mini", "messages": [{"role": "user", '
+                       '"content": "x"}], "extra": ' + "[" * 63 + "]" * 63 + "}}",
+                       "nested more than 64 levels deep"),
+    "a NUL escape": (jsonl([chat_line("nul", "a\x00b")]).decode().strip(),
+                     "NUL character"),
+}
+
+
+def _ending_at(offset: int) -> bytes:
+    """Plain lines whose bytes end exactly at `offset` (the last one padded to fit)."""
+    head = b"".join(jsonl([chat_line(f"p{i}", f"question {i}")]) for i in range(offset // 100))
+    while len(head) > offset - 200:
+        head = head[:head.rindex(b"\n", 0, len(head) - 1) + 1]
+    base = len(jsonl([chat_line("filler", "x")])) - 1
+    head += jsonl([chat_line("filler", "x" * (offset - len(head) - base))])
+    assert len(head) == offset
+    return head
+
+
+@pytest.mark.parametrize("starts", [4096 * 3 - 1000, 4096 * 3 - 10, 4096 * 3, -2],
+                         ids=["mid-block", "across blocks", "first of a block",
+                              "all but its end in the block before"])
+@pytest.mark.parametrize("name", [*SCREENED_AWAY, "a 25-digit seed"])
+def test_a_hostile_line_among_plain_blocks_is_still_caught(
+        name: str, starts: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Given plain lines over many 4 KiB blocks, and one line a block's screen must not pass
+    monkeypatch.setattr(jsonlines, "_BLOCK", 4096)
+    if name == "a 25-digit seed":
+        seeded = chat_line("seed")
+        seeded["body"]["seed"] = 1234567890123456789012345
+        hostile, reason = jsonl([seeded]), None
+    else:
+        hostile, reason = SCREENED_AWAY[name][0].encode() + b"\n", SCREENED_AWAY[name][1]
+    head = _ending_at(starts if starts > 0 else 4096 * 3 - len(hostile) - starts)
+    data = head + hostile + jsonl([chat_line(f"t{i}", f"question {i}") for i in range(100)])
+    line_no = head.count(b"\n") + 1
+    # Then it alone is refused, with its reason; a number orjson would round is kept exact
+    rows = _scan(data)
+    if reason is None:
+        assert b"1234567890123456789012345" in rows.pending[line_no] and not rows.refused
+    else:
+        assert list(rows.refused) == [line_no] and reason in rows.refused[line_no]
+    assert len(rows.pending) + len(rows.refused) == data.count(b"\n")
