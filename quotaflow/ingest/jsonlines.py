@@ -50,7 +50,7 @@ def read_screened_lines(stream: IO[bytes], max_line_bytes: int,
     """read_lines's lines, each with whether it is known to be plain: its block holds no
     number orjson could round and no NUL escape, and the line has at most MAX_DEPTH
     brackets, so load_object may skip its own tests of these (`screened`). The tests run
-    once over each 1 MiB block instead of once a line, which cost ingest a fifth of its
+    once over each 1 MiB block instead of once a line, which cost ingest a quarter of its
     time a line; a block where one of them finds something leaves each of its lines to
     load_object's own tests, as does a line that starts in the block before."""
     line_no, carry, skipping = 0, b"", False
