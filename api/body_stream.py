@@ -99,6 +99,8 @@ class BodyReader:
         """Hand each chunk of the body to the reader, then its end; or the error that
         ended it (a client that disconnected)."""
         ended = False
+        broken: BaseException = ClientDisconnect("the client went away before the end of "
+                                                 "the file; nothing of it was stored")
         try:
             async for chunk in chunks:
                 if self._closed:
@@ -109,10 +111,11 @@ class BodyReader:
             ended = True
         except ClientDisconnect:
             pass
+        except Exception as exc:  # the route's body limit (413): the reader raises it
+            broken = exc
         finally:
             if not ended:
-                self._broken = ClientDisconnect("the client went away before the end of "
-                                                "the file; nothing of it was stored")
+                self._broken = broken
 
     async def _put(self, item: bytes | BaseException) -> None:
         try:

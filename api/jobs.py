@@ -94,7 +94,7 @@ def create_job(
                              deployments=deployments, dispatcher=dispatcher, spec=spec)
     return _created(sessions, made, response)
 
-@router.post("/jobs/jsonl", status_code=201,
+@router.post("/jobs/jsonl", status_code=201, max_body_size=get_settings().max_file_bytes,
              openapi_extra={"requestBody": {"required": True, "content": {
                  JSONL: {"schema": {"type": "string", "format": "binary"}}}}},
              responses={200: {"description": "The job made earlier with this Idempotency-Key "

@@ -20,7 +20,8 @@ from tests.harness.openai_cluster import V1Cluster, start_cluster
 def cluster(pg_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[V1Cluster]:
     # No workers: the jobs only need to be made.
     yield from start_cluster(pg_url, tmp_path_factory.mktemp("body"), tenants=("team-a",),
-                             workers=0, QUOTAFLOW_MAX_LINES="5000")
+                             workers=0, QUOTAFLOW_MAX_LINES="5000",
+                             QUOTAFLOW_MAX_FILE_BYTES=str(4 * 1024 * 1024))
 
 
 def post_body(cluster: V1Cluster, data: bytes, key: str | None = None,
@@ -74,6 +75,19 @@ def test_a_refusal_is_a_clear_400(cluster: V1Cluster) -> None:
     assert "more than 5000 requests (QUOTAFLOW_MAX_LINES)" in over.json()["error"]["message"]
     empty = post_body(cluster, b"")
     assert empty.status_code == 400 and "empty" in empty.json()["error"]["message"]
+
+
+def test_a_body_over_the_file_limit_is_a_413_and_stores_nothing(cluster: V1Cluster,
+                                                                pg_url: str) -> None:
+    # Given a file of 4,900 lines, over QUOTAFLOW_MAX_FILE_BYTES (4 MiB) by a little
+    data = jsonl([chat_line(f"big{i}", "word " * 150) for i in range(4900)])
+    assert 4 * 1024 * 1024 < len(data) < 5 * 1024 * 1024
+    # Then it is refused as the form route refuses it, and no line of it is stored
+    for sent in (data, iter([data[:1 << 20], data[1 << 20:]])):  # with a length, chunked
+        over = post_body(cluster, sent, key="too-big")  # type: ignore[arg-type]
+        assert over.status_code == 413, over.text
+    with get_engine(pg_url).connect() as conn:
+        assert conn.scalar(text("SELECT count(*) FROM items WHERE custom_id = 'big0'")) == 0
 
 
 def test_a_body_cut_short_stores_nothing(cluster: V1Cluster, pg_url: str) -> None:
