@@ -10,6 +10,9 @@ timeout per call, and each answer parsed by a small protocol object rather than
 a stream reader. It does only what providers need: no redirects, no cookies, no
 proxies, no compression (none is asked for). A connection idle for IDLE_EXPIRY_S is
 closed, not reused, so that a request never races the server's keep-alive close.
+The calls' timeouts share one timer per pool, set for the earliest deadline in
+flight: a timer per call (made, then cancelled, and left in the loop's heap until it
+is swept) was 6% of a worker's CPU against an instant provider.
 
 Failures are plain exceptions (OSError, TimeoutError, Http1Error); the provider
 turns them into quotaflow's retryable errors at its edge.
@@ -195,6 +198,9 @@ class Http1Pool:
         self._head = "".join(f"{name}: {value}\r\n" for name, value in fixed.items()).encode()
         self._timeout_s, self._connect_timeout_s = timeout_s, connect_timeout_s
         self._idle: list[_Connection] = []
+        self._deadlines: dict[asyncio.Future[Http1Response], float] = {}  # calls in flight
+        self._timer: asyncio.TimerHandle | None = None  # due at the earliest deadline
+        self._timer_at = 0.0
 
     async def post(self, path: str, body: bytes, head: bytes = b"") -> Http1Response:
         """POST `body` to the base URL's path + `path`, with `head`'s header lines (each
@@ -206,20 +212,41 @@ class Http1Pool:
         payload = b"POST %s%s HTTP/1.1\r\n%s%sContent-Length: %d\r\n\r\n%s" % (
             self._prefix.encode(), path.encode(), self._head, head, len(body), body)
         answer = connection.request(payload)
-        timer = loop.call_at(deadline, _expire, answer)
+        self._deadlines[answer] = deadline
+        if self._timer is None or deadline < self._timer_at:
+            self._expire_at(loop, deadline)
         try:
             response = await answer
         except BaseException:
             connection.abort()
             raise
         finally:
-            timer.cancel()
+            del self._deadlines[answer]
         if connection.reusable:
             connection.idle_since = loop.time()
             self._idle.append(connection)
         elif connection.transport is not None:
             connection.transport.close()
         return response
+
+    def _expire_at(self, loop: asyncio.AbstractEventLoop, when: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer, self._timer_at = loop.call_at(when, self._expire_due, loop), when
+
+    def _expire_due(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Fail the calls past their deadline with TimeoutError; set the timer for the
+        next deadline, if a call is still in flight."""
+        self._timer = None
+        now, earliest = loop.time(), float("inf")
+        for answer, deadline in self._deadlines.items():
+            if deadline <= now:
+                if not answer.done():
+                    answer.set_exception(TimeoutError())
+            elif deadline < earliest:
+                earliest = deadline
+        if earliest != float("inf"):
+            self._expire_at(loop, earliest)
 
     def _take(self, now: float) -> _Connection | None:
         """The most recently used connection still open and not idle past the expiry;
@@ -244,12 +271,10 @@ class Http1Pool:
         return connection
 
     def close(self) -> None:
+        if self._timer is not None and not self._deadlines:
+            self._timer.cancel()
+            self._timer = None
         idle, self._idle = self._idle, []
         for connection in idle:
             if connection.transport is not None:
                 connection.transport.close()
-
-
-def _expire(answer: "asyncio.Future[Http1Response]") -> None:
-    if not answer.done():
-        answer.set_exception(TimeoutError())
