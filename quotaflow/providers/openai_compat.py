@@ -103,9 +103,14 @@ class OpenAICompatProvider:
 
 
 def _header_number(headers: Mapping[str, str], name: str) -> float | None:
+    """The header's number; None where it is absent (most providers, on every answer:
+    a KeyError raised and caught cost three times the lookup) or not a number."""
+    value = headers.get(name)
+    if value is None:
+        return None
     try:
-        return float(headers[name])
-    except (KeyError, ValueError):
+        return float(value)
+    except ValueError:
         return None
 
 
