@@ -39,15 +39,15 @@ def reap(sessions: sessionmaker[Session], dispatcher: Dispatcher, batch_size: in
     with sessions.begin() as session:
         # Job by job, through the job's open items (ix_items_job_open): a join of all
         # items with the running jobs may scan every item ever stored, every
-        # reap_interval_s.
+        # reap_interval_s. One pass over a job's open items for both kinds: a pass
+        # each was two heap reads of every open item a round (0.4-0.6 s of PostgreSQL's
+        # CPU each on a million-line job, every 10 s).
         by_job: dict[str, list[int]] = {}
         budget = REAP_LIMIT
         running = session.scalars(select(Job.id).where(Job.status == JobStatus.IN_PROGRESS)).all()
         for job_id in running:
-            lines = [line for status, overdue in stale
-                     for line in session.scalars(select(Item.line_no).where(
-                         Item.job_id == job_id, Item.is_open, Item.status == status,
-                         overdue).limit(budget))]
+            lines = list(session.scalars(select(Item.line_no).where(
+                Item.job_id == job_id, Item.is_open, abandoned).limit(budget)))
             if lines:
                 by_job[job_id] = lines
                 budget -= len(lines)
