@@ -11,6 +11,8 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
+from starlette.datastructures import URL, MutableHeaders
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.console.routes import page, router
 from api.console.session import CsrfRefused, SignInRequired
@@ -43,14 +45,34 @@ def install(app: FastAPI) -> None:
 
     app.add_exception_handler(QuotaflowError, handler)
 
-    @app.middleware("http")
-    async def security_headers(request: Request, call_next: Any) -> Response:
-        answer = await call_next(request)
-        if request.url.path.startswith(PREFIX):
-            for name, value in SECURITY_HEADERS.items():
-                answer.headers.setdefault(name, value)
-            answer.headers.setdefault("Cache-Control", "no-store")
-        return answer
+    app.add_middleware(SecurityHeaders)
+
+
+class SecurityHeaders:
+    """The console's answers carry SECURITY_HEADERS and `Cache-Control: no-store` (where
+    the route set none of its own); everything else passes untouched.
+
+    A pure ASGI middleware rather than Starlette's BaseHTTPMiddleware (`@app.middleware`),
+    which wrapped every request of the API in it: each piece of an upload's body went
+    through a task group of its own, and each piece of a results stream through another
+    task and queue (api/request_id.py says the same of its own)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not URL(scope=scope).path.startswith(PREFIX):
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = MutableHeaders(scope=message)
+                for name, value in (*SECURITY_HEADERS.items(), ("Cache-Control", "no-store")):
+                    headers.setdefault(name, value)
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)
 
 
 def _error_page(request: Request, exc: Exception) -> Response:

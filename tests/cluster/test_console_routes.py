@@ -7,9 +7,11 @@ from collections.abc import Iterator
 
 import pytest
 from fastapi.testclient import TestClient
+from starlette.middleware.base import BaseHTTPMiddleware
 
 from api import deps
 from api.app import create_app
+from api.console import SECURITY_HEADERS
 from api.console.session import COOKIE, csrf_token
 from quotaflow.budget.buckets import make_limiter
 from quotaflow.budget.limiter import describe
@@ -114,3 +116,19 @@ def test_budgets_page_is_for_operators_with_the_numbers_of_quotaflow_limits(
     assert f"{row['rpm']:,}" in page.text and f"{row['request_capacity']:,.0f}" in page.text
     assert 'href="http://flower.example:5555"' in page.text
     assert console.cookies.get(COOKIE) == operator_key
+
+
+def test_console_answers_carry_the_security_headers_and_the_api_passes_untouched(
+        console) -> None:
+    """The console's pages, error pages and static files carry the headers; the API's
+    answers do not, and no BaseHTTPMiddleware wraps the app (it would run every piece of
+    an upload's body and of a results stream through tasks of its own)."""
+    for path in ("/console/login", "/console/jobs", "/console/no-such-page"):
+        answer = console.get(path)
+        for name, value in (*SECURITY_HEADERS.items(), ("Cache-Control", "no-store")):
+            assert answer.headers.get(name) == value, (path, name)
+    api = console.get("/healthz")
+    assert api.status_code == 200
+    assert "content-security-policy" not in api.headers
+    assert "x-request-id" in api.headers
+    assert not [m for m in console.app.user_middleware if m.cls is BaseHTTPMiddleware]
