@@ -6,6 +6,8 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 
+import pytest
+
 from quotaflow.providers.http1 import Http1Pool
 
 ANSWER = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}"
@@ -50,6 +52,8 @@ async def _timed(call: Awaitable[object]) -> tuple[float, BaseException | None]:
     return time.monotonic() - started, None
 
 
+# A timeout that never fires leaves a call hanging: fail in seconds, not at the suite's limit.
+@pytest.mark.timeout(15)
 def test_each_hung_call_times_out_at_its_own_deadline() -> None:
     """Three hung calls started 0.1 s apart, answered calls between them: each fails
     with TimeoutError 0.3 s after its own start; the answered ones are unaffected."""
@@ -73,6 +77,7 @@ def test_each_hung_call_times_out_at_its_own_deadline() -> None:
     assert len(answered) == 8 and all(error is None for _, _, error in answered)
 
 
+@pytest.mark.timeout(15)
 def test_a_call_answered_in_time_is_not_failed_by_an_earlier_deadline() -> None:
     """A call that hangs sets the shared timer; one answered meanwhile is not failed
     when that timer fires, and a later hung call still times out on time."""
