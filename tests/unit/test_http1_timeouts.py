@@ -9,6 +9,7 @@ from collections.abc import Awaitable, Callable
 import pytest
 
 from quotaflow.providers.http1 import Http1Pool
+from tests.harness.http_requests import requests_of
 
 ANSWER = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}"
 
@@ -20,9 +21,7 @@ async def _serve(hang: Callable[[bytes], bool],
 
     async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            while head := await reader.readuntil(b"\r\n\r\n"):
-                length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
-                body = await reader.readexactly(length)
+            async for _, body in requests_of(reader):
                 if hang(body):
                     await asyncio.sleep(3600)
                 writer.write(ANSWER)

@@ -10,6 +10,7 @@ import trustme
 
 from quotaflow.providers import http1
 from quotaflow.providers.http1 import Http1Pool
+from tests.harness.http_requests import requests_of
 
 ANSWER = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n"
           b"\r\n7\r\n{\"ok\": \r\n5\r\ntrue}\r\n0\r\n\r\n")
@@ -25,9 +26,8 @@ async def _serve(ca: trustme.CA, run: Callable[[int, list[bytes]], Awaitable[Non
     async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         connections.append(1)
         try:
-            while head := await reader.readuntil(b"\r\n\r\n"):
-                length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
-                requests.append(head + await reader.readexactly(length))
+            async for head, body in requests_of(reader):
+                requests.append(head + body)
                 writer.write(ANSWER)
                 await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError, ssl.SSLError):
