@@ -111,15 +111,16 @@ class PlacingDispatcher:
     def _placements(self, job_id: str, first: int, last: int,
                     priority: str) -> dict[int, str]:
         """The queue of every request line in the range, from the route ingest stored with
-        it (an item stored before routes were, migration 0008, by its model's)."""
+        it (an item stored before routes were, migration 0008, by its body's model: the
+        body is read only for those)."""
         with self._sessions() as session:
             rows = session.execute(
-                select(Item.line_no, Item.route,
-                       case((Item.route.is_(None), Item.body["model"].as_string())))
+                select(Item.line_no, Item.route, case((Item.route.is_(None), Item.body)))
                 .where(Item.job_id == job_id, Item.line_no.between(first, last),
                        Item.body.is_not(None))).all()
         names = {route: queue_for(self._deployments, route, priority)
                  for route in {route for _, route, _ in rows if route is not None}}
         return {line: names[route] if route is not None else queue_for(
-                    self._deployments, self._deployments.route_name_for(model), priority)
-                for line, route, model in rows}
+                    self._deployments, self._deployments.route_name_for(body.get("model")),
+                    priority)
+                for line, route, body in rows}

@@ -128,11 +128,32 @@ def test_numbers_keep_their_value(pg_sessions, settings) -> None:
     job = make(pg_sessions, settings, jsonl([line])).job
     with pg_sessions() as session:
         body = session.scalar(select(Item.body).where(Item.job_id == job.id))
-        stored = session.scalar(text("SELECT body->>'seed' FROM items WHERE job_id = :j"),
+        stored = session.scalar(text("SELECT body::json->>'seed' FROM items WHERE job_id = :j"),
                                 {"j": job.id})
     assert body["seed"] == 123456789012345678901234567890 and stored == str(body["seed"])
     assert body["temperature"] == 0.00001
     assert json.loads(json.dumps(body)) == line["body"]
+
+
+def test_a_body_is_stored_as_the_text_ingest_made_and_read_back_as_an_object(
+        pg_sessions, settings) -> None:
+    # Given a line whose body's keys are out of order and spaced
+    raw = (b'{"custom_id": "t", "method": "POST", "url": "/v1/chat/completions", "body": '
+           b'{"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}], '
+           b'"max_tokens": 5}}\n')
+    job = make(pg_sessions, settings, raw).job
+    with pg_sessions() as session:
+        kind = session.scalar(text("SELECT data_type FROM information_schema.columns "
+                                   "WHERE table_name = 'items' AND column_name = 'body'"))
+        stored = session.scalar(text("SELECT body FROM items WHERE job_id = :j"), {"j": job.id})
+        body = session.scalar(select(Item.body).where(Item.job_id == job.id))
+    # Then the column is text (the server checks no JSON on the COPY, migration 0020),
+    # holding ingest's compact sorted text, and the model's type gives the object back
+    assert kind == "text"
+    assert stored == ('{"max_tokens":5,"messages":[{"content":"hi","role":"user"}],'
+                      '"model":"gpt-4o-mini"}')
+    assert body == {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}],
+                    "max_tokens": 5}
 
 
 def test_custom_ids_and_bodies_are_stored_exactly_as_written(pg_sessions, settings) -> None:
