@@ -8,7 +8,7 @@ still leaves one result per item.
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import and_, case, exists, func, or_, select, update
@@ -17,11 +17,11 @@ from sqlalchemy.orm import Session, sessionmaker
 from quotaflow.db import insert_ignore
 from quotaflow.dispatch.queues import BatchRef
 from quotaflow.jobs.service import new_request_id
-from quotaflow.jsoncodec import RawJson
 from quotaflow.models import Item, ItemStatus, Job, JobStatus, Result, utcnow
 from quotaflow.providers.base import ProviderResponse
-from quotaflow.providers.outcomes import Failure, Outcome, Provenance, Shared
+from quotaflow.providers.outcomes import Outcome, Provenance
 from quotaflow.results import chunk_write
+from quotaflow.results.rows import for_sqlalchemy, result_row
 from quotaflow.tenants.spend import Charge, Ledger
 
 # Core tables, not ORM entities: an ORM-enabled UPDATE costs several times the CPU of
@@ -128,17 +128,16 @@ def store_many(sessions: sessionmaker[Session], job_id: str,
     if not entries:
         return 0, 0
     now = utcnow()
-    rows = [_result_row(job_id, item, outcome, now) for item, outcome in entries]
-    if provenance is not None:
-        for row, record in zip(rows, provenance, strict=True):
-            if record is not None:
-                _stamp(row, record)
+    records = provenance if provenance is not None else (None,) * len(entries)
+    rows = [result_row(item.line_no, item.custom_id, outcome, record)
+            for (item, outcome), record in zip(entries, records, strict=True)]
     lines = [item.line_no for item, _ in entries]
     with sessions.begin() as session:
         if chunk_write.supported(session):  # one statement (chunk_write.py)
             closed = chunk_write.store_chunk(session, job_id, rows, now)
         else:
-            closed = _store_and_close(session, job_id, rows, lines)
+            closed = _store_and_close(session, job_id,
+                                      [for_sqlalchemy(row, job_id, now) for row in rows], lines)
         if billing is not None and provenance is not None:
             # An item is open exactly while it has no result (results and the item's
             # closing are one transaction; retrying a line deletes its result first), so
@@ -180,39 +179,9 @@ def _charges(entries: Sequence[tuple[ClaimedItem, Outcome]],
             and item.line_no in inserted]
 
 
-def _result_row(job_id: str, item: ClaimedItem, outcome: Outcome,
-                now: datetime) -> dict[str, Any]:
-    row: dict[str, Any] = dict(job_id=job_id, line_no=item.line_no, custom_id=item.custom_id,
-                               request_id=new_request_id(), created_at=now, prompt_tokens=0,
-                               completion_tokens=0, error=None, shared_from=None,
-                               **_NO_PROVENANCE)
-    if isinstance(outcome, Failure):
-        error: dict[str, Any] = {"code": str(outcome.code), "line": item.line_no,
-                                 "message": outcome.message}
-        if outcome.attempts is not None:
-            error["attempts"] = outcome.attempts
-        row.update(status_code=outcome.status_code, response=outcome.body, error=error)
-    elif isinstance(outcome, Shared):
-        row.update(status_code=outcome.status_code, response=outcome.body,
-                   shared_from=outcome.source)
-    else:
-        row.update(status_code=outcome.status_code, response=_answer(outcome),
-                   prompt_tokens=outcome.prompt_tokens,
-                   completion_tokens=outcome.completion_tokens,
-                   provider_request_id=outcome.request_id)
-    return row
-
-
-# Every row names every column: one INSERT ... VALUES shape for the whole chunk.
+# A shared answer's row names no call: it made none.
 _NO_PROVENANCE: dict[str, Any] = dict(deployment=None, attempts=None, admitted_at=None,
                                       sent_at=None, answered_at=None, provider_request_id=None)
-
-
-def _stamp(row: dict[str, Any], record: Provenance) -> None:
-    stamp = datetime.fromtimestamp
-    row.update(deployment=record.deployment, attempts=record.attempts,
-               admitted_at=stamp(record.admitted_at, UTC), sent_at=stamp(record.sent_at, UTC),
-               answered_at=stamp(record.answered_at, UTC))
 
 
 def _share(session: Session, job_id: str, lines: list[int], now: datetime) -> list[str]:
@@ -265,14 +234,3 @@ def renew(sessions: sessionmaker[Session], job_id: str, owner: str, lease: timed
     with sessions.begin() as session:
         return session.execute(
             update(ITEMS).where(*where).values(lease_expires_at=utcnow() + lease)).rowcount
-
-
-def _answer(outcome: ProviderResponse) -> RawJson | dict[str, Any]:
-    """The answer as stored: the provider's own text, unless it holds a line break (a
-    pretty-printed body), which the download's one line per result cannot carry; that
-    one is written compact from its parsed body (results.response keeps text as written,
-    migration 0018)."""
-    raw = outcome.raw
-    if raw is None or b"\n" in raw or b"\r" in raw:
-        return outcome.body
-    return RawJson(raw)

@@ -18,8 +18,9 @@ from quotaflow.ingest import pipeline
 from quotaflow.jobs import service as jobs
 from quotaflow.models import ItemStatus, Job, JobStatus, utcnow
 from quotaflow.providers.base import ProviderResponse
-from quotaflow.results import chunk_write, leases
+from quotaflow.results import chunk_write
 from quotaflow.results.leases import claim, renew, store_many
+from quotaflow.results.rows import result_row
 from tests.cluster.test_jobs import Collect
 from tests.harness.factories import chat_line, jsonl
 
@@ -89,8 +90,9 @@ def test_a_chunk_write_reads_its_own_rows_not_the_jobs(pg_sessions, pg_url: str)
         settings=settings, deployments=settings.load_deployments(), dispatcher=Collect(),
         queue="bulk", filename="in.jsonl")
     items = claim(pg_sessions, BatchRef(job.id, 1, 64), "me", LEASE)
-    rows = [leases._result_row(job.id, item, ProviderResponse(200, {"choices": []}, "r", 1, 1),
-                               utcnow()) for item in items]
+    rows = [result_row(item.line_no, item.custom_id,
+                       ProviderResponse(200, {"choices": []}, "r", 1, 1), None)
+            for item in items]
     document = orjson.dumps([chunk_write._json_columns(row) for row in rows]).decode()
     # When a chunk of 64 is written (its plan read)
     with get_engine(pg_url).connect() as conn, conn.begin():
