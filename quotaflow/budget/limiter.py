@@ -61,7 +61,7 @@ class Admission:
         return self.refunding and self.tokens_in_flight > 0
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Dating:
     """Where a call's x-ratelimit-remaining headers stand in the budget's history, so the
     refund mode can be learned from bounds rather than from timing (docs/architecture.md,

@@ -38,8 +38,11 @@ class Http1Error(Exception):
     """The server's answer was not HTTP/1.x the client can read, or it hung up mid-answer."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Http1Response:
+    """An answer as read (not frozen: one is made per call, and a frozen dataclass sets
+    each field through object.__setattr__)."""
+
     status: int
     reason: str
     headers: dict[str, str]  # names lower-cased; the last of a repeated header wins
