@@ -56,7 +56,8 @@ def claim(sessions: sessionmaker[Session], ref: BatchRef, owner: str,
     with sessions.begin() as session, _cursor(session) as cursor:
         cursor.execute(_CLAIM, params)
         rows = cursor.fetchall()
-    items = [ClaimedItem(line, custom_id, None if body is None else jsoncodec.loads(body),
+    bodies = iter(jsoncodec.loads_many([row[2] for row in rows if row[2] is not None]))
+    items = [ClaimedItem(line, custom_id, None if body is None else next(bodies),
                          attempts, body_hash, route)
              for line, custom_id, body, attempts, body_hash, route in rows]
     items.sort(key=lambda item: item.line_no)
