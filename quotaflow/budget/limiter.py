@@ -61,7 +61,7 @@ class Admission:
         return self.refunding and self.tokens_in_flight > 0
 
 
-@dataclass(slots=True)
+@dataclass(slots=True)  # not frozen: one is made per call, and nothing changes it
 class Dating:
     """Where a call's x-ratelimit-remaining headers stand in the budget's history, so the
     refund mode can be learned from bounds rather than from timing (docs/architecture.md,
@@ -76,10 +76,11 @@ class Dating:
     refunded: float
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Settlement:
     """One finished call: the slot it was admitted in, its admitted cost, and the tokens
-    the provider did not use (its unused estimate; negative for a debt)."""
+    the provider did not use (its unused estimate; negative for a debt). Not frozen, as
+    Dating: one is made per call."""
 
     slot: int
     cost: int

@@ -52,8 +52,11 @@ class BatchRun:
     fence: Fence | None = None
 
     def holds(self, item: ClaimedItem) -> bool:
-        """The item's lease is still this run's: it may be sent."""
-        return self.fence is None or item.line_no in self.fence.held([item.line_no])
+        """The item's lease is still this run's: it may be sent. Asked before every call,
+        so the common answer (the lease is surely held) costs a clock read, not the
+        list and set of Fence.held (3% of a worker's samples, py-spy)."""
+        fence = self.fence
+        return fence is None or fence.sure() or item.line_no in fence.held([item.line_no])
 
     def finish(self, item: ClaimedItem, outcome: Outcome,
                provenance: Provenance | None = None) -> None:

@@ -64,7 +64,7 @@ class Shared:
 Outcome = ProviderResponse | Failure | Shared
 
 
-@dataclass(slots=True)
+@dataclass(slots=True)  # not frozen: one is made per call, and nothing changes it
 class Provenance:
     """Where and how an outcome was got: the deployment of its last call, the calls made,
     and when that call was admitted, sent and answered (wall-clock seconds since the
