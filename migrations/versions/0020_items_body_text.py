@@ -5,11 +5,11 @@ the object it had just parsed and checked (canonical_body), so the text is JSON 
 construction; nothing else writes a body but the same kind of code. The json column
 (migration 0019) still parsed each one on the way in to check it: a 200,000-row insert
 of 150-byte bodies on this project's 2-core VM took 0.62 s as json and 0.21 s as text,
-and three alternated pairs of `python -m bench.ingest --lines 100000` measured the
-server at 18.2-19.5 us a line against 20.3-20.8 (issue 29). It is read back only as
-text (the claim's `body::text`, downloads, offload) and turned into an object by the
-model's type (models.RequestBodyType). A query that wants a field of it casts it:
-`body::json ->> 'model'`.
+and ingest of 200,000 lines through the pipeline, nine rounds alternated, cost the server
+14.7 us a line at the median against 16.7 (issue 29; docs/benchmarks.md, ninth pass).
+It is read back only as text (the claim's `body::text`, downloads, offload) and turned
+into an object by the model's type (models.RequestBodyType). A query that wants a field
+of it casts it: `body::json ->> 'model'`.
 
 Revision ID: 0020
 Revises: 0019
