@@ -62,13 +62,24 @@ def dumps_text(value: Any) -> str:
 
 
 def loads(text: str | bytes) -> Any:
+    """The JSON value of `text`; ValueError where it is not JSON. NaN and Infinity, which
+    Python's json takes and JSON (and PostgreSQL) does not, are refused: an answer
+    holding one, stored as it came, would fail its whole chunk's write."""
     raw = text.encode() if isinstance(text, str) else text
     if has_long_number(raw):
-        return json.loads(raw)
+        return _slow_loads(raw)
     try:
         return orjson.loads(raw)
     except orjson.JSONDecodeError:
-        return json.loads(raw)
+        return _slow_loads(raw)
+
+
+def _slow_loads(raw: str | bytes) -> Any:
+    return json.loads(raw, parse_constant=_not_json)
+
+
+def _not_json(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
 
 
 def loads_many(texts: list[str]) -> list[Any]:
@@ -81,5 +92,5 @@ def loads_many(texts: list[str]) -> list[Any]:
         try:
             values.append(orjson.loads(text))
         except orjson.JSONDecodeError:
-            values.append(json.loads(text))
+            values.append(_slow_loads(text))
     return values
