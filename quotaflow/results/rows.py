@@ -17,7 +17,7 @@ from quotaflow.jsoncodec import RawJson
 from quotaflow.providers.base import ProviderResponse
 from quotaflow.providers.outcomes import Failure, Outcome, Provenance, Shared
 
-# The provenance's columns, epoch seconds in a row until `with_datetimes`.
+# The provenance's columns, epoch seconds in a row until `for_sqlalchemy`.
 TIMES = ("admitted_at", "sent_at", "answered_at")
 
 
@@ -45,20 +45,17 @@ def result_row(line_no: int, custom_id: str | None, outcome: Outcome,
         prompt, completion, provider_id = (outcome.prompt_tokens, outcome.completion_tokens,
                                            outcome.request_id)
     if record is None:
-        return {"line_no": line_no, "custom_id": custom_id,
-                "request_id": new_request_id(), "status_code": status,
-                "response": response, "error": error, "prompt_tokens": prompt,
-                "completion_tokens": completion, "shared_from": shared_from,
-                "provider_request_id": provider_id, "deployment": None, "attempts": None,
-                "admitted_at": None, "sent_at": None, "answered_at": None}
+        deployment = attempts = admitted_at = sent_at = answered_at = None
+    else:
+        deployment, attempts = record.deployment, record.attempts
+        admitted_at, sent_at, answered_at = record.admitted_at, record.sent_at, record.answered_at
     return {"line_no": line_no, "custom_id": custom_id,
             "request_id": new_request_id(), "status_code": status,
             "response": response, "error": error, "prompt_tokens": prompt,
             "completion_tokens": completion, "shared_from": shared_from,
-            "provider_request_id": provider_id, "deployment": record.deployment,
-            "attempts": record.attempts, "admitted_at": record.admitted_at,
-            "sent_at": record.sent_at, "answered_at": record.answered_at}
-
+            "provider_request_id": provider_id, "deployment": deployment,
+            "attempts": attempts, "admitted_at": admitted_at,
+            "sent_at": sent_at, "answered_at": answered_at}
 
 def for_sqlalchemy(row: dict[str, Any], job_id: str, now: datetime) -> dict[str, Any]:
     """The row whole, for an INSERT through SQLAlchemy (SQLite's writer): its job and
