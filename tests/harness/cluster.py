@@ -4,7 +4,7 @@ Celery workers, and reading a job's progress from the database (through restarts
 import io
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
 
@@ -83,10 +83,18 @@ def job_status(sessions: sessionmaker[Session], job_id: str) -> str:
 
 
 def wait_until_finished(sessions: sessionmaker[Session], job_id: str, since: float,
-                        timeout: float, total: int) -> str:
+                        timeout: float, total: int, restarted: Sequence[Proc] = ()) -> str:
+    """Poll the job until it leaves in_progress; its status. The `restarted` processes
+    are started again whenever one exits, as compose's restart policy would (Celery ends
+    a worker on an error it calls unrecoverable); the failure message names them."""
+    exits: list[str] = []
     while (status := job_status(sessions, job_id)) == "in_progress":
         assert time.monotonic() - since < timeout, (
-            f"{results_stored(sessions, job_id)} of {total} done {timeout:.0f} s after the fault")
+            f"{results_stored(sessions, job_id)} of {total} done {timeout:.0f} s after the "
+            f"fault" + (f" (restarted: {', '.join(exits)})" if exits else ""))
+        for proc in restarted:
+            if (code := proc.restart_if_exited()) is not None:
+                exits.append(f"{proc.name} had exited with {code}, see {proc.log_path}")
         time.sleep(0.5)
     return status
 

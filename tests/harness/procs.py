@@ -38,8 +38,9 @@ class Proc:
         self.name = name
         self.log_path = log_dir / f"{name}.log"
         self._log = self.log_path.open("wb")
-        self.popen = subprocess.Popen(argv, env=env, cwd=cwd, stdout=self._log,
-                                      stderr=subprocess.STDOUT, start_new_session=True)
+        self._start = lambda: subprocess.Popen(argv, env=env, cwd=cwd, stdout=self._log,
+                                               stderr=subprocess.STDOUT, start_new_session=True)
+        self.popen = self._start()
         Proc.running.append(self)
 
     @property
@@ -62,6 +63,15 @@ class Proc:
                 pass
             time.sleep(0.2)
         raise TimeoutError(f"{self.name} not ready after {timeout}s:\n{self.log()}")
+
+    def restart_if_exited(self) -> int | None:
+        """What a process manager's restart policy (compose's `unless-stopped`) does: start
+        the command again if it exited, its output appended to the same log; the exit
+        status it ended with, or None while it runs."""
+        code = self.popen.poll()
+        if code is not None:
+            self.popen = self._start()
+        return code
 
     def wait_http(self, url: str, timeout: float = 60.0, **kwargs: object) -> None:
         self.wait_until(lambda: httpx.get(url, timeout=2, **kwargs).status_code == 200, timeout)
