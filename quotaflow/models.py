@@ -38,17 +38,16 @@ from quotaflow import jsoncodec
 
 # SQL NULL for Python None, so "IS NULL" means "absent" (an invalid line has no body).
 JsonType = JSON(none_as_null=True).with_variant(JSONB(none_as_null=True), "postgresql")
-# A request body or a provider's answer, written once and read back as text: json keeps
-# the text as it was written, where jsonb parsed it on the way in and printed it on
-# every claim or download (migrations 0018, 0019).
-AnswerType = JSON(none_as_null=True)
 
 
-class RequestBodyType(TypeDecorator[Any]):
-    """A request's body: JSON text in a text column on PostgreSQL (migration 0020), JSON
-    elsewhere. Ingest writes it once from the object it parsed, so it is JSON by
-    construction; a json column checked it again on every row of the COPY, about a
-    tenth of the server's ingest CPU. Read through this type it is an object again."""
+class JsonText(TypeDecorator[Any]):
+    """A request's body or a provider's answer: JSON text in a text column on PostgreSQL
+    (migrations 0020, 0021), JSON elsewhere. Each is written once, as quotaflow's own
+    output of an object it parsed (ingest's body) or as text already parsed (the
+    answer, kept as it came): JSON by construction. A json column parsed each one again
+    on the way in, about a tenth of the server's CPU for ingest's COPY and for each
+    chunk of results; jsonb also printed it again on every read (migrations 0018,
+    0019). Read through this type, it is an object again."""
 
     impl = JSON
     cache_ok = True
@@ -206,7 +205,7 @@ class Item(Base):
     job_id: Mapped[str] = mapped_column(String(64), primary_key=True)
     line_no: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
     custom_id: Mapped[str | None] = mapped_column(String(512))
-    body: Mapped[dict[str, Any] | None] = mapped_column(RequestBodyType())
+    body: Mapped[dict[str, Any] | None] = mapped_column(JsonText())
     status: Mapped[str] = mapped_column(String(16))
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     lease_owner: Mapped[str | None] = mapped_column(String(64))
@@ -236,7 +235,7 @@ class Result(Base):
     custom_id: Mapped[str | None] = mapped_column(String(512))
     request_id: Mapped[str] = mapped_column(String(64))
     status_code: Mapped[int | None] = mapped_column(Integer)
-    response: Mapped[dict[str, Any] | None] = mapped_column(AnswerType)
+    response: Mapped[dict[str, Any] | None] = mapped_column(JsonText())
     error: Mapped[dict[str, Any] | None]
     prompt_tokens: Mapped[int] = mapped_column(Integer, default=0)
     completion_tokens: Mapped[int] = mapped_column(Integer, default=0)

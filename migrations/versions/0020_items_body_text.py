@@ -8,7 +8,7 @@ of 150-byte bodies on this project's 2-core VM took 0.62 s as json and 0.21 s as
 and ingest of 200,000 lines through the pipeline, nine rounds alternated, cost the server
 14.7 us a line at the median against 16.7 (issue 29; docs/benchmarks.md, ninth pass).
 It is read back only as text (the claim's `body::text`, downloads, offload) and turned
-into an object by the model's type (models.RequestBodyType). A query that wants a field
+into an object by the model's type (models.JsonText). A query that wants a field
 of it casts it: `body::json ->> 'model'`.
 
 Revision ID: 0020

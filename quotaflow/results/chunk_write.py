@@ -30,7 +30,7 @@ from quotaflow.models import ItemStatus
 # datetimes cost the worker a conversion and orjson a formatting each, and the server a
 # parse of their text.
 _COLUMNS = (("line_no", "int4"), ("custom_id", "varchar"), ("request_id", "varchar"),
-            ("status_code", "int4"), ("response", "json"), ("error", "jsonb"),
+            ("status_code", "int4"), ("response", "text"), ("error", "jsonb"),
             ("prompt_tokens", "int4"), ("completion_tokens", "int4"),
             ("shared_from", "jsonb"), ("deployment", "varchar"), ("attempts", "int4"),
             ("admitted_at", "float8"), ("sent_at", "float8"),
