@@ -26,6 +26,7 @@ from quotaflow.errors import ServiceUnavailable
 from quotaflow.execution.admitted import Admitted
 from quotaflow.execution.attempts import LIMITER_DOWN_BACKOFF_S, MAX_ROUTE_WAIT_S, Caller, poll_time
 from quotaflow.execution.batch import BatchRun
+from quotaflow.execution.flights import Flights
 from quotaflow.execution.prepare import Preparer
 from quotaflow.models import utcnow
 from quotaflow.providers.outcomes import Failure
@@ -64,21 +65,20 @@ class Admitter:
 
     async def run_route(self, run: BatchRun, route: Route, items: list[ClaimedItem]) -> None:
         waiting = list(items)
-        calls: dict[str, set[asyncio.Task[None]]] = {}
+        calls = Flights()
         try:
             await self._admit(run, route, waiting, calls)
         finally:
             # Calls already sent finish and are stored, whatever ended the loop.
-            await asyncio.gather(*(call for flying in calls.values() for call in flying),
-                                 return_exceptions=True)
+            await calls.finish()
 
     async def _admit(self, run: BatchRun, route: Route, waiting: list[ClaimedItem],
-                     calls: dict[str, set[asyncio.Task[None]]]) -> None:
+                     calls: Flights) -> None:
         gathered = False
         while waiting:
             if self._stopped(run, waiting) or self._overran(run, waiting):
                 break
-            busy = self._busy(calls)
+            busy = self._busy(route, calls)
             try:
                 choice = self.router.choose(route, exclude=busy)
             except ServiceUnavailable as exc:
@@ -91,13 +91,13 @@ class Admitter:
                     break
                 continue
             deployment = choice.deployment
-            flying = calls.get(deployment.name, set())
-            free = _free_slots(choice, route, len(flying))
+            flying = calls.on(deployment.name)
+            free = _free_slots(choice, route, flying)
             if not (choice.probe or gathered) and flying and free < min(
                     len(waiting), max(1, deployment.max_concurrency // GATHER_FRACTION)):
                 # A slot or two just came free: let a few more calls end first, so one
                 # admission (one round trip to the limiter) pays for several requests.
-                await asyncio.wait(flying, timeout=GATHER_S)
+                await calls.none_left_on(deployment.name, GATHER_S)
                 gathered = True
                 continue
             gathered = False
@@ -110,10 +110,9 @@ class Admitter:
             if admission is None:
                 break
             del waiting[:admission.admitted]
-            flying = calls.setdefault(deployment.name, flying)
             for entry in asked[:admission.admitted]:
                 entry.paid(admission)
-                flying.add(asyncio.create_task(self.caller.call(run, route, entry)))
+                calls.start(deployment.name, self.caller.call(run, route, entry))
             if admission.admitted == len(asked):
                 continue
             # Refunds of calls in flight will shorten a refunding deployment's wait:
@@ -147,19 +146,17 @@ class Admitter:
         return admission
 
     async def _closed_off(self, run: BatchRun, waiting: list[ClaimedItem], choice: Choice,
-                          calls: dict[str, set[asyncio.Task[None]]], busy: set[str]) -> bool:
+                          calls: Flights, busy: set[str]) -> bool:
         """No deployment of the route takes a request now: wait for one (True), or hand
         the items back to the queue (False)."""
-        flying = set().union(*calls.values())
         if busy:
-            await asyncio.wait(flying, return_when=asyncio.FIRST_COMPLETED)
-        elif flying:
+            await calls.one_ends()
+        elif calls:
             # Closed off (an open circuit, no budget) with calls out: one of them may
             # change that when it ends, as the probe of a half-open circuit closes it by
             # succeeding. Wait for one (a second at most, to notice a cancel) and report
             # it, rather than hand the batch back for the probe's whole timeout.
-            await asyncio.wait(flying, timeout=max(0.01, min(choice.wait_s, MAX_ROUTE_WAIT_S)),
-                               return_when=asyncio.FIRST_COMPLETED)
+            await calls.one_ends(max(0.01, min(choice.wait_s, MAX_ROUTE_WAIT_S)))
             run.feedback.flush()
         else:
             return await self._pause(run, waiting, choice.wait_s, refunds_due=False)
@@ -193,12 +190,11 @@ class Admitter:
         self._defer(run, waiting, 0.0)
         return True
 
-    def _busy(self, calls: dict[str, set[asyncio.Task[None]]]) -> set[str]:
-        """Forget finished calls; the deployments with no call to spare."""
-        for name in calls:
-            calls[name] = {call for call in calls[name] if not call.done()}
-        return {name for name, flying in calls.items()
-                if len(flying) >= self.deployments.deployments[name].max_concurrency}
+    def _busy(self, route: Route, calls: Flights) -> set[str]:
+        """The route's deployments with no call to spare."""
+        deployments = self.deployments.deployments
+        return {name for name in route.names
+                if calls.on(name) >= deployments[name].max_concurrency}
 
     def _prepare_chunk(self, run: BatchRun, deployment: Deployment,
                        waiting: list[ClaimedItem], size: int) -> list[Admitted]:
