@@ -57,6 +57,7 @@ def result_row(line_no: int, custom_id: str | None, outcome: Outcome,
             "attempts": attempts, "admitted_at": admitted_at,
             "sent_at": sent_at, "answered_at": answered_at}
 
+
 def for_sqlalchemy(row: dict[str, Any], job_id: str, now: datetime) -> dict[str, Any]:
     """The row whole, for an INSERT through SQLAlchemy (SQLite's writer): its job and
     time added, its provenance's times made datetimes."""
