@@ -88,7 +88,13 @@ def test_bucket_key_is_hash_tagged_and_expires_when_full(redis_url: str) -> None
     assert key.startswith("{") and key.endswith("}")
     assert 30_000 < client.pttl(key) <= 42_000  # kept while a call is in flight
     shared.settle(spec, [Settlement(admission.slot, 10, 0)])
-    assert 0 < client.pttl(key) <= 2_000  # full again in 0.1 s, plus a second of grace
+    # Full again in 0.1 s, but never shortened: a caller was told it lives that long
+    assert 30_000 < client.pttl(key) <= 42_000
+    idle = Budget(f"idle-{uuid.uuid4().hex[:8]}", 60_000, 6_000, 1.0)
+    shared.levels(idle)  # a peek writes nothing
+    assert client.pttl(bucket_key(idle.name)) == -2
+    shared.clamp(idle, None, 5_990.0)  # full again in 0.1 s, plus a second of grace
+    assert 0 < client.pttl(bucket_key(idle.name)) <= 2_000
     shared.close()
 
 
@@ -133,3 +139,21 @@ def test_a_budget_lost_while_in_use_starts_empty_but_a_new_one_starts_full(
     assert newcomer.acquire(fresh, [1_000] * 6, 0.0).admitted == 6
     worker.close()
     newcomer.close()
+
+
+def test_a_budget_that_expired_after_its_last_call_settled_elsewhere_starts_full(
+        redis_url: str) -> None:
+    """One process admits a call (its hash then lives for the flight timeout), another
+    settles it, leaving the bucket full: the hash must outlive what the first was told,
+    or the first process's next acquire finds it gone early, reads that as lost data and
+    starts the budget empty (a whole job waiting for the refill of its floor)."""
+    # Refilling 100,000 tokens a second: full again a few milliseconds after a call.
+    spec = Budget(f"settled-{uuid.uuid4().hex[:8]}", 60_000, 6_000_000, 60.0)
+    admitter, settler = RedisLimiter(redis_url), RedisLimiter(redis_url)
+    admission = admitter.acquire(spec, [1_000], 0.0)
+    assert admission.admitted == 1
+    settler.settle(spec, [Settlement(admission.slot, 1_000, 0.0)])
+    time.sleep(1.3)  # longer than a full bucket's hash is kept (its life + 1 s)
+    assert admitter.acquire(spec, [1_000] * 6, 0.0).admitted == 6
+    admitter.close()
+    settler.close()

@@ -21,7 +21,8 @@ KEYS[1]  the deployment's hash, hash-tagged for Redis Cluster:
          bucket above capacity minus the tokens still in flight: a provider whose
          bucket is nearly full loses part of a refund to its own ceiling. A slot
          older than the flight timeout is forgotten (its caller died).
-         A missing hash is a full bucket; it expires once it would be full.
+         A missing hash is a full bucket; it expires once it would be full and no
+         caller was told it lives longer.
          But a hash missing while a caller knows it must exist (ARGV[1] ends in
          "!": that caller wrote it, and it had not yet expired) was lost (Redis
          restarted empty, failed over, was flushed or evicted it): it is created
@@ -87,7 +88,7 @@ Every op returns one string, "admitted wait_seconds r t blocked_seconds slot
 tokens_in_flight refunding mark now g keep_seconds" (split: then i): one bulk reply is
 cheaper to parse than twelve. t is the level admission spends from; mark is a's value
 before this admission; now the server's time; keep_seconds how long the hash now lives
-(0: not written).
+at least (0: not written): a write never shortens it.
 --]]
 
 local key = KEYS[1]
@@ -276,7 +277,16 @@ if op ~= 'peek' then
   end
   keep = until_full
   if f > EPS or fi > EPS then keep = math.max(keep, flight_timeout + SLOT_S) end
-  redis.call('PEXPIRE', key, math.ceil(keep * 1000) + 1000)
+  -- The hash's life is only ever lengthened: another caller may have been told it lives
+  -- longer (while calls were in flight), and finding it gone before then would read as
+  -- lost data and start the bucket empty. (PEXPIRE's GT option needs Redis 7.)
+  local ttl_ms = redis.call('PTTL', key)
+  local want_ms = math.ceil(keep * 1000) + 1000
+  if ttl_ms < want_ms then
+    redis.call('PEXPIRE', key, want_ms)
+  else
+    keep = (ttl_ms - 1000) / 1000
+  end
 end
 local spending = refunding()
 local reply = string.format('%d %.17g %.17g %.17g %.17g %d %.17g %d %.17g %.17g %.17g %.17g',
