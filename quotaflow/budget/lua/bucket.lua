@@ -16,6 +16,7 @@ KEYS[1]  the deployment's hash, hash-tagged for Redis Cluster:
            g    tokens given back in all (refunds settled, a running total)
            ts   server time of the last update (seconds, float)
            bu   server time until which nothing is admitted (after a 429)
+           ex   server time until which a caller was told the hash lives
            f:N  tokens admitted in time slot N and not yet settled
          Slot N = floor(server time / 10 s). A refund never lifts the tokens
          bucket above capacity minus the tokens still in flight: a provider whose
@@ -263,30 +264,21 @@ local blocked = math.max(0, bu - now, pu - now)
 local keep = 0
 if op ~= 'peek' then
   if #stale > 0 then redis.call('HDEL', key, unpack(stale)) end
+  -- Keep the hash while calls are in flight, a block lasts, or it is not yet full; and
+  -- never less long than a caller was last told (ex): found gone before then, it would
+  -- read as lost data and start empty.
+  keep = math.max((cap_r - r) / rate_r, (cap_t - math.min(t, tn)) / rate_t, blocked,
+                  (state.ex or 0) - now)
+  if split then keep = math.max(keep, (cap_i - inp) / rate_i) end
+  if f > EPS or fi > EPS then keep = math.max(keep, flight_timeout + SLOT_S) end
   redis.call('HSET', key, 'r', string.format(fmt, r), 't', string.format(fmt, t),
              'tn', string.format(fmt, tn), 'v', v, 'a', string.format(fmt, a),
              'u', string.format(fmt, u), 'g', string.format(fmt, g),
              'ts', string.format(fmt, now),
-             'bu', string.format(fmt, bu), 'pu', string.format(fmt, pu))
-  -- Keep the hash while calls are in flight, a block lasts, or it is not yet full.
-  local until_full = math.max((cap_r - r) / rate_r, (cap_t - math.min(t, tn)) / rate_t,
-                              blocked)
-  if split then
-    redis.call('HSET', key, 'i', string.format(fmt, inp))
-    until_full = math.max(until_full, (cap_i - inp) / rate_i)
-  end
-  keep = until_full
-  if f > EPS or fi > EPS then keep = math.max(keep, flight_timeout + SLOT_S) end
-  -- The hash's life is only ever lengthened: another caller may have been told it lives
-  -- longer (while calls were in flight), and finding it gone before then would read as
-  -- lost data and start the bucket empty. (PEXPIRE's GT option needs Redis 7.)
-  local ttl_ms = redis.call('PTTL', key)
-  local want_ms = math.ceil(keep * 1000) + 1000
-  if ttl_ms < want_ms then
-    redis.call('PEXPIRE', key, want_ms)
-  else
-    keep = (ttl_ms - 1000) / 1000
-  end
+             'bu', string.format(fmt, bu), 'pu', string.format(fmt, pu),
+             'ex', string.format(fmt, now + keep))
+  if split then redis.call('HSET', key, 'i', string.format(fmt, inp)) end
+  redis.call('PEXPIRE', key, math.ceil(keep * 1000) + 1000)
 end
 local spending = refunding()
 local reply = string.format('%d %.17g %.17g %.17g %.17g %d %.17g %d %.17g %.17g %.17g %.17g',
