@@ -32,7 +32,7 @@ def run_file(settings: Settings, input_path: Path, output: IO[str], errors_path:
              queue: str, concurrency: int, dedup: bool | None = None,
              quiet: bool = False) -> dict:
     """Process the file and write results and errors; returns the final job object."""
-    runtime = Runtime(settings, in_process=True)
+    runtime = Runtime(settings, in_process=True, metrics=False)  # nothing serves them
     if uses_only_mock(runtime.deployments) and not quiet:
         stderr.print("[yellow]Using the built-in mock provider: every response is SIMULATED. "
                      "Set QUOTAFLOW_DEPLOYMENTS_FILE to call a real model.[/yellow]",

@@ -41,13 +41,16 @@ CIRCUIT_CLOSED_FOR_S = 0.25
 class Runtime:
     """The parts one process works with; `in_process` is `quotaflow run`: one process
     holds the whole budget (the in-process limiter and breaker are exact) and runs the
-    batches it dispatches itself."""
+    batches it dispatches itself. `metrics`: whether its batch runs count for Prometheus,
+    which only a process whose counters are served needs (a worker started with a
+    metrics port: workers/metrics.py)."""
 
     def __init__(self, settings: Settings, transport: Transport | None = None,
-                 *, in_process: bool = False) -> None:
+                 *, in_process: bool = False, metrics: bool = True) -> None:
         self.settings = settings
         self._transport = transport
         self.in_process = in_process
+        self.metrics = metrics
 
     @cached_property
     def sessions(self) -> sessionmaker[Session]:
@@ -96,4 +99,4 @@ class Runtime:
         handing batches back to a queue."""
         return BatchExecutor(self.sessions, self.deployments, self.limiter, self.settings,
                              breaker=self.breaker, defer=not self.in_process,
-                             fair=self.fair_share)
+                             fair=self.fair_share, metrics=self.metrics)

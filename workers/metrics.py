@@ -38,6 +38,14 @@ def _directory() -> str | None:
     return os.environ.get("PROMETHEUS_MULTIPROC_DIR")
 
 
+def collected() -> bool:
+    """Whether this worker's counts are read: its processes write them to a directory
+    that a metrics port serves (its own, or its main worker's for a realtime companion).
+    Without one, the batch runs count nothing (a tally per request, about 3% of a
+    worker's CPU against an instant provider, that no scrape would ever see)."""
+    return bool(_directory())
+
+
 @worker_ready.connect
 def serve_metrics(**_kwargs: object) -> None:
     """Serve /metrics from the main process once the pool has started (its processes then

@@ -17,7 +17,7 @@ from quotaflow.execution import loops
 from quotaflow.execution.loops import PROVIDERS
 from quotaflow.providers.local import runner_for, serve_only
 from quotaflow.runtime import Runtime
-from workers import metrics  # noqa: F401  (its signal handlers serve --metrics-port)
+from workers import metrics  # its signal handlers serve --metrics-port
 from workers.app import app
 from workers.dispatch import CeleryDispatcher
 
@@ -25,7 +25,7 @@ from workers.dispatch import CeleryDispatcher
 @lru_cache
 def runtime() -> Runtime:
     """Built once per worker process, after the fork, so no pool is shared across processes."""
-    return Runtime(get_settings(), CeleryDispatcher)
+    return Runtime(get_settings(), CeleryDispatcher, metrics=metrics.collected())
 
 
 @worker_init.connect

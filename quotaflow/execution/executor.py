@@ -58,13 +58,16 @@ class BatchExecutor:
     in-process one serves the embedded runner. `defer` says whether a long wait
     for budget may hand items back to the queue (Celery) or must be slept
     through (the embedded runner); `provider_batches` (default: `defer`) whether
-    bulk lines may go to provider batch deployments (only workers poll them).
+    bulk lines may go to provider batch deployments (only workers poll them);
+    `metrics` whether its runs count for Prometheus (only where something serves the
+    counts: execution/policies/metrics.py).
     """
 
     def __init__(self, sessions: sessionmaker[Session], deployments: Deployments,
                  limiter: Limiter, settings: Settings, breaker: CircuitBreaker | None = None,
                  defer: bool = True, providers: ProviderPool = PROVIDERS,
-                 provider_batches: bool | None = None, fair: FairShare | None = None) -> None:
+                 provider_batches: bool | None = None, fair: FairShare | None = None,
+                 metrics: bool = True) -> None:
         self.sessions, self.deployments, self.settings = sessions, deployments, settings
         self.limiter, self.breaker = limiter, breaker or LocalCircuitBreaker()
         self.lease, self.providers = timedelta(seconds=settings.lease_seconds), providers
@@ -73,7 +76,8 @@ class BatchExecutor:
         bind = sessions.kw.get("bind")  # the prepared statements are PostgreSQL's
         self._postgres = bind is not None and bind.dialect.name == "postgresql"
         self.policies = Policies(sessions, deployments, settings, fair,
-                                 defer if provider_batches is None else provider_batches)
+                                 defer if provider_batches is None else provider_batches,
+                                 metrics)
         router = Router(deployments, limiter, self.breaker)
         preparer = Preparer(deployments, providers)
         self.admitter = Admitter(

@@ -123,6 +123,10 @@ def test_policies_give_a_run_only_the_hooks_whose_policy_is_on_for_it(tmp_path) 
     # And with everything off, only the metrics tally is left
     bare = Policies(None, deployments, Settings(), NoFairShare(), True)  # type: ignore[arg-type]
     assert names(bare.hooks_for(_facts("bulk"))) == ["MetricsHook"]
+    # And where nothing serves the counts (a worker without a metrics port), not even that
+    unserved = Policies(None, deployments, Settings(), NoFairShare(), True,  # type: ignore[arg-type]
+                        metrics=False)
+    assert names(unserved.hooks_for(_facts("bulk"))) == []
     # And each run gets hooks of its own (they keep the run's state)
     first, second = policies.hooks_for(_facts("bulk")), policies.hooks_for(_facts("bulk"))
     assert first.hooks[0] is not second.hooks[0]

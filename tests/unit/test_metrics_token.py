@@ -8,7 +8,7 @@ from pydantic import SecretStr
 
 from quotaflow.config import Settings
 from quotaflow.observe.metrics_auth import authorized
-from workers.metrics import guarded
+from workers.metrics import collected, guarded
 
 TOKEN = SecretStr("s3cret-scrape-token")
 
@@ -53,3 +53,13 @@ def test_the_workers_endpoint_asks_for_the_token() -> None:
     status, body = _scrape(TOKEN, "Bearer s3cret-scrape-token")
     assert status.startswith("200") and b"quotaflow_demo_total 1.0" in body
     assert _scrape(None, None)[0].startswith("200")
+
+
+def test_a_worker_counts_only_where_its_counts_are_served(monkeypatch) -> None:
+    # Given no metrics directory (a worker started without --metrics-port)
+    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
+    # Then its batch runs count nothing
+    assert not collected()
+    # And given the directory `quotaflow worker --metrics-port` sets (a companion shares it)
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", "/tmp/quotaflow-metrics-x")
+    assert collected()

@@ -33,7 +33,8 @@ class Policies:
     the job's facts per run."""
 
     def __init__(self, sessions: sessionmaker[Session], deployments: Deployments,
-                 settings: Settings, fair: FairShare | None, provider_batches: bool) -> None:
+                 settings: Settings, fair: FairShare | None, provider_batches: bool,
+                 metrics: bool = True) -> None:
         self.sessions = sessions
         self.deployments = deployments
         self.settings = settings
@@ -44,6 +45,9 @@ class Policies:
         self.spending = any(prices is not None for prices in self.prices.values())
         # Bulk lines go to provider batch deployments only where workers run the poll
         # loop (Celery); the embedded runner treats them as unavailable.
+        # The metrics tally only where its counters are read (a worker serving them):
+        # elsewhere it is a per-request count nobody sees.
+        self.metrics = metrics
         self.offload = provider_batches and any(
             d.is_batch for d in deployments.deployments.values())
 
@@ -58,5 +62,6 @@ class Policies:
             hooks.append(ReuseHook(self.sessions, job.tenant))
         if self.offload and job.queue == QUEUE_BULK:
             hooks.append(OffloadHook(self.sessions, self.deployments))
-        hooks.append(MetricsHook(job.queue))
+        if self.metrics:
+            hooks.append(MetricsHook(job.queue))
         return Hooks(hooks)

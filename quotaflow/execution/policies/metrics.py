@@ -1,6 +1,7 @@
 """The metrics tally as a hook (quotaflow/observe/metrics.py): admissions and provider answers
 counted in plain integers, written to Prometheus with each feedback settle and at the
-run's end. Every run gets it.
+run's end. Every run of a process whose counts are served gets it (a worker started
+with a metrics port, workers/metrics.py); elsewhere nothing would read them.
 
 The hook is the Tally itself, and its `call_ended` point is Tally.answered: the one
 per-request point costs no call beyond the count.
