@@ -96,3 +96,58 @@ def test_a_call_answered_in_time_is_not_failed_by_an_earlier_deadline() -> None:
     assert isinstance(results["hang-late"][1], TimeoutError)
     assert 0.29 <= results["hang-late"][0] < 0.45
 
+
+
+@pytest.mark.timeout(15)
+def test_a_providers_edge_raises_its_calls_failures_as_retryable_errors() -> None:
+    """Through ProviderEdge: a hung call, a refused connection and an answer that is not
+    HTTP each come out as RetryableProviderError naming the deployment, the original as
+    its cause (what the retry policy retries); an answered call is untouched."""
+    from quotaflow.deployments.deployment import Deployment
+    from quotaflow.errors import RetryableProviderError
+    from quotaflow.providers.edge import ProviderEdge
+
+    def edge(port: int) -> ProviderEdge:
+        deployment = Deployment(name="d1", provider="openai", model="m", timeout_s=0.3, rpm=60,
+                                tpm=6000,
+                                base_url=f"http://127.0.0.1:{port}/v1")
+        return ProviderEdge(deployment, f"http://127.0.0.1:{port}/v1/", {}, lambda k: k)
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            async for _, body in requests_of(reader):
+                if body == b"hang":
+                    await asyncio.sleep(3600)
+                writer.write(b"SMTP ready\r\n\r\n" if body == b"garbage" else ANSWER)
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
+            pass
+        finally:
+            writer.close()
+
+    async def run() -> dict[str, BaseException | int]:
+        server = await asyncio.start_server(answer, "127.0.0.1", 0)
+        closed = await asyncio.start_server(answer, "127.0.0.1", 0)
+        refused_port = closed.sockets[0].getsockname()[1]
+        closed.close()
+        await closed.wait_closed()
+        live = edge(server.sockets[0].getsockname()[1])
+        outcomes: dict[str, BaseException | int] = {}
+        for name, target in (("ok", live), ("hang", live), ("garbage", live),
+                             ("refused", edge(refused_port))):
+            try:
+                outcomes[name] = (await target.post("chat", name.encode())).status
+            except RetryableProviderError as exc:
+                outcomes[name] = exc
+        server.close()
+        return outcomes
+
+    outcomes = asyncio.run(run())
+    assert outcomes["ok"] == 200
+    hang, garbage, refused = outcomes["hang"], outcomes["garbage"], outcomes["refused"]
+    assert isinstance(hang, RetryableProviderError) and "d1: request timed out" in str(hang)
+    assert isinstance(hang.__cause__, TimeoutError)
+    assert isinstance(garbage, RetryableProviderError)
+    assert "d1: connection failed (Http1Error)" in str(garbage)
+    assert isinstance(refused, RetryableProviderError)
+    assert "d1: connection failed (ConnectionRefusedError)" in str(refused)
