@@ -43,11 +43,11 @@ class Policies:
         self.prices = {name: d.prices for name, d in deployments.deployments.items()}
         # Calls cost something only where a deployment has prices (quotaflow/tenants/spend.py).
         self.spending = any(prices is not None for prices in self.prices.values())
-        # Bulk lines go to provider batch deployments only where workers run the poll
-        # loop (Celery); the embedded runner treats them as unavailable.
         # The metrics tally only where its counters are read (a worker serving them):
         # elsewhere it is a per-request count nobody sees.
         self.metrics = metrics
+        # Bulk lines go to provider batch deployments only where workers run the poll
+        # loop (Celery); the embedded runner treats them as unavailable.
         self.offload = provider_batches and any(
             d.is_batch for d in deployments.deployments.values())
 
