@@ -18,7 +18,7 @@ import redis
 from quotaflow.db import session_factory
 from tests.harness.cluster import deployment_file, results_stored, start_provider, start_workers
 from tests.harness.factories import chat_line, jsonl
-from tests.harness.procs import Proc, free_port, quotaflow
+from tests.harness.procs import Proc, free_port, quiet_port, quotaflow
 from tests.harness.servers import service_env
 
 LINES = 1000
@@ -51,7 +51,7 @@ class OwnRedis:
     def __init__(self, workdir: Path, aof: bool) -> None:
         binary = shutil.which("redis-server")
         assert binary, "redis-server is installed by scripts/test"
-        self.argv = [binary, "--port", str(free_port()), "--bind", "127.0.0.1", "--save", "",
+        self.argv = [binary, "--port", str(quiet_port()), "--bind", "127.0.0.1", "--save", "",
                      "--dir", str(workdir), "--appendonly", "yes" if aof else "no",
                      "--appendfsync", "always"]
         self.port = int(self.argv[2])

@@ -6,6 +6,7 @@ shared services are never touched.
 
 import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -22,6 +23,21 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def quiet_port() -> int:
+    """A free port below the kernel's ephemeral range, for a server whose port is chosen
+    long before it (re)starts: `free_port`'s ports come from that range, where another
+    test's server or any outgoing connection may take one in the meantime."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    for port in random.sample(range(max(low - 12_000, 10_000), low), 200):
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port below the ephemeral range")
 
 
 class Proc:

@@ -32,7 +32,7 @@ from quotaflow.jobs import service as jobs
 from quotaflow.jobs import view as job_view
 from quotaflow.providers.mock import simulated_body
 from tests.harness.chaos_cluster import OwnRedis
-from tests.harness.procs import Proc, free_port, quotaflow
+from tests.harness.procs import Proc, quiet_port, quotaflow
 from tests.harness.servers import service_env
 from workers.dispatch import CeleryDispatcher
 
@@ -116,7 +116,7 @@ class SoakCluster:
         self.redis.start()
         entries = []
         for soak, name in self.names():
-            self.ports[name] = free_port()
+            self.ports[name] = quiet_port()
             entries.append(f'[deployments.{name}]\nprovider = "openai"\n'
                            f'base_url = "http://127.0.0.1:{self.ports[name]}/v1"\n'
                            f'model = "{name}"\nrpm = {soak.rpm}\ntpm = {soak.tpm}\n'
