@@ -30,7 +30,8 @@ def quiet_port() -> int:
     long before it (re)starts: `free_port`'s ports come from that range, where another
     test's server or any outgoing connection may take one in the meantime."""
     low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    for port in random.sample(range(max(low - 12_000, 10_000), low), 200):
+    below = range(max(low - 12_000, 1024), low)
+    for port in random.sample(below, min(200, len(below))):
         with socket.socket() as sock:
             try:
                 sock.bind(("127.0.0.1", port))
