@@ -194,17 +194,29 @@ def test_cancelling_a_job_aborts_its_requests_in_the_engine(engine: Engine) -> N
         assert time.monotonic() < deadline, engine.worker.log()
         time.sleep(0.05)
     time.sleep(0.5)
-    aborted_before = engine.worker.log_path.read_text(errors="replace").count("aborted in vLLM")
+    log_before = len(engine.worker.log_path.read_text(errors="replace"))
     # When it is cancelled
-    cancelled_at = time.monotonic()
+    asked = time.monotonic()
     jobs.cancel_job(engine.sessions, job)
     # Then within 2 s the job has ended, its waiting requests aborted in vLLM (not run to
-    # their 400 tokens) and their items cancelled
+    # their 400 tokens) and their items cancelled. Timed by the job's own record, from
+    # the cancel (cancelling_at, set in its transaction) to the worker ending the job
+    # (cancelled_at): a late poll by the test is not counted against the product.
     status = wait_done(engine, job, timeout=10, every=0.05)
-    took = time.monotonic() - cancelled_at
-    assert status == "cancelled" and took < 2.0, (status, took)
-    log = engine.worker.log_path.read_text(errors="replace")
-    aborted = log.count("aborted in vLLM") - aborted_before
+    seen = time.monotonic() - asked
+    log = engine.worker.log_path.read_text(errors="replace")[log_before:]
+    assert status == "cancelled", (status, log[-6000:])
+    with engine.sessions() as session:
+        record = jobs.get_job(session, job)
+    assert record.cancelling_at is not None and record.cancelled_at is not None
+    took = (record.cancelled_at - record.cancelling_at).total_seconds()
+    aborts = [line[:23] for line in log.splitlines() if "aborted in vLLM" in line]
+    assert took < 2.0, (
+        f"ended {took:.2f} s after the cancel ({seen:.2f} s as the test saw it); "
+        f"cancel committed at {record.cancelling_at}, ended at {record.cancelled_at}; "
+        f"{len(aborts)} aborts logged from {aborts[:1]} to {aborts[-1:]}; the worker's "
+        f"log since:\n{log[-6000:]}")
+    aborted = len(aborts)
     with engine.sessions() as session:
         errors = [json.loads(row) for row in output.iter_output(session, job, True)]
     codes = [e["error"]["code"] for e in errors]
