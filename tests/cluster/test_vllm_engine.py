@@ -213,7 +213,7 @@ def test_cancelling_a_job_aborts_its_requests_in_the_engine(engine: Engine) -> N
     aborts = [line[:23] for line in log.splitlines() if "aborted in vLLM" in line]
     assert took < 2.0, (
         f"ended {took:.2f} s after the cancel ({seen:.2f} s as the test saw it); "
-        f"cancel committed at {record.cancelling_at}, ended at {record.cancelled_at}; "
+        f"cancelling_at {record.cancelling_at}, cancelled_at {record.cancelled_at}; "
         f"{len(aborts)} aborts logged from {aborts[:1]} to {aborts[-1:]}; the worker's "
         f"log since:\n{log[-6000:]}")
     aborted = len(aborts)
