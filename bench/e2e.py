@@ -366,7 +366,7 @@ class Bench:
 
     def cluster_row(self, workers: int, size: int) -> Row:
         with self._db() as conn:
-            conn.execute("TRUNCATE jobs, items, results CASCADE")
+            conn.execute("TRUNCATE jobs, items, results, job_tallies CASCADE")
             conn.execute("CHECKPOINT")
         ports = [free_port() for _ in range(workers)] if self.args.metrics else []
         procs = [self._start(f"worker{n}-w{workers}-n{size}", quotaflow(

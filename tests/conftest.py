@@ -73,7 +73,7 @@ def pg_url() -> str:
 def pg_sessions(pg_url: str) -> Iterator[sessionmaker[Session]]:
     """Sessions on the test database, emptied before each test."""
     with get_engine(pg_url).begin() as conn:
-        conn.execute(text("TRUNCATE jobs, items, results, broker_runs, spend CASCADE"))
+        conn.execute(text("TRUNCATE jobs, items, results, broker_runs, spend, job_tallies CASCADE"))
     yield session_factory(pg_url)
 
 

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import func, select, tuple_
+from sqlalchemy import select, tuple_
 from sqlalchemy.orm import Session, sessionmaker
 
 from quotaflow.compat import openai_batches as batches
@@ -27,8 +27,9 @@ from quotaflow.deployments.catalog import Deployments
 from quotaflow.dispatch.queues import Dispatcher
 from quotaflow.errors import InputFileError, InvalidParameter, InvalidRequest, JobNotFound
 from quotaflow.ingest import pipeline as ingest
+from quotaflow.jobs import tallies
 from quotaflow.jobs import view as job_view
-from quotaflow.models import Item, ItemStatus, Job, JobStatus, utcnow
+from quotaflow.models import ItemStatus, Job, JobStatus, utcnow
 from quotaflow.results.output import iter_output
 
 PREFIX = "msgbatch_"
@@ -95,14 +96,9 @@ def _refusal(exc: InputFileError) -> BatchBodyError:
 # --- the Message Batch object ----------------------------------------------------------
 
 def item_counts(session: Session, job_ids: list[str]) -> dict[str, dict[str, int]]:
-    """Items per status of each job, in one query for a whole page."""
-    counts: dict[str, dict[str, int]] = {job: {} for job in job_ids}
-    if job_ids:
-        for job, status, count in session.execute(
-                select(Item.job_id, Item.status, func.count())
-                .where(Item.job_id.in_(job_ids)).group_by(Item.job_id, Item.status)):
-            counts[job][status] = count
-    return counts
+    """Items per status of each job, as kept by the database, for a whole page at once."""
+    return {job: tallies.statuses(kept)
+            for job, kept in tallies.tallies(session, job_ids).items()}
 
 
 def request_counts(counts: dict[str, int]) -> dict[str, int]:

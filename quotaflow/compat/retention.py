@@ -29,6 +29,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from quotaflow.compat import files
 from quotaflow.errors import InvalidParameter, JobNotFound, JobStateError, ResultsDeleted
+from quotaflow.jobs import tallies
 from quotaflow.jobs import view as job_view
 from quotaflow.models import File, FileChunk, Item, ItemStatus, Job, JobStatus, Result, utcnow
 from quotaflow.offload import OWNER as PROVIDER_BATCH_OWNER
@@ -188,9 +189,9 @@ def sweep(sessions: sessionmaker[Session], *, budget_s: float,
 
 def _mark(session: Session, job: Job, reason: str, now: datetime) -> None:
     """The tombstone: what the job object still reports once its rows are gone."""
-    prompt, completion = job_view.usage_totals(session, job.id)
-    job.tombstone = {"reason": reason, "counts": job_view.item_counts(session, job.id),
-                     "usage": [prompt, completion]}
+    kept = tallies.tallies(session, [job.id])[job.id]
+    job.tombstone = {"reason": reason, "counts": tallies.statuses(kept),
+                     "usage": list(tallies.usage(kept))}
     job.deleted_at = now
 
 
@@ -236,6 +237,7 @@ def _purge_job_chunk(session: Session, job: Job) -> bool:
         if left == 0:
             return False
     session.execute(delete(ProviderBatch).where(ProviderBatch.job_id == job.id))
+    tallies.forget(session, job.id)  # all zero now; the tombstone keeps the counts
     session.execute(update(Job).where(Job.id == job.id).values(purged_at=utcnow()))
     return True
 

@@ -7,25 +7,21 @@ all report the same statuses and counts.
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from quotaflow.models import Item, ItemStatus, Job, Result
+from quotaflow.jobs import tallies
+from quotaflow.models import ItemStatus, Job
 from quotaflow.tenants.spend import job_cost
 
 
 def item_counts(session: Session, job_id: str) -> dict[str, int]:
-    rows = session.execute(
-        select(Item.status, func.count()).where(Item.job_id == job_id).group_by(Item.status))
-    return {status: count for status, count in rows}
+    """Its items per status, as kept by the database (quotaflow/jobs/tallies.py)."""
+    return tallies.statuses(tallies.tallies(session, [job_id])[job_id])
 
 
 def usage_totals(session: Session, job_id: str) -> tuple[int, int]:
-    prompt, completion = session.execute(
-        select(func.coalesce(func.sum(Result.prompt_tokens), 0),
-               func.coalesce(func.sum(Result.completion_tokens), 0))
-        .where(Result.job_id == job_id)).one()
-    return int(prompt), int(completion)
+    """Its results' prompt and completion tokens, as kept by the database."""
+    return tallies.usage(tallies.tallies(session, [job_id])[job_id])
 
 
 def ended_at(job: Job) -> datetime | None:
@@ -65,8 +61,8 @@ def job_object(session: Session, job: Job,
         prompt, completion = job.tombstone["usage"]
         cost = job_cost(session, job.id)
     elif counts is None:
-        counts = item_counts(session, job.id)
-        prompt, completion = usage_totals(session, job.id)
+        kept = tallies.tallies(session, [job.id])[job.id]
+        counts, (prompt, completion) = tallies.statuses(kept), tallies.usage(kept)
         cost = job_cost(session, job.id)
     else:
         prompt = completion = 0

@@ -13,6 +13,7 @@ Servers and processes
                      `free_port`, `quotaflow(...)` (the CLI's argv)
     cluster          a mock provider, a deployments file naming it, Celery workers, and
                      a job's progress read from the database
+    tallies          `mismatches`: where the kept job tallies differ from a recount
     api_app          the API in this process (FastAPI's TestClient) on given settings
     webhook_receiver an HTTP endpoint that records webhook deliveries
     promtool         Prometheus's checker on deploy/monitoring/
