@@ -9,22 +9,53 @@ docs are at /docs and list every status a route answers (api.openapi); errors be
 answers in one place (api.errors); every answer carries an x-request-id (api.request_id).
 """
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import anyio.to_thread
 from fastapi import FastAPI
 from sqlalchemy import text
 
 from api import console, errors, jobs, limits, messages_batches, metrics, openapi, v1, webhooks
+from api.admission import AdmissionMiddleware
 from api.deps import SessionDep
 from api.errors import responses
 from api.request_id import RequestIdMiddleware
-from quotaflow import __version__
+from quotaflow import __version__, db
+from quotaflow.config import Settings, get_settings
+
+# Threads beyond the admitted requests' one each: the uncounted routes (probes, metrics,
+# the brief reads of long-polls and event streams) and sessions closing.
+SPARE_THREADS = 8
+# Connections beyond one per admitted request: a route that opens a second session.
+SPARE_CONNECTIONS = 4
+
+
+def size_for_admission(settings: Settings) -> None:
+    """One database connection per admitted request (api/admission.py), made before the
+    first engine: a request that found a place never waits for a connection; one that
+    still does (a route holding two) is answered 503 after the line's wait, never 30 s."""
+    db.size_pool(settings.api_concurrency, SPARE_CONNECTIONS, settings.api_queue_timeout_s)
+
+
+@asynccontextmanager
+async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+    # AnyIO's pool runs the sync routes and dependencies; its limit is per event loop.
+    limiter = anyio.to_thread.current_default_thread_limiter()
+    limiter.total_tokens = get_settings().api_concurrency + SPARE_THREADS
+    yield
 
 
 def create_app() -> FastAPI:
-    app = FastAPI(title="quotaflow", version=__version__,
+    settings = get_settings()
+    size_for_admission(settings)
+    app = FastAPI(title="quotaflow", version=__version__, lifespan=lifespan,
                   description="Batch LLM jobs on one cluster-wide provider budget.")
     errors.install(app)
     openapi.install(app)
-    app.add_middleware(RequestIdMiddleware)
+    app.add_middleware(AdmissionMiddleware, concurrency=settings.api_concurrency,
+                       queue_timeout_s=settings.api_queue_timeout_s)
+    app.add_middleware(RequestIdMiddleware)  # outermost: a 503 of admission carries one too
 
     @app.get("/healthz", responses=responses())
     def healthz(session: SessionDep) -> dict[str, str]:

@@ -1,9 +1,11 @@
 """FastAPI dependencies, as Annotated aliases the routes name in their signatures."""
 
+from collections.abc import AsyncIterator
 from functools import lru_cache
 from typing import Annotated
 
 from fastapi import Depends, Header, Path, Query
+from fastapi.concurrency import run_in_threadpool
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -13,7 +15,8 @@ from quotaflow.constants import DEFAULT_TENANT
 from quotaflow.deployments.catalog import Deployments
 from quotaflow.dispatch.queues import Dispatcher
 from quotaflow.runtime import Runtime
-from quotaflow.tenants.keys import operator_for_key, tenant_for_key
+from quotaflow.tenants.key_cache import KeyCache
+from quotaflow.tenants.keys import operator_tenant
 from workers.dispatch import CeleryDispatcher
 
 
@@ -39,9 +42,21 @@ def dispatcher() -> Dispatcher:
     return runtime().dispatcher
 
 
-def session() -> Session:
-    with sessions()() as db_session:
+async def session() -> AsyncIterator[Session]:
+    """A session for the route, closed on a thread of its own when the answer is sent.
+
+    An async dependency, so that neither its start nor its end waits for a thread of the
+    pool the routes run on (api/admission.py says why that stalled the API)."""
+    db_session = sessions()()
+    try:
         yield db_session
+    finally:
+        await run_in_threadpool(db_session.close)
+
+
+@lru_cache
+def key_cache() -> KeyCache:
+    return KeyCache(get_settings().api_key_cache_s)
 
 
 bearer = HTTPBearer(auto_error=False, scheme_name="ApiKey",
@@ -60,21 +75,27 @@ def presented_key(credentials: Annotated[HTTPAuthorizationCredentials | None, De
     return credentials.credentials if credentials else header_key
 
 
-def tenant(key: Annotated[str | None, Depends(presented_key)]) -> str:
+async def _grant(key: str | None) -> tuple[str, bool]:
+    """The key's (tenant, operator): remembered by the process, else looked up on a thread."""
+    known = key_cache().cached(key)
+    if known is not None:
+        return known
+    return await run_in_threadpool(key_cache().lookup, sessions(), key)
+
+
+async def tenant(key: Annotated[str | None, Depends(presented_key)]) -> str:
     """The tenant the request acts for: its API key's, or "default" when QUOTAFLOW_AUTH=off."""
     if not get_settings().auth:
         return DEFAULT_TENANT
-    with sessions()() as db_session:
-        return tenant_for_key(db_session, key)
+    return (await _grant(key))[0]
 
 
-def operator(key: Annotated[str | None, Depends(presented_key)]) -> str:
+async def operator(key: Annotated[str | None, Depends(presented_key)]) -> str:
     """The tenant of an operator key: routes showing every tenant's activity need one
     (401 without a key, 403 for a tenant's key); anyone when QUOTAFLOW_AUTH=off."""
     if not get_settings().auth:
         return DEFAULT_TENANT
-    with sessions()() as db_session:
-        return operator_for_key(db_session, key)
+    return operator_tenant(*await _grant(key))
 
 
 # Ids quotaflow hands out (batch_..., file-..., key_...): anything else cannot name an

@@ -29,6 +29,7 @@ from pydantic import BaseModel
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException
 
 from quotaflow.db import translate_db_errors
@@ -48,6 +49,8 @@ from quotaflow.errors import (
 )
 
 log = logging.getLogger("quotaflow.api")
+# What a 503 asks the client to wait before it tries again (Retry-After, whole seconds).
+RETRY_AFTER_S = 1
 
 # The status is the error's class's: the nearest of its classes (its own first) listed
 # here. A QuotaflowError none of them covers is the server's failure, not the request's.
@@ -96,7 +99,8 @@ _DESCRIPTIONS = {
     404: "No such object for this key's tenant",
     409: "The job's status does not allow this action",
     413: "The upload is larger than the server's limit",
-    503: "PostgreSQL or Redis cannot be reached",
+    503: "PostgreSQL or Redis cannot be reached, or the API is busy: ask again after "
+         "Retry-After seconds",
 }
 
 
@@ -129,7 +133,8 @@ def status_of(exc: QuotaflowError) -> int:
 async def quotaflow_error_handler(_request: Request, exc: Exception) -> Response:
     assert isinstance(exc, QuotaflowError)
     status = status_of(exc)
-    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    headers = ({"WWW-Authenticate": "Bearer"} if status == 401
+               else {"Retry-After": str(RETRY_AFTER_S)} if status == 503 else None)
     extra: dict[str, Any] = {}
     message = str(exc)
     if isinstance(exc, InputFileError):
@@ -171,14 +176,19 @@ async def server_error_handler(request: Request, exc: Exception) -> Response:
 
 
 async def outage_handler(request: Request, exc: Exception) -> Response:
-    """PostgreSQL or Redis away: 503 with what to check, as for any ServiceUnavailable,
-    rather than a 500 with a driver's traceback (the route is asked again later). The
-    driver's own error (psycopg's, from a COPY on the raw connection) reads as SQLAlchemy's."""
+    """PostgreSQL or Redis away, or every connection of the pool taken: 503 with what to
+    check, as for any ServiceUnavailable, rather than a 500 with a driver's traceback (the
+    route is asked again later). The driver's own error (psycopg's, from a COPY on the raw
+    connection) reads as SQLAlchemy's."""
     if isinstance(exc, RedisConnectionError | RedisTimeoutError):
         unavailable = ServiceUnavailable(
             f"Redis unreachable ({exc.__class__.__name__}); check QUOTAFLOW_BROKER_URL "
             "(and QUOTAFLOW_REDIS_URL) and that Redis is running")
         return await quotaflow_error_handler(request, unavailable)
+    if isinstance(exc, PoolTimeout):
+        busy = ServiceUnavailable("every database connection of this API process is in use; "
+                                  f"ask again in {RETRY_AFTER_S} s (Retry-After)")
+        return await quotaflow_error_handler(request, busy)
     if isinstance(exc, psycopg.OperationalError):
         exc = OperationalError(None, None, exc)
     try:
@@ -194,7 +204,7 @@ def install(app: FastAPI) -> None:
 
     app.add_exception_handler(QuotaflowError, in_route_shape(quotaflow_error_handler))
     for outage in (OperationalError, psycopg.OperationalError, RedisConnectionError,
-                   RedisTimeoutError):
+                   RedisTimeoutError, PoolTimeout):
         app.add_exception_handler(outage, in_route_shape(outage_handler))
     app.add_exception_handler(RequestValidationError, in_route_shape(validation_error_handler))
     app.add_exception_handler(HTTPException, in_route_shape(http_error_handler))

@@ -55,6 +55,20 @@ class Settings(BaseSettings):
                          description="The API the CLI talks to.")
     api_host: str = Field(default="127.0.0.1", description="The address `quotaflow api` binds.")
     api_port: int = Field(default=8000, description="The port `quotaflow api` listens on.")
+    api_concurrency: int = Field(
+        default=16, ge=1, le=1024,
+        description="Requests one API process works on at once (its threads and database "
+                    "connections are sized to it); more wait their turn in line. Long-polls "
+                    "and event streams wait without taking a place.")
+    api_queue_timeout_s: float = Field(
+        default=0.5, gt=0, le=30,
+        description="How long a request waits in line for a place before the API answers "
+                    "503 with Retry-After, rather than letting it wait on a busy server.")
+    api_key_cache_s: float = Field(
+        default=5.0, ge=0, le=300,
+        description="Seconds an API process remembers which tenant an API key acts for, "
+                    "so a status read costs no key lookup; a revoked key stops working "
+                    "within this time. 0 looks every key up on every request.")
 
     batch_size: int = Field(
         default=100, gt=0, le=10_000,

@@ -21,6 +21,8 @@ from quotaflow.errors import ConfigError, ServiceUnavailable
 _engines: dict[tuple[int, str], Engine] = {}
 # PostgreSQL options of this process's connections; see end_idle_transactions_after.
 _pg_options: dict[str, str] = {}
+# This process's PostgreSQL pool; see size_pool.
+_pool: dict[str, float] = {"pool_size": 5, "max_overflow": 5, "pool_timeout": 30}
 
 
 def end_idle_transactions_after(seconds: float) -> None:
@@ -38,6 +40,15 @@ def end_idle_transactions_after(seconds: float) -> None:
     reads uploads inside transactions that may legitimately wait for a slow client.
     """
     _pg_options["idle_in_transaction_session_timeout"] = str(int(seconds * 1000))
+
+
+def size_pool(connections: int, overflow: int, timeout_s: float) -> None:
+    """Size this process's PostgreSQL pool, for engines made from now on.
+
+    The API sizes it to the requests it works on at once (api/admission.py), so an admitted
+    request finds a connection at once; `timeout_s` is then a guard against a route that
+    holds more than its share, answered as 503 rather than a 30-second wait."""
+    _pool.update(pool_size=connections, max_overflow=overflow, pool_timeout=timeout_s)
 
 
 def normalize_url(url: str) -> str:
@@ -58,7 +69,9 @@ def make_engine(url: str) -> Engine:
         return engine
     if url.startswith("postgresql"):
         options = " ".join(f"-c {name}={value}" for name, value in _pg_options.items())
-        return create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=5,
+        return create_engine(url, pool_pre_ping=True, pool_size=int(_pool["pool_size"]),
+                             max_overflow=int(_pool["max_overflow"]),
+                             pool_timeout=_pool["pool_timeout"],
                              connect_args={"options": options} if options else {},
                              json_serializer=jsoncodec.dumps, json_deserializer=jsoncodec.loads)
     raise ConfigError(f"QUOTAFLOW_DATABASE_URL {url.split(':')[0]}:// is not supported; "

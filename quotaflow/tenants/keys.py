@@ -88,12 +88,16 @@ def list_keys(session: Session) -> list[ApiKey]:
 
 def tenant_for_key(session: Session, secret: str | None) -> str:
     """The tenant a presented key acts for; AuthenticationError for none or an unknown one."""
-    return _key(session, secret)[0]
+    return key_grant(session, secret)[0]
 
 
 def operator_for_key(session: Session, secret: str | None) -> str:
     """The tenant of a presented operator key; PermissionDenied for a tenant's key."""
-    tenant, operator = _key(session, secret)
+    return operator_tenant(*key_grant(session, secret))
+
+
+def operator_tenant(tenant: str, operator: bool) -> str:
+    """The tenant of an operator's key; PermissionDenied for a tenant's key."""
     if not operator:
         raise PermissionDenied(
             "this route shows every tenant's activity and needs an operator key; "
@@ -101,7 +105,9 @@ def operator_for_key(session: Session, secret: str | None) -> str:
     return tenant
 
 
-def _key(session: Session, secret: str | None) -> tuple[str, bool]:
+def key_grant(session: Session, secret: str | None) -> tuple[str, bool]:
+    """The tenant a presented key acts for and whether it is an operator's;
+    AuthenticationError for none, an unknown or a revoked key."""
     if not secret:
         raise AuthenticationError(
             "no API key given: send `Authorization: Bearer <key>` (or `x-api-key: <key>`); "

@@ -4,6 +4,7 @@ only as digests, and the CLI authenticates with QUOTAFLOW_API_KEY."""
 
 import hashlib
 import json
+import time
 from collections.abc import Iterator
 
 import httpx
@@ -11,6 +12,7 @@ import openai
 import pytest
 from sqlalchemy import text
 
+from quotaflow.config import Settings
 from quotaflow.db import get_engine
 from tests.harness.factories import chat_line, jsonl
 from tests.harness.openai_cluster import V1Cluster, start_cluster
@@ -121,8 +123,12 @@ def test_keys_are_stored_as_digests_and_can_be_revoked(cluster: V1Cluster, pg_ur
     assert "tn-c" in listed.stdout and key not in listed.stdout
     key_id = next(line.split()[0] for line in listed.stdout.splitlines() if " tn-c " in line)
     assert cluster.cli("keys", "revoke", key_id).returncode == 0
+    # The API remembers an accepted key for QUOTAFLOW_API_KEY_CACHE_S (5 s by default).
+    deadline = time.monotonic() + Settings(_env_file=None).api_key_cache_s + 2
     with pytest.raises(openai.AuthenticationError):
-        client.batches.list()
+        while time.monotonic() < deadline:
+            client.batches.list()
+            time.sleep(0.2)
 
 
 def test_cli_sends_quotaflow_api_key(cluster: V1Cluster, team_a_batch: tuple[str, str]) -> None:
