@@ -15,6 +15,7 @@ from sqlalchemy import text
 from api import console, errors, jobs, limits, messages_batches, metrics, openapi, v1, webhooks
 from api.deps import SessionDep
 from api.errors import responses
+from api.rate_limit import RateLimitMiddleware
 from api.request_id import RequestIdMiddleware
 from quotaflow import __version__
 
@@ -24,6 +25,7 @@ def create_app() -> FastAPI:
                   description="Batch LLM jobs on one cluster-wide provider budget.")
     errors.install(app)
     openapi.install(app)
+    app.add_middleware(RateLimitMiddleware)  # per-key limits (api/rate_limit.py)
     app.add_middleware(RequestIdMiddleware)
 
     @app.get("/healthz", responses=responses())
