@@ -27,8 +27,9 @@ from dataclasses import dataclass
 
 from limits import RateLimitItem
 from limits import parse as parse_rate
-from limits.aio.storage import Storage, storage_from_string
+from limits.aio.storage import Storage
 from limits.errors import StorageError
+from limits.storage import storage_from_string
 from redis.exceptions import RedisError
 from starlette.datastructures import Headers, MutableHeaders
 from starlette.responses import Response
