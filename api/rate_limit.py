@@ -19,6 +19,7 @@ enforced (logged once, asked again every few seconds): an outage of the counter 
 not become an outage of the API.
 """
 
+import contextlib
 import hashlib
 import logging
 import math
@@ -122,6 +123,14 @@ class Meter:
         return Count(self.item.amount, int(used), window, reset)
 
 
+    async def close(self) -> None:
+        """Close the connections of the event loop ending (the app's shutdown)."""
+        storage, self._storage = self._storage, None
+        if storage is not None:
+            with contextlib.suppress(Exception):  # a Redis already away has nothing to close
+                await storage.bridge.get_connection().aclose()  # type: ignore[attr-defined]
+
+
 def meter_for(settings: Settings) -> Meter | None:
     """The settings' meter; None when the limit is off or there is no Redis to count in."""
     if settings.api_rate_limit is None or settings.limiter_url is None:
@@ -152,6 +161,9 @@ class RateLimitMiddleware:
         return self._meter
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self.app(scope, self._closing(receive), send)
+            return
         meter = self.meter() if scope["type"] == "http" else None
         if meter is None or scope["path"] in EXEMPT:
             await self.app(scope, receive, send)
@@ -172,3 +184,12 @@ class RateLimitMiddleware:
             await send(message)
 
         await self.app(scope, receive, send_with_headers)
+
+    def _closing(self, receive: Receive) -> Receive:
+        """The lifespan's `receive`, closing the meter's connections at shutdown."""
+        async def closing() -> Message:
+            message = await receive()
+            if message["type"] == "lifespan.shutdown" and self._meter is not None:
+                await self._meter.close()
+            return message
+        return closing
