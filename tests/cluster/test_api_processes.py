@@ -200,7 +200,6 @@ def _ends_within(proc: Proc, how) -> float:
 
 
 def test_sigterm_to_the_supervisor_ends_every_process(api: Api) -> None:
-    # A request in flight (a streamed download) does not hold the stop beyond its grace.
     _ends_within(api.proc, lambda: os.kill(api.proc.pid, signal.SIGTERM))
 
 
