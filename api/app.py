@@ -20,6 +20,7 @@ from api import console, errors, jobs, limits, messages_batches, metrics, openap
 from api.admission import AdmissionMiddleware
 from api.deps import SessionDep
 from api.errors import responses
+from api.rate_limit import RateLimitMiddleware
 from api.request_id import RequestIdMiddleware
 from quotaflow import __version__, db
 from quotaflow.config import Settings, get_settings
@@ -53,9 +54,12 @@ def create_app() -> FastAPI:
                   description="Batch LLM jobs on one cluster-wide provider budget.")
     errors.install(app)
     openapi.install(app)
+    # Outermost last: every answer carries an x-request-id; a key over its limit is told
+    # so (429) before it takes one of the places that admission counts (503).
     app.add_middleware(AdmissionMiddleware, concurrency=settings.api_concurrency,
                        queue_timeout_s=settings.api_queue_timeout_s)
-    app.add_middleware(RequestIdMiddleware)  # outermost: a 503 of admission carries one too
+    app.add_middleware(RateLimitMiddleware)  # per-key limits (api/rate_limit.py)
+    app.add_middleware(RequestIdMiddleware)
 
     @app.get("/healthz", responses=responses())
     def healthz(session: SessionDep) -> dict[str, str]:

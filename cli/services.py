@@ -23,6 +23,8 @@ from quotaflow.constants import QUEUE_REALTIME, QUEUES, local_queue
 from quotaflow.errors import ConfigError
 from quotaflow.observe import logs
 
+API_GRACEFUL_S = 5  # every API process ends within seconds of SIGTERM or SIGINT
+
 
 def _celery_argv(*args: str) -> list[str]:
     return [sys.executable, "-m", "celery", "-A", "workers.app:app", *args]
@@ -126,7 +128,10 @@ def register(cli: click.Group) -> None:
     @cli.command()
     @click.option("--host", default=None, help="Default: QUOTAFLOW_API_HOST (127.0.0.1).")
     @click.option("--port", default=None, type=int, help="Default: QUOTAFLOW_API_PORT (8000).")
-    def api(host: str | None, port: int | None) -> None:
+    @click.option("--workers", default=None, type=click.IntRange(1, 64),
+                  help="Processes serving the API on the one port (uvicorn's supervisor "
+                       "restarts any that dies). Default: QUOTAFLOW_API_WORKERS (1).")
+    def api(host: str | None, port: int | None, workers: int | None) -> None:
         """Serve the REST API (OpenAPI docs at /docs)."""
         import uvicorn
 
@@ -135,9 +140,13 @@ def register(cli: click.Group) -> None:
         settings = get_settings()
         preflight.ensure_ready(settings, "quotaflow api")
         logs.configure(settings, logging.INFO)
-        # log_config=None: uvicorn's records reach the root logger, in quotaflow's format.
-        uvicorn.run("api.app:app", host=host or settings.api_host,
-                    port=port or settings.api_port, log_level="info", log_config=None)
+        # log_config=None: uvicorn's records reach the root logger, in quotaflow's format
+        # (api/process.py sets it up in each worker process). A stop waits at most
+        # API_GRACEFUL_S for requests in flight (a long-poll, a download), then closes them.
+        uvicorn.run("api.process:app", host=host or settings.api_host,
+                    port=port or settings.api_port, workers=workers or settings.api_workers,
+                    log_level="info", log_config=None,
+                    timeout_graceful_shutdown=API_GRACEFUL_S)
 
     @cli.command()
     @click.option("--queues", default=",".join(QUEUES), show_default=True,

@@ -11,6 +11,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Literal
 
+from limits import parse as parse_rate
 from pydantic import (
     Field,
     SecretStr,
@@ -69,6 +70,18 @@ class Settings(BaseSettings):
         description="Seconds an API process remembers which tenant an API key acts for, "
                     "so a status read costs no key lookup; a revoked key stops working "
                     "within this time. 0 looks every key up on every request.")
+    api_workers: int = Field(
+        default=1, ge=1, le=64,
+        description="How many processes `quotaflow api` serves with, all on one port "
+        "(uvicorn's supervisor restarts any that dies). 1: one process; give the API about "
+        "one per core it may use (compose runs 2). `--workers` overrides it.")
+    api_rate_limit: str | None = Field(
+        default="100/10 seconds",
+        description="Requests each API key may make to the API per window, counted in Redis "
+        "by every API process together (`limits` notation: `100/10 seconds`, `600/minute`); "
+        "a request without a key counts against its client address. Over it: 429 with "
+        "`Retry-After`. `off` (or empty): no limit. `/healthz` and `/metrics` are never "
+        "limited.")
 
     batch_size: int = Field(
         default=100, gt=0, le=10_000,
@@ -346,6 +359,20 @@ class Settings(BaseSettings):
             except ValueError as exc:
                 raise ValueError(f"{exc}; use CIDR networks such as 127.0.0.0/8,::1/128"
                                  ) from exc
+        return value
+
+    @field_validator("api_rate_limit")
+    @classmethod
+    def _rate_limit(cls, value: str | None) -> str | None:
+        if value is None or value.strip().lower() in ("", "off", "none", "0"):
+            return None
+        try:
+            item = parse_rate(value)
+        except ValueError as exc:
+            raise ValueError(f"{value!r} is not a rate: write it as 100/10 seconds, "
+                             "600/minute or off") from exc
+        if item.amount < 1:
+            raise ValueError("a rate limit allows at least one request per window (or: off)")
         return value
 
     @field_validator("redis_url")

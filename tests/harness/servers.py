@@ -50,8 +50,12 @@ def recreate_database(url: str) -> None:
 
 
 def service_env(**extra: str) -> dict[str, str]:
-    """The environment for a child process: ours, minus any QUOTAFLOW_* of the developer's."""
+    """The environment for a child process: ours, minus any QUOTAFLOW_* of the developer's.
+    The API's per-key request limit is off unless a test sets it: the tests and benchmarks
+    send from one address and one key far faster than a tenant may
+    (tests/cluster/test_api_rate_limit.py tests the limit itself)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("QUOTAFLOW_")}
     env["PYTHONUNBUFFERED"] = "1"
+    env["QUOTAFLOW_API_RATE_LIMIT"] = "off"
     env.update(extra)
     return env

@@ -19,6 +19,7 @@ from click.testing import CliRunner
 from cli import services
 from cli.main import cli
 from quotaflow import preflight
+from quotaflow.constants import QUEUES
 from tests.harness.promtool import promtool
 from tests.harness.servers import ROOT
 
@@ -170,9 +171,12 @@ def _keda(name: str) -> list[dict[str, Any]]:
 
 
 def keda_redis_lists() -> list[str]:
+    """Every Redis list a ScaledObject of the example watches: the standard and bulk
+    workers' (scaledobject-redis.yaml) and the realtime workers' (worker-realtime.yaml)."""
     [scaled] = _keda("scaledobject-redis.yaml")
-    return [t["metadata"]["listName"] for t in scaled["spec"]["triggers"]
-            if t["type"] == "redis"]
+    realtime = _keda("worker-realtime.yaml")[1]
+    return [t["metadata"]["listName"] for s in (scaled, realtime)
+            for t in s["spec"]["triggers"] if t["type"] == "redis"]
 
 
 def test_keda_example_scales_the_worker_deployment_on_its_queues() -> None:
@@ -192,10 +196,50 @@ def test_keda_example_scales_the_worker_deployment_on_its_queues() -> None:
         assert scaled["spec"]["scaleTargetRef"]["name"] == deployment["metadata"]["name"]
         assert scaled["spec"]["minReplicaCount"] >= 1  # running batches keep a worker
     # The lists watched are the queues the worker consumes, no more, no fewer.
-    assert sorted(keda_redis_lists()) == sorted(consumed)
+    [scaled] = _keda("scaledobject-redis.yaml")
+    assert sorted(t["metadata"]["listName"] for t in scaled["spec"]["triggers"]) == sorted(
+        consumed)
     [prom] = _keda("scaledobject-prometheus.yaml")[0]["spec"]["triggers"]
     assert _metric_names(prom["metadata"]["query"]) == {"quotaflow_queue_depth"}
     assert all(q in prom["metadata"]["query"] for q in consumed)
+
+
+def _command_options_exist(command: list[str], name: str) -> None:
+    help_text = CliRunner().invoke(cli, [name, "--help"]).output
+    assert command[:2] == ["quotaflow", name]
+    assert all(option in help_text for option in command[2:] if option.startswith("--"))
+
+
+def test_keda_example_runs_a_realtime_worker_that_never_scales_to_zero() -> None:
+    deployment, scaled = _keda("worker-realtime.yaml")
+    assert deployment["kind"] == "Deployment" and scaled["kind"] == "ScaledObject"
+    [container] = deployment["spec"]["template"]["spec"]["containers"]
+    command = container["command"]
+    _command_options_exist(command, "worker")
+    assert command[command.index("--queues") + 1] == "realtime"
+    assert scaled["spec"]["scaleTargetRef"]["name"] == deployment["metadata"]["name"]
+    assert scaled["spec"]["minReplicaCount"] >= 1  # a realtime batch finds a worker at once
+    assert [t["metadata"]["listName"] for t in scaled["spec"]["triggers"]] == ["realtime"]
+    # Every queue has a consumer somewhere in the example.
+    [bulk] = _keda("worker.yaml")
+    bulk_command = bulk["spec"]["template"]["spec"]["containers"][0]["command"]
+    consumed = {q for c in (command, bulk_command)
+                for q in c[c.index("--queues") + 1].split(",")}
+    assert consumed == set(QUEUES)
+    assert sorted(keda_redis_lists()) == sorted(QUEUES)
+
+
+def test_the_api_runs_several_processes_in_compose_and_kubernetes() -> None:
+    deployment, service = _keda("api.yaml")
+    assert deployment["spec"]["replicas"] >= 2
+    [container] = deployment["spec"]["template"]["spec"]["containers"]
+    _command_options_exist(container["command"], "api")
+    assert int(container["command"][container["command"].index("--workers") + 1]) >= 2
+    assert service["kind"] == "Service"
+    assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
+    compose_api = _compose()["services"]["api"]["command"]
+    _command_options_exist(compose_api, "api")
+    assert int(compose_api[compose_api.index("--workers") + 1]) >= 2
 
 
 def _celery_argv(monkeypatch, *args: str) -> tuple[int, list[str], str]:
