@@ -9,6 +9,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session, sessionmaker
 
+from api.job_reads import JobReads
 from quotaflow.budget.limiter import Limiter
 from quotaflow.config import Settings, get_settings
 from quotaflow.constants import DEFAULT_TENANT
@@ -26,16 +27,32 @@ def runtime() -> Runtime:
     return Runtime(get_settings(), CeleryDispatcher)
 
 
+async def sessions_dep() -> sessionmaker[Session]:
+    return sessions()
+
+
 def sessions() -> sessionmaker[Session]:
     return runtime().sessions
+
+
+async def deployments_dep() -> Deployments:
+    return deployments()
 
 
 def deployments() -> Deployments:
     return runtime().deployments
 
 
+async def limiter_dep() -> Limiter:
+    return limiter()
+
+
 def limiter() -> Limiter:
     return runtime().limiter
+
+
+async def dispatcher_dep() -> Dispatcher:
+    return dispatcher()
 
 
 def dispatcher() -> Dispatcher:
@@ -55,6 +72,16 @@ async def session() -> AsyncIterator[Session]:
 
 
 @lru_cache
+def job_reads() -> JobReads:
+    """This process's recent job objects (api/job_reads.py)."""
+    return JobReads(get_settings().api_status_cache_s)
+
+
+async def settings_dep() -> Settings:
+    return get_settings()
+
+
+@lru_cache
 def key_cache() -> KeyCache:
     return KeyCache(get_settings().api_key_cache_s)
 
@@ -69,8 +96,9 @@ x_api_key = APIKeyHeader(name="x-api-key", auto_error=False, scheme_name="XApiKe
                          description="The same API key, in the header Anthropic's API uses.")
 
 
-def presented_key(credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
-                  header_key: Annotated[str | None, Depends(x_api_key)]) -> str | None:
+async def presented_key(
+        credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
+        header_key: Annotated[str | None, Depends(x_api_key)]) -> str | None:
     """The key the request carries: `Authorization: Bearer` first, else `x-api-key`."""
     return credentials.credentials if credentials else header_key
 
@@ -110,10 +138,12 @@ IdempotencyKey = Annotated[str | None, Header(
 AfterQuery = Annotated[str | None, Query(pattern=ID_PATTERN,
                                          description="Id of the last object of the previous page")]
 
-SettingsDep = Annotated[Settings, Depends(get_settings)]
-SessionsDep = Annotated[sessionmaker[Session], Depends(sessions)]
+# The dependencies are coroutines: FastAPI runs a plain function's on a thread of the pool
+# the routes share, a hop per dependency per request.
+SettingsDep = Annotated[Settings, Depends(settings_dep)]
+SessionsDep = Annotated[sessionmaker[Session], Depends(sessions_dep)]
 SessionDep = Annotated[Session, Depends(session)]
-DeploymentsDep = Annotated[Deployments, Depends(deployments)]
-DispatcherDep = Annotated[Dispatcher, Depends(dispatcher)]
-LimiterDep = Annotated[Limiter, Depends(limiter)]
+DeploymentsDep = Annotated[Deployments, Depends(deployments_dep)]
+DispatcherDep = Annotated[Dispatcher, Depends(dispatcher_dep)]
+LimiterDep = Annotated[Limiter, Depends(limiter_dep)]
 TenantDep = Annotated[str, Depends(tenant)]

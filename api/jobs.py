@@ -24,6 +24,7 @@ from api.deps import (
     SessionsDep,
     SettingsDep,
     TenantDep,
+    job_reads,
 )
 from api.errors import responses
 from api.v1 import FORM_OVERHEAD_BYTES
@@ -160,13 +161,21 @@ def list_jobs(session: SessionDep, tenant: TenantDep,
             "has_more": len(page) > limit}
 
 @router.get("/jobs/{job_id}", responses=responses(401, 404))
-def get_job(job_id: IdPath, session: SessionDep, tenant: TenantDep) -> dict[str, Any]:
-    return job_view.job_object(session, jobs.get_job(session, job_id, tenant))
+async def get_job(job_id: IdPath, sessions: SessionsDep, tenant: TenantDep) -> dict[str, Any]:
+    """The job; read from the database at most once per QUOTAFLOW_API_STATUS_CACHE_S by
+    this process, whoever asks (api/job_reads.py)."""
+    def load() -> tuple[str, dict[str, Any]]:
+        with sessions() as session:
+            job = jobs.get_job(session, job_id)
+            return job.tenant, job_view.job_object(session, job)
+
+    return await job_reads().read(("job", job_id), tenant, load)
 
 @router.post("/jobs/{job_id}/cancel", responses=responses(401, 404, 409))
 def cancel_job(job_id: IdPath, sessions: SessionsDep, tenant: TenantDep) -> dict[str, Any]:
     _own(sessions, job_id, tenant)
     jobs.cancel_job(sessions, job_id)
+    job_reads().forget(job_id)
     with sessions() as session:
         return job_view.job_object(session, jobs.get_job(session, job_id))
 
@@ -176,6 +185,7 @@ def retry_job(job_id: IdPath, sessions: SessionsDep, settings: SettingsDep,
     """Queue a job's failed requests again (not its invalid lines)."""
     _own(sessions, job_id, tenant)
     retried = jobs.retry_failed(sessions, job_id, dispatcher, settings)
+    job_reads().forget(job_id)
     with sessions() as session:
         return {**job_view.job_object(session, jobs.get_job(session, job_id)),
                 "retried": retried}
@@ -186,6 +196,7 @@ def delete_job(job_id: IdPath, sessions: SessionsDep, tenant: TenantDep) -> dict
     tombstone (`deleted: true`, its counts and usage as they were). A job still running
     is a 409: cancel it first."""
     job = retention.delete_job(sessions, job_id, tenant)
+    job_reads().forget(job_id)
     with sessions() as session:
         return job_view.job_object(session, job)
 

@@ -26,6 +26,7 @@ from api.deps import (
     SessionsDep,
     SettingsDep,
     TenantDep,
+    job_reads,
 )
 from quotaflow.compat import anthropic_batches as message_batches
 from quotaflow.compat import retention
@@ -137,6 +138,7 @@ def cancel_message_batch(message_batch_id: IdPath, request: Request, sessions: S
     job = _found(sessions, message_batch_id, tenant)
     with contextlib.suppress(JobStateError):  # ended: nothing left to cancel
         job = jobs.cancel_job(sessions, job.id)
+    job_reads().forget(job.id)
     with sessions() as session:
         return _object(session, job, request)
 
@@ -149,6 +151,7 @@ def delete_message_batch(message_batch_id: IdPath, sessions: SessionsDep,
     job = _found(sessions, message_batch_id, tenant)
     try:
         retention.delete_job(sessions, job.id, tenant)
+        job_reads().forget(job.id)
     except JobStateError:
         raise InvalidRequest(f"message batch {message_batch_id} is still processing; cancel "
                              "it and delete it once it has ended") from None

@@ -24,6 +24,7 @@ from api.deps import (
     SessionsDep,
     SettingsDep,
     TenantDep,
+    job_reads,
 )
 from api.errors import responses
 from quotaflow.compat import files, retention
@@ -174,9 +175,16 @@ def list_batches(
 
 
 @router.get("/batches/{batch_id}", responses=responses(400, 401, 404))
-def get_batch(batch_id: IdPath, sessions: SessionsDep, tenant: TenantDep) -> dict[str, Any]:
-    with sessions() as session:
-        return batches.batch_object(session, jobs.get_job(session, batch_id, tenant))
+async def get_batch(batch_id: IdPath, sessions: SessionsDep,
+                    tenant: TenantDep) -> dict[str, Any]:
+    """The batch; read at most once per QUOTAFLOW_API_STATUS_CACHE_S by this process,
+    whoever asks (api/job_reads.py)."""
+    def load() -> tuple[str, dict[str, Any]]:
+        with sessions() as session:
+            job = jobs.get_job(session, batch_id)
+            return job.tenant, batches.batch_object(session, job)
+
+    return await job_reads().read(("batch", batch_id), tenant, load)
 
 
 @router.post("/batches/{batch_id}/cancel", responses=responses(400, 401, 404, 409))
@@ -185,5 +193,6 @@ def cancel_batch(batch_id: IdPath, sessions: SessionsDep, tenant: TenantDep) -> 
     with sessions() as session:
         jobs.get_job(session, batch_id, tenant)
     jobs.cancel_job(sessions, batch_id)
+    job_reads().forget(batch_id)
     with sessions() as session:
         return batches.batch_object(session, jobs.get_job(session, batch_id))

@@ -65,6 +65,13 @@ class Settings(BaseSettings):
         default=0.5, gt=0, le=30,
         description="How long a request waits in line for a place before the API answers "
                     "503 with Retry-After, rather than letting it wait on a busy server.")
+    api_status_cache_s: float = Field(
+        default=0.5, ge=0, le=10,
+        description="Seconds an API process answers a job's status reads (GET /jobs/{id}, "
+                    "GET /v1/batches/{id}) from the object it read last, shared by every "
+                    "poller of the job: a change made by a worker or another API process "
+                    "shows within this time, one made through the same process at once. "
+                    "0 reads the database for every request.")
     api_key_cache_s: float = Field(
         default=5.0, ge=0, le=300,
         description="Seconds an API process remembers which tenant an API key acts for, "

@@ -32,6 +32,7 @@ from api.deps import (
     LimiterDep,
     SessionsDep,
     SettingsDep,
+    job_reads,
 )
 from api.jobs import QueueFilter, StatusFilter
 from quotaflow.budget.limiter import describe
@@ -178,6 +179,7 @@ def cancel(job_id: IdPath, request: Request, sessions: SessionsDep, who: ViewerD
     with sessions() as session:
         jobs.get_job(session, job_id, who.tenant)
     jobs.cancel_job(sessions, job_id)
+    job_reads().forget(job_id)
     return RedirectResponse(f"/console/jobs/{job_id}", status_code=303)
 
 
@@ -189,6 +191,7 @@ def retry(job_id: IdPath, request: Request, sessions: SessionsDep, who: ViewerDe
     with sessions() as session:
         jobs.get_job(session, job_id, who.tenant)
     jobs.retry_failed(sessions, job_id, dispatcher, settings)
+    job_reads().forget(job_id)
     return RedirectResponse(f"/console/jobs/{job_id}", status_code=303)
 
 

@@ -1,0 +1,86 @@
+"""Recent job objects, shared by every reader of a job in this API process.
+
+A thousand pollers of one job each asked the database for the same object several times
+a second. Here a job's object is read at most once per `api_status_cache_s` per process
+(and once at a time: readers arriving while it is read wait for that read), and every
+poller in between is answered from memory, on the event loop, without a thread or a
+connection. A job changed through this process (cancel, retry, delete) is read afresh at
+once; a change made elsewhere (a worker storing answers, another API process) shows
+within `api_status_cache_s`.
+"""
+
+import asyncio
+import time
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi.concurrency import run_in_threadpool
+
+from quotaflow.errors import JobNotFound
+
+# Entries kept at most; past it, the oldest half goes (a busy API sees a few thousand jobs).
+MAX_ENTRIES = 20_000
+
+Load = Callable[[], tuple[str, dict[str, Any]]]
+
+
+@dataclass(slots=True)
+class Entry:
+    until: float
+    tenant: str
+    value: dict[str, Any]
+
+
+class JobReads:
+    """Job objects by (view, job id), each kept `max_age_s` seconds for every reader."""
+
+    def __init__(self, max_age_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.max_age_s = max_age_s
+        self.clock = clock
+        self._entries: dict[Hashable, Entry] = {}
+        self._reading: dict[Hashable, asyncio.Task[Entry]] = {}
+
+    async def read(self, key: tuple[str, str], tenant: str, load: Load) -> dict[str, Any]:
+        """The object of `key` = (view, job id) for `tenant`: from memory while fresh, else
+        from `load` (run on a thread; returns the job's tenant and its object), shared with
+        every reader waiting meanwhile. Another tenant's job is "not found"."""
+        entry = self._entries.get(key)
+        if entry is None or entry.until <= self.clock():
+            entry = await self._load(key, load)
+        if entry.tenant != tenant:
+            raise JobNotFound(f"no job with id {key[1]!r}")
+        return entry.value
+
+    def forget(self, job_id: str) -> None:
+        """Drop every view of a job this process has just changed."""
+        for key in [key for key in self._entries if key[1] == job_id]:
+            self._entries.pop(key, None)
+
+    async def _load(self, key: Hashable, load: Load) -> Entry:
+        # One read per key at a time, in a task of its own: a reader that goes away (its
+        # client disconnected) does not take the others' answer with it.
+        task = self._reading.get(key)
+        if task is None:
+            task = asyncio.ensure_future(self._fetch(key, load))
+            self._reading[key] = task
+            task.add_done_callback(lambda done: self._done(key, done))
+        return await asyncio.shield(task)
+
+    async def _fetch(self, key: Hashable, load: Load) -> Entry:
+        tenant, value = await run_in_threadpool(load)
+        entry = Entry(self.clock() + self.max_age_s, tenant, value)
+        if self.max_age_s > 0:
+            self._keep(key, entry)
+        return entry
+
+    def _done(self, key: Hashable, task: "asyncio.Task[Entry]") -> None:
+        self._reading.pop(key, None)
+        if not task.cancelled():
+            task.exception()  # retrieved: a failed read nobody waited for logs nothing
+
+    def _keep(self, key: Hashable, entry: Entry) -> None:
+        if len(self._entries) >= MAX_ENTRIES:
+            for old in list(self._entries)[:MAX_ENTRIES // 2]:
+                self._entries.pop(old, None)
+        self._entries[key] = entry
