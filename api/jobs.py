@@ -159,10 +159,6 @@ def list_jobs(session: SessionDep, tenant: TenantDep,
             "last_id": data[-1]["id"] if data else None,
             "has_more": len(page) > limit}
 
-@router.get("/jobs/{job_id}", responses=responses(401, 404))
-def get_job(job_id: IdPath, session: SessionDep, tenant: TenantDep) -> dict[str, Any]:
-    return job_view.job_object(session, jobs.get_job(session, job_id, tenant))
-
 @router.post("/jobs/{job_id}/cancel", responses=responses(401, 404, 409))
 def cancel_job(job_id: IdPath, sessions: SessionsDep, tenant: TenantDep) -> dict[str, Any]:
     _own(sessions, job_id, tenant)

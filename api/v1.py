@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, File, Form, Header, Query, UploadFile
-from fastapi.responses import StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, Field
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -26,6 +26,7 @@ from api.deps import (
     TenantDep,
 )
 from api.errors import responses
+from api.etags import NOT_MODIFIED, IfNoneMatch, answer
 from quotaflow.compat import files, retention
 from quotaflow.compat import openai_batches as batches
 from quotaflow.config import get_settings
@@ -173,10 +174,14 @@ def list_batches(
                      len(page) > limit)
 
 
-@router.get("/batches/{batch_id}", responses=responses(400, 401, 404))
-def get_batch(batch_id: IdPath, sessions: SessionsDep, tenant: TenantDep) -> dict[str, Any]:
+@router.get("/batches/{batch_id}", response_model=dict[str, Any],
+            responses={**NOT_MODIFIED, **responses(400, 401, 404)})
+def get_batch(batch_id: IdPath, sessions: SessionsDep, tenant: TenantDep,
+              if_none_match: IfNoneMatch = None) -> Response:
+    """The batch, with its `ETag` (304 for a matching `If-None-Match`)."""
     with sessions() as session:
-        return batches.batch_object(session, jobs.get_job(session, batch_id, tenant))
+        found = batches.batch_object(session, jobs.get_job(session, batch_id, tenant))
+    return answer(found, if_none_match)
 
 
 @router.post("/batches/{batch_id}/cancel", responses=responses(400, 401, 404, 409))

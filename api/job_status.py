@@ -1,0 +1,149 @@
+"""A job's status reads: `GET /jobs/{id}` (with its `ETag`, and `?wait=N`, the
+long-poll) and `GET /jobs/{id}/events` (Server-Sent Events).
+
+The waiting routes are async and hold no database connection nor thread while they
+wait: they wait on the process's one reader of the job (api/job_watch.py). Only the
+plain read, and the key's check in the `tenant` dependency, read the database at once.
+"""
+
+import contextlib
+import math
+from typing import Annotated, Any
+
+import anyio
+from fastapi import APIRouter, Header, Query, Request
+from fastapi.responses import Response
+from sse_starlette import EventSourceResponse, ServerSentEvent
+from starlette.background import BackgroundTask
+
+from api import deps
+from api.deps import IdPath, SessionsDep, TenantDep
+from api.errors import responses
+from api.etags import NOT_MODIFIED, IfNoneMatch, answer, matches, not_modified
+from api.job_watch import JobWatchers, Seen, Waiter, database_reader
+from quotaflow.jobs import service as jobs
+from quotaflow.jobs import view as job_view
+
+MAX_WAIT_S = 30.0
+EVENT = "job"
+
+router = APIRouter(tags=["jobs"])
+
+WaitQuery = Annotated[float | None, Query(
+    gt=0, le=MAX_WAIT_S,
+    description="Long-poll: answer once the job's object differs from the `If-None-Match` "
+                "tag (without one: from the job as the request found it), once the job is "
+                f"final, or after this many seconds (at most {MAX_WAIT_S:g}) as it is then")]
+LastEventId = Annotated[str | None, Header(
+    alias="Last-Event-ID", max_length=4096,
+    description="The last event's id (the job's ETag then): a reconnecting client is sent "
+                "the job again only once it has changed")]
+EVENTS_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {"description": "`text/event-stream`: an event `job` (id: the object's ETag, data: "
+                         "the job object) at once and at each change, a comment every "
+                         "QUOTAFLOW_EVENTS_KEEPALIVE_S; it ends after a final status",
+          "content": {"text/event-stream": {"schema": {"type": "string"}}}},
+    204: {"description": "The job is final and `Last-Event-ID` names its last state: "
+                         "nothing more will come (an EventSource stops reconnecting)"},
+}
+
+
+def watchers(request: Request) -> JobWatchers:
+    """The app's one registry of watched jobs (one per process)."""
+    state = request.app.state
+    found: JobWatchers | None = getattr(state, "job_watchers", None)
+    if found is None:
+        found = state.job_watchers = JobWatchers(database_reader(deps.sessions()),
+                                                 deps.get_settings().watch_interval_s)
+    return found
+
+
+@router.get("/jobs/{job_id}", response_model=dict[str, Any],
+            responses={**NOT_MODIFIED, **responses(401, 404)})
+async def get_job(job_id: IdPath, request: Request, sessions: SessionsDep, tenant: TenantDep,
+                  if_none_match: IfNoneMatch = None, wait: WaitQuery = None) -> Response:
+    """The job, with its `ETag` (304 for a matching `If-None-Match`); with `wait`, a
+    long-poll that answers when the job changes."""
+    if wait is None:
+        def read() -> dict[str, Any]:
+            with sessions() as session:
+                return job_view.job_object(session, jobs.get_job(session, job_id, tenant))
+        return answer(await anyio.to_thread.run_sync(read), if_none_match)
+    async with watchers(request).watching(job_id, tenant) as waiter:
+        arrival = await waiter.current()
+
+        def wanted(seen: Seen) -> bool:
+            if seen.final:
+                return True
+            if if_none_match is None:
+                return seen.etag != arrival.etag
+            return not matches(if_none_match, seen.etag)
+
+        seen = await waiter.until(wanted, wait) or await waiter.current()
+    return _tagged(seen, if_none_match)
+
+
+def _tagged(seen: Seen, if_none_match: str | None) -> Response:
+    if matches(if_none_match, seen.etag):
+        return not_modified(seen.etag)
+    return Response(seen.body, media_type="application/json", headers={"ETag": seen.etag})
+
+
+@router.get("/jobs/{job_id}/events", response_class=EventSourceResponse,
+            responses={**EVENTS_RESPONSES, **responses(401, 404)})
+async def job_events(job_id: IdPath, request: Request, tenant: TenantDep,
+                     last_event_id: LastEventId = None) -> Response:
+    """The job's progress as Server-Sent Events, until it reaches a final status."""
+    return await event_stream(request, job_id, tenant, last_event_id)
+
+
+async def event_stream(request: Request, job_id: str, tenant: str,
+                       last_event_id: str | None) -> Response:
+    """The stream of a job checked to be the tenant's (404 before it starts)."""
+    stream = JobStream(watchers(request), job_id, tenant, last_event_id)
+    try:
+        seen = await stream.open()
+    except BaseException:
+        await stream.close()
+        raise
+    if seen.final and matches(last_event_id, seen.etag):
+        await stream.close()
+        return Response(status_code=204)
+    return EventSourceResponse(stream.events(), ping=deps.get_settings().events_keepalive_s,
+                               background=BackgroundTask(stream.close),
+                               headers={"Cache-Control": "no-store"})
+
+
+class JobStream:
+    """One client's stream: its waiter is taken when the route checks the job, and let
+    go when the stream ends, the client leaves, or the response never starts."""
+
+    def __init__(self, watchers: JobWatchers, job_id: str, tenant: str,
+                 last_event_id: str | None) -> None:
+        self._watchers, self._job_id, self._tenant = watchers, job_id, tenant
+        self._last = last_event_id
+        self._stack = contextlib.AsyncExitStack()
+        self._waiter: Waiter | None = None
+
+    async def open(self) -> Seen:
+        self._waiter = await self._stack.enter_async_context(
+            self._watchers.watching(self._job_id, self._tenant))
+        return await self._waiter.current()
+
+    async def close(self) -> None:
+        await self._stack.aclose()
+
+    async def events(self) -> Any:
+        assert self._waiter is not None
+        try:
+            sent = self._last
+            while True:
+                seen = await self._waiter.until(
+                    lambda s, last=sent: not matches(last, s.etag), math.inf)
+                assert seen is not None
+                yield ServerSentEvent(seen.body.decode(), event=EVENT, id=seen.etag)
+                sent = seen.etag
+                if seen.final:
+                    return
+        finally:
+            await self.close()
