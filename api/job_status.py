@@ -8,6 +8,7 @@ plain read, and the key's check in the `tenant` dependency, read the database at
 
 import contextlib
 import math
+from collections.abc import Callable
 from typing import Annotated, Any
 
 import anyio
@@ -79,8 +80,36 @@ async def get_job(job_id: IdPath, request: Request, sessions: SessionsDep, tenan
                 return seen.etag != arrival.etag
             return not matches(if_none_match, seen.etag)
 
-        seen = await waiter.until(wanted, wait) or await waiter.current()
+        seen = await _unless_gone(request, waiter, wanted, wait)
+    if seen is None:  # the client left: nobody reads this
+        return Response(status_code=204)
     return _tagged(seen, if_none_match)
+
+
+async def _unless_gone(request: Request, waiter: Waiter, wanted: Callable[[Seen], bool],
+                       wait: float) -> Seen | None:
+    """The state the long-poll answers with, or None once the client disconnects (an
+    async route is not cancelled when its client leaves: its waiter would stay)."""
+    found: list[Seen] = []
+    failed: list[Exception] = []
+    async with anyio.create_task_group() as group:
+        async def wait_for_job() -> None:
+            try:
+                found.append(await waiter.until(wanted, wait) or await waiter.current())
+            except Exception as exc:  # the read failed: answered after the group
+                failed.append(exc)
+            group.cancel_scope.cancel()
+
+        async def listen() -> None:
+            while (await request.receive())["type"] != "http.disconnect":
+                pass
+            group.cancel_scope.cancel()
+
+        group.start_soon(wait_for_job)
+        group.start_soon(listen)
+    if failed:
+        raise failed[0]
+    return found[0] if found else None
 
 
 def _tagged(seen: Seen, if_none_match: str | None) -> Response:
