@@ -5,6 +5,8 @@ PostgreSQL and, for waits and disconnects, uvicorn on a real port (api_thread)."
 import asyncio
 import io
 import json
+import os
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -13,6 +15,8 @@ import httpx
 import pytest
 from sqlalchemy import update
 from sqlalchemy.orm import Session, sessionmaker
+from starlette.responses import Response
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from quotaflow.config import Settings
 from quotaflow.ingest import pipeline
@@ -21,6 +25,7 @@ from quotaflow.models import Job, JobStatus
 from tests.harness.api_app import app_client
 from tests.harness.api_thread import api_in_thread
 from tests.harness.factories import chat_line, jsonl
+from tests.harness.procs import quotaflow
 
 
 class Collect:
@@ -257,3 +262,56 @@ def test_a_client_that_leaves_leaves_no_waiter(served, pg_sessions, settings):
     reads = app.state.job_watchers.reads
     time.sleep(1.0)
     assert app.state.job_watchers.reads == reads, "the job is still read with no waiter"
+
+
+def _watch_with_cli(app, url: str, pg_sessions, job_id: str) -> tuple[str, int]:
+    """`quotaflow status --watch` on a job that changes, then is cancelled: its stdout,
+    and the most waiters the API held for the job meanwhile."""
+    env = {**os.environ, "QUOTAFLOW_API_URL": url, "QUOTAFLOW_AUTH": "off"}
+    env.pop("QUOTAFLOW_API_KEY", None)
+    watcher = subprocess.Popen(quotaflow("status", job_id, "--watch"), env=env, text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    most = 0
+    try:
+        deadline = time.monotonic() + 8  # the CLI's start, then its first waiter
+        while not most and time.monotonic() < deadline and watcher.poll() is None:
+            found = getattr(app.state, "job_watchers", None)
+            most = found.watched.get(job_id, 0) if found else 0
+            time.sleep(0.05)
+        touch(pg_sessions, job_id, "2")
+        time.sleep(1.0)
+        finish(pg_sessions, job_id)
+        out, err = watcher.communicate(timeout=30)
+    finally:
+        if watcher.poll() is None:
+            watcher.kill()
+            watcher.wait()
+    assert "cancel" in out, (out, err)
+    return out, most
+
+
+def test_status_watch_follows_the_event_stream(served, pg_sessions, settings):
+    app, url = served
+    job_id = make_job(pg_sessions, settings)
+    started = time.monotonic()
+    _, most = _watch_with_cli(app, url, pg_sessions, job_id)
+    assert most == 1, "the CLI did not wait on the job's event stream"
+    assert time.monotonic() - started < 20
+
+
+def without_events(app: ASGIApp) -> ASGIApp:
+    """The API as one older than the event stream answers it: 404."""
+    async def older(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"].endswith("/events"):
+            await Response(status_code=404)(scope, receive, send)
+        else:
+            await app(scope, receive, send)
+    return older
+
+
+def test_status_watch_polls_an_api_without_the_stream(pg_sessions, settings, monkeypatch):
+    settings.auth = False
+    with api_in_thread(settings, monkeypatch, wrap=without_events) as (app, url):
+        job_id = make_job(pg_sessions, settings)
+        _, most = _watch_with_cli(app, url, pg_sessions, job_id)
+    assert most == 0
