@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from api.console.session import COOKIE
 from quotaflow.config import Settings
 from quotaflow.ingest import pipeline
 from quotaflow.jobs import service as jobs
@@ -315,3 +316,21 @@ def test_status_watch_polls_an_api_without_the_stream(pg_sessions, settings, mon
         job_id = make_job(pg_sessions, settings)
         _, most = _watch_with_cli(app, url, pg_sessions, job_id)
     assert most == 0
+
+
+def test_the_console_follows_the_job_stream(served, pg_sessions, settings):
+    app, url = served
+    job_id = make_job(pg_sessions, settings)
+    with httpx.Client(base_url=url, timeout=30, cookies={COOKIE: "qf-dev-anyone"}) as http:
+        page = http.get(f"/console/jobs/{job_id}")
+        assert f'data-events="/console/jobs/{job_id}/events"' in page.text
+        assert 'data-every="1000"' in page.text  # the timer, without the stream or script
+        threading.Timer(1.0, finish, (pg_sessions, job_id)).start()
+        with http.stream("GET", f"/console/jobs/{job_id}/events") as stream:
+            assert stream.status_code == 200
+            got = [e for e in events(stream.iter_lines()) if "data" in e]
+        assert json.loads(got[-1]["data"])["status"] in JobStatus.FINAL
+        assert http.get("/console/jobs/batch_nope/events").status_code == 404
+    signed_out = httpx.get(f"{url}/console/jobs/{job_id}/events", timeout=10)
+    assert signed_out.status_code == 303
+    assert app.state.job_watchers.watched == {}
