@@ -7,6 +7,7 @@ plain read, and the key's check in the `tenant` dependency, read the database at
 """
 
 import contextlib
+import logging
 import math
 from collections.abc import Callable
 from typing import Annotated, Any
@@ -26,6 +27,7 @@ from quotaflow.jobs import service as jobs
 from quotaflow.jobs import view as job_view
 
 MAX_WAIT_S = 30.0
+log = logging.getLogger("quotaflow.api")
 EVENT = "job"
 
 router = APIRouter(tags=["jobs"])
@@ -174,5 +176,9 @@ class JobStream:
                 sent = seen.etag
                 if seen.final:
                     return
+        except Exception as exc:  # the job could not be read (an outage): the client
+            # reconnects with Last-Event-ID, as after any broken stream
+            log.warning("the event stream of job %s ended: %s", self._job_id,
+                        exc.__class__.__name__)
         finally:
             await self.close()

@@ -76,8 +76,8 @@ class Waiter:
         """The latest state (the first read's, once done); 404 for another tenant's job."""
         while self._watch.seen is None and self._watch.error is None:
             await self._watch.changed.wait()
-        if self._watch.error is not None:
-            raise self._watch.error
+        if self._watch.error is not None:  # one error for every waiter: a fresh traceback
+            raise self._watch.error.with_traceback(None)
         assert self._watch.seen is not None
         if self._watch.seen.tenant != self._tenant:
             raise JobNotFound(f"no job with id {self._job_id!r}")
