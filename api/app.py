@@ -1,6 +1,7 @@
 """quotaflow's REST API: the app and its routers.
 
-`api.jobs` holds quotaflow's own job routes, `api.limits` the deployments' budgets
+`api.jobs` holds quotaflow's own job routes (`api.job_status`: a job's status read, its
+long-poll and its event stream), `api.limits` the deployments' budgets
 (operator keys), `api.webhooks` the tenant's webhook endpoints and deliveries, `api.v1`
 OpenAI's Files and Batch APIs, `api.messages_batches` Anthropic's Message Batches API,
 `api.metrics` Prometheus's /metrics (open), `api.console` the jobs console in the
@@ -16,7 +17,18 @@ import anyio.to_thread
 from fastapi import FastAPI
 from sqlalchemy import text
 
-from api import console, errors, jobs, limits, messages_batches, metrics, openapi, v1, webhooks
+from api import (
+    console,
+    errors,
+    job_status,
+    jobs,
+    limits,
+    messages_batches,
+    metrics,
+    openapi,
+    v1,
+    webhooks,
+)
 from api.admission import AdmissionMiddleware
 from api.deps import SessionDep
 from api.errors import responses
@@ -67,6 +79,7 @@ def create_app() -> FastAPI:
         return {"status": "ok"}
 
     app.include_router(jobs.router)
+    app.include_router(job_status.router)
     app.include_router(limits.router)
     app.include_router(v1.router)
     app.include_router(messages_batches.router)

@@ -16,8 +16,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import Response
 
+from api.etags import render, tag_of, tagged_body
 from quotaflow.errors import JobNotFound
+from quotaflow.models import JobStatus
 
 # Entries kept at most; past it, the oldest half goes (a busy API sees a few thousand jobs).
 MAX_ENTRIES = 20_000
@@ -25,11 +28,29 @@ MAX_ENTRIES = 20_000
 Load = Callable[[], tuple[str, dict[str, Any]]]
 
 
+@dataclass(frozen=True)
+class Seen:
+    """The job as one read found it: its tenant, its object, the object's JSON and tag."""
+
+    tenant: str
+    job: dict[str, Any]
+    body: bytes
+    etag: str
+
+    @property
+    def final(self) -> bool:
+        return self.job["status"] in JobStatus.FINAL
+
+
+def tagged(seen: Seen, if_none_match: str | None) -> Response:
+    """The object as read, with its `ETag`; 304 when the client already holds it."""
+    return tagged_body(seen.body, seen.etag, if_none_match)
+
+
 @dataclass(slots=True)
 class Entry:
     until: float
-    tenant: str
-    value: dict[str, Any]
+    seen: Seen
 
 
 class JobReads:
@@ -41,16 +62,21 @@ class JobReads:
         self._entries: dict[Hashable, Entry] = {}
         self._reading: dict[Hashable, asyncio.Task[Entry]] = {}
 
-    async def read(self, key: tuple[str, str], tenant: str, load: Load) -> dict[str, Any]:
+    async def read(self, key: tuple[str, str], tenant: str, load: Load) -> Seen:
         """The object of `key` = (view, job id) for `tenant`: from memory while fresh, else
         from `load` (run on a thread; returns the job's tenant and its object), shared with
         every reader waiting meanwhile. Another tenant's job is "not found"."""
+        seen = await self.latest(key, load)
+        if seen.tenant != tenant:
+            raise JobNotFound(f"no job with id {key[1]!r}")
+        return seen
+
+    async def latest(self, key: tuple[str, str], load: Load) -> Seen:
+        """The object of `key`, whoever's: from memory while fresh, else from `load`."""
         entry = self._entries.get(key)
         if entry is None or entry.until <= self.clock():
             entry = await self._load(key, load)
-        if entry.tenant != tenant:
-            raise JobNotFound(f"no job with id {key[1]!r}")
-        return entry.value
+        return entry.seen
 
     def forget(self, job_id: str) -> None:
         """Drop every view of a job this process has just changed."""
@@ -68,8 +94,9 @@ class JobReads:
         return await asyncio.shield(task)
 
     async def _fetch(self, key: Hashable, load: Load) -> Entry:
-        tenant, value = await run_in_threadpool(load)
-        entry = Entry(self.clock() + self.max_age_s, tenant, value)
+        tenant, job = await run_in_threadpool(load)
+        body = render(job)
+        entry = Entry(self.clock() + self.max_age_s, Seen(tenant, job, body, tag_of(body)))
         if self.max_age_s > 0:
             self._keep(key, entry)
         return entry

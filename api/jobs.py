@@ -160,17 +160,6 @@ def list_jobs(session: SessionDep, tenant: TenantDep,
             "last_id": data[-1]["id"] if data else None,
             "has_more": len(page) > limit}
 
-@router.get("/jobs/{job_id}", responses=responses(401, 404))
-async def get_job(job_id: IdPath, sessions: SessionsDep, tenant: TenantDep) -> dict[str, Any]:
-    """The job; read from the database at most once per QUOTAFLOW_API_STATUS_CACHE_S by
-    this process, whoever asks (api/job_reads.py)."""
-    def load() -> tuple[str, dict[str, Any]]:
-        with sessions() as session:
-            job = jobs.get_job(session, job_id)
-            return job.tenant, job_view.job_object(session, job)
-
-    return await job_reads().read(("job", job_id), tenant, load)
-
 @router.post("/jobs/{job_id}/cancel", responses=responses(401, 404, 409))
 def cancel_job(job_id: IdPath, sessions: SessionsDep, tenant: TenantDep) -> dict[str, Any]:
     _own(sessions, job_id, tenant)

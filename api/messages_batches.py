@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Query, Request
-from fastapi.responses import StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 from sqlalchemy.orm import Session, sessionmaker
 
 from api.anthropic_errors import responses
@@ -28,6 +28,7 @@ from api.deps import (
     TenantDep,
     job_reads,
 )
+from api.etags import NOT_MODIFIED, IfNoneMatch, answer
 from quotaflow.compat import anthropic_batches as message_batches
 from quotaflow.compat import retention
 from quotaflow.compat.anthropic_batch_body import BatchTooLarge
@@ -122,12 +123,15 @@ def list_message_batches(
         return message_batches.page_object(session, page, more, _base_url(request))
 
 
-@router.get("/{message_batch_id}", responses=responses(400, 401, 404))
+@router.get("/{message_batch_id}", response_model=dict[str, Any],
+            responses={**NOT_MODIFIED, **responses(400, 401, 404)})
 def retrieve_message_batch(message_batch_id: IdPath, request: Request, sessions: SessionsDep,
-                           tenant: TenantDep) -> dict[str, Any]:
+                           tenant: TenantDep, if_none_match: IfNoneMatch = None) -> Response:
+    """The batch, with its `ETag` (304 for a matching `If-None-Match`)."""
     with sessions() as session:
-        return _object(session, message_batches.get_batch(session, message_batch_id, tenant),
-                       request)
+        found = _object(session, message_batches.get_batch(session, message_batch_id, tenant),
+                        request)
+    return answer(found, if_none_match)
 
 
 @router.post("/{message_batch_id}/cancel", responses=responses(400, 401, 404))

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, File, Form, Header, Query, UploadFile
-from fastapi.responses import StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, Field
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -27,6 +27,7 @@ from api.deps import (
     job_reads,
 )
 from api.errors import responses
+from api.etags import NOT_MODIFIED, IfNoneMatch, tagged
 from quotaflow.compat import files, retention
 from quotaflow.compat import openai_batches as batches
 from quotaflow.config import get_settings
@@ -174,17 +175,18 @@ def list_batches(
                      len(page) > limit)
 
 
-@router.get("/batches/{batch_id}", responses=responses(400, 401, 404))
-async def get_batch(batch_id: IdPath, sessions: SessionsDep,
-                    tenant: TenantDep) -> dict[str, Any]:
-    """The batch; read at most once per QUOTAFLOW_API_STATUS_CACHE_S by this process,
-    whoever asks (api/job_reads.py)."""
+@router.get("/batches/{batch_id}", response_model=dict[str, Any],
+            responses={**NOT_MODIFIED, **responses(400, 401, 404)})
+async def get_batch(batch_id: IdPath, sessions: SessionsDep, tenant: TenantDep,
+                    if_none_match: IfNoneMatch = None) -> Response:
+    """The batch, with its `ETag` (304 for a matching `If-None-Match`); read at most once
+    per QUOTAFLOW_API_STATUS_CACHE_S by this process, whoever asks (api/job_reads.py)."""
     def load() -> tuple[str, dict[str, Any]]:
         with sessions() as session:
             job = jobs.get_job(session, batch_id)
             return job.tenant, batches.batch_object(session, job)
 
-    return await job_reads().read(("batch", batch_id), tenant, load)
+    return tagged(await job_reads().read(("batch", batch_id), tenant, load), if_none_match)
 
 
 @router.post("/batches/{batch_id}/cancel", responses=responses(400, 401, 404, 409))

@@ -7,7 +7,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from httpx_sse import ServerSentEvent, SSEError, connect_sse
 
+from cli.exit_codes import FINAL
 from quotaflow.errors import (
     AuthenticationError,
     FileTooLarge,
@@ -28,6 +30,14 @@ RETRY_STATUSES = (502, 503, 504)
 # an InvalidRequest.
 ERROR_BY_STATUS: dict[int, type[QuotaflowError]] = {
     403: PermissionDenied, 404: NotFound, 409: JobStateError, 413: FileTooLarge}
+# Tries at the event stream before `watch_job` gives up; the stream's keep-alive comes
+# every QUOTAFLOW_EVENTS_KEEPALIVE_S (15 s), so a minute of silence is a broken stream.
+STREAM_ATTEMPTS = 5
+STREAM_READ_TIMEOUT_S = 60.0
+
+
+class _NoEventStream(Exception):
+    """The API has no GET /jobs/{id}/events (an older one): poll instead."""
 
 
 def new_idempotency_key() -> str:
@@ -130,6 +140,51 @@ class ApiClient:
 
     def get_job(self, job_id: str) -> dict[str, Any]:
         return self._request("GET", f"/jobs/{job_id}").json()
+
+    def watch_job(self, job_id: str, poll_s: float = 1.0) -> Iterator[dict[str, Any]]:
+        """The job's states until a final one: from its event stream (GET
+        /jobs/{id}/events, reconnecting where it left off), or, from an API without one,
+        from a read every `poll_s` seconds."""
+        last_id: str | None = None
+        for attempt in range(1, STREAM_ATTEMPTS + 1):
+            try:
+                for event in self._job_events(job_id, last_id):
+                    last_id = event.id or last_id
+                    job = event.json()
+                    yield job
+                    if job["status"] in FINAL:
+                        return
+                return  # 204: the last state sent was the final one
+            except _NoEventStream:
+                break
+            except (httpx.TransportError, SSEError) as exc:
+                if attempt == STREAM_ATTEMPTS:
+                    raise ServiceUnavailable(self._failure(exc) if isinstance(
+                        exc, httpx.TransportError) else str(exc)) from exc
+                time.sleep(poll_s)
+        while True:
+            job = self.get_job(job_id)
+            yield job
+            if job["status"] in FINAL:
+                return
+            time.sleep(poll_s)
+
+    def _job_events(self, job_id: str, last_id: str | None) -> Iterator[ServerSentEvent]:
+        headers = {"Last-Event-ID": last_id} if last_id else {}
+        with connect_sse(self._http, "GET", f"/jobs/{job_id}/events", headers=headers,
+                         timeout=httpx.Timeout(self._timeout, read=STREAM_READ_TIMEOUT_S),
+                         ) as source:
+            if source.response.status_code in (404, 405):  # an API older than the stream
+                raise _NoEventStream
+            if source.response.status_code == 204:
+                return
+            if source.response.status_code >= 400:
+                source.response.read()
+                _raise_for_error(source.response)
+            for event in source.iter_sse():
+                if event.event == "job":
+                    yield event
+        raise httpx.RemoteProtocolError("the event stream ended before a final status")
 
     def job_bound(self, job_id: str) -> dict[str, Any]:
         """What bound the job and what would make it faster (quotaflow/observe/bound.py)."""

@@ -1,10 +1,10 @@
 """`quotaflow`: every command a user runs, from the quick start to the cluster."""
 
 import contextlib
+import itertools
 import logging
 import os
 import sys
-import time
 from pathlib import Path
 from typing import IO
 
@@ -155,16 +155,16 @@ def _print_status(api: ApiClient, job: dict) -> None:
 
 
 def _watch(api: ApiClient, job: dict, quiet: bool) -> dict:
+    """Follow the job's changes as the API sends them (its event stream), to its end."""
     with request_progress(quiet) as progress:
         task = progress.add_task(job["id"], total=job["request_counts"]["total"])
-        while True:
+        for seen in itertools.chain([job], () if job["status"] in FINAL
+                                    else api.watch_job(job["id"])):
+            job = seen
             counts = job["request_counts"]
             progress.update(task, completed=counts["completed"] + counts["failed"],
                             description=f"{job['id']} {job['status']}")
-            if job["status"] in FINAL:
-                return job
-            time.sleep(1.0)
-            job = api.get_job(job["id"])
+        return job
 
 
 @cli.command()

@@ -271,6 +271,15 @@ class Settings(BaseSettings):
         default=None,
         description="The key the CLI sends as `Authorization: Bearer ...`; read from the "
         "environment only, never logged.")
+    watch_interval_s: float = Field(
+        default=0.5, gt=0, le=10,
+        description="How often an API process reads a job that long-polls (`GET "
+        "/jobs/{id}?wait=N`) and event streams (`GET /jobs/{id}/events`) wait on: one read "
+        "per job per process per interval, however many clients wait, and none while none do.")
+    events_keepalive_s: float = Field(
+        default=15.0, gt=0, le=300,
+        description="How often an idle event stream (`GET /jobs/{id}/events`) sends a comment, "
+        "so that proxies and load balancers do not close it for silence.")
     progress_interval_s: float = Field(
         default=5.0, gt=0,
         description="How often `quotaflow run` and `quotaflow status --watch` write a "

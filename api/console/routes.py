@@ -1,7 +1,8 @@
 """The console's pages: sign-in, the tenant's jobs, a job, and the operators' budgets.
 
 Server-rendered with Jinja2; a few lines of the console's own script (static/console.js)
-refresh the live parts from fragments these routes serve. Every page acts for the
+refresh the live parts from fragments these routes serve (a job's, when its event stream
+says it changed). Every page acts for the
 tenant of the key in the cookie (session.py): another tenant's job is "not found".
 """
 
@@ -34,6 +35,7 @@ from api.deps import (
     SettingsDep,
     job_reads,
 )
+from api.job_status import LastEventId, event_stream
 from api.jobs import QueueFilter, StatusFilter
 from quotaflow.budget.limiter import describe
 from quotaflow.compat import retention
@@ -126,6 +128,15 @@ def job_live(job_id: IdPath, request: Request, sessions: SessionsDep,
     """The job page's live part: status, progress, counts, its buttons."""
     return page(request, "job_live.html", who=who,
                 **_job_context(sessions, job_id, who))
+
+
+@router.get("/jobs/{job_id}/events")
+async def job_events(job_id: IdPath, request: Request, who: ViewerDep,
+                     last_event_id: LastEventId = None) -> Response:
+    """GET /jobs/{id}/events for the signed-in tenant (an EventSource sends the cookie,
+    not a key): the page's script reloads its live part when an event says the job
+    changed, instead of on a timer."""
+    return await event_stream(request, job_id, who.tenant, last_event_id)
 
 
 @router.get("/jobs/{job_id}/bound")
