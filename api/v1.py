@@ -27,7 +27,8 @@ from api.deps import (
     job_reads,
 )
 from api.errors import responses
-from api.etags import NOT_MODIFIED, IfNoneMatch, tagged
+from api.etags import NOT_MODIFIED, IfNoneMatch
+from api.job_reads import tagged
 from quotaflow.compat import files, retention
 from quotaflow.compat import openai_batches as batches
 from quotaflow.config import get_settings
