@@ -78,6 +78,10 @@ class JobReads:
             entry = await self._load(key, load)
         return entry.seen
 
+    def forget_all(self) -> None:
+        """Drop every job's objects (a change whose jobs are not known by id)."""
+        self._entries.clear()
+
     def forget(self, job_id: str) -> None:
         """Drop every view of a job this process has just changed."""
         for key in [key for key in self._entries if key[1] == job_id]:

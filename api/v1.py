@@ -139,6 +139,7 @@ def delete_file(file_id: IdPath, sessions: SessionsDep, tenant: TenantDep) -> di
     """An upload and its bytes; a batch's output or error file: that batch's results (409
     while it runs: cancel it first)."""
     retention.delete_file(sessions, file_id, tenant)
+    job_reads().forget_all()  # an output file's job is deleted with it
     return {"id": file_id, "object": "file", "deleted": True}
 
 
