@@ -1,0 +1,68 @@
+"""The front door holds a crowd (issue 45, parts 1-3): while a job of a few thousand lines
+runs, 500 clients poll its status and 100 clients submit 5-line realtime jobs and wait
+for them, all at once for about 10 s. Every request is answered (no 5xx, no 503/429,
+no timeout at a 10 s client timeout, no refused connection), every small job completes
+with its 5 results, and the large job's counts, as GET /jobs/{id} reports them once it
+has finished, equal a full recount of its items.
+
+Throughput and latency are bench/api_load.py's (the same cluster and clients,
+tests/harness/api_load.py and api_clients.py), not asserted here.
+"""
+
+from pathlib import Path
+
+import pytest
+import redis
+
+from tests.harness.api_clients import Crowd, SubmitTally, Tally, run_crowds
+from tests.harness.api_load import LoadCluster, api_has_long_poll, small_job
+from tests.harness.servers import REDIS_URL
+
+pytestmark = pytest.mark.timeout(240)
+
+POLLERS = 500
+SUBMITTERS = 100
+SECONDS = 10.0
+SMALL_LINES = 5
+BIG_LINES = 3000
+BIG_RPM = 12_000  # 200 requests/s: the large job still runs when the crowd leaves
+
+
+def test_500_pollers_and_100_submitters_get_answers_and_exact_counts(
+        pg_url: str, tmp_path: Path) -> None:
+    redis.Redis.from_url(REDIS_URL).flushdb()
+    cluster = LoadCluster(tmp_path, pg_url, REDIS_URL, big_rpm=BIG_RPM)
+    try:
+        cluster.start()
+        job_id = cluster.submit_big(BIG_LINES, timeout=60)
+        long_poll = api_has_long_poll(cluster.api_url)
+        pollers = Crowd(cluster.api_url, cluster.headers, SECONDS, max_requests=2000,
+                        job_id=job_id)
+        submitters = Crowd(cluster.api_url, cluster.headers, SECONDS, max_requests=200,
+                           body=small_job(SMALL_LINES), lines=SMALL_LINES, settle_s=30,
+                           long_poll=long_poll)
+        reads, made = run_crowds([("poll", pollers, POLLERS),
+                                  ("submit", submitters, SUBMITTERS)])
+        assert isinstance(reads, Tally) and isinstance(made, SubmitTally)
+        still_running = cluster.status(job_id)
+        final = cluster.wait_finished(job_id, timeout=90)
+        reported, counted = cluster.reported_counts(job_id), cluster.recount(job_id)
+        stored = cluster.results_per_job(list(made.jobs))
+    finally:
+        cluster.stop()
+    seen = (f"reads: {len(reads.latencies)} answered, p99 {reads.percentile(0.99):.2f} s, "
+            f"errors {reads.error_text()}; small jobs: {len(made.jobs)} made, "
+            f"{len(made.done)} completed, errors {made.create.error_text()}; "
+            f"the large job was {still_running} when the crowd left")
+    print(seen)
+    assert not reads.errors and not made.create.errors, seen
+    assert reads.latencies and made.jobs, seen
+    unfinished = {job: counts for job, counts in made.jobs.items()
+                  if counts is None or counts["completed"] != SMALL_LINES}
+    assert not unfinished, f"small jobs not completed with {SMALL_LINES} results: " \
+                           f"{list(unfinished.items())[:10]}; {seen}"
+    assert len(made.done) == len(made.jobs), seen
+    assert stored == dict.fromkeys(made.jobs, SMALL_LINES), seen
+    assert final == "completed", (final, counted)
+    assert reported == counted, f"GET /jobs/{job_id} says {reported}, the items {counted}"
+    assert counted["completed"] == BIG_LINES, counted
