@@ -44,17 +44,17 @@ def test_500_pollers_and_100_submitters_get_answers_and_exact_counts(
         reads, made = run_crowds([("poll", pollers, POLLERS),
                                   ("submit", submitters, SUBMITTERS)])
         assert isinstance(reads, Tally) and isinstance(made, SubmitTally)
-        still_running = cluster.status(job_id)
+        seen = (f"reads: {len(reads.latencies)} answered, p50 {reads.percentile(0.5):.2f} s, "
+                f"p99 {reads.percentile(0.99):.2f} s, errors {reads.error_text()}; small jobs: "
+                f"{len(made.jobs)} made, {len(made.done)} completed, errors "
+                f"{made.create.error_text()}; the large job was {cluster.status(job_id)} "
+                "when the crowd left")
+        print(seen)
         final = cluster.wait_finished(job_id, timeout=90)
         reported, counted = cluster.reported_counts(job_id), cluster.recount(job_id)
         stored = cluster.results_per_job(list(made.jobs))
     finally:
         cluster.stop()
-    seen = (f"reads: {len(reads.latencies)} answered, p99 {reads.percentile(0.99):.2f} s, "
-            f"errors {reads.error_text()}; small jobs: {len(made.jobs)} made, "
-            f"{len(made.done)} completed, errors {made.create.error_text()}; "
-            f"the large job was {still_running} when the crowd left")
-    print(seen)
     assert not reads.errors and not made.create.errors, seen
     assert reads.latencies and made.jobs, seen
     unfinished = {job: counts for job, counts in made.jobs.items()

@@ -38,6 +38,7 @@ class Crowd:
     lines: int = 0  # submitters: lines per job, the results each must end with
     settle_s: float = 60.0  # submitters: how long a job may take to complete after its POST
     long_poll: bool = False  # submitters: GET /jobs/{id}?wait= answers on a change
+    paths: tuple[str, ...] = ()  # pollers: other paths to read (the generator's own ceiling)
 
 
 @dataclass
@@ -104,14 +105,15 @@ def _session(crowd: Crowd) -> aiohttp.ClientSession:
 
 async def _poller(crowd: Crowd, index: int, deadline: float, tally: Tally) -> None:
     """GET /jobs/{id} and /v1/batches/{id} in turn, back to back, until the deadline."""
-    paths = (f"/jobs/{crowd.job_id}", f"/v1/batches/{crowd.job_id}")
+    paths = crowd.paths or (f"/jobs/{crowd.job_id}", f"/v1/batches/{crowd.job_id}")
     async with _session(crowd) as session:
         for n in range(crowd.max_requests):
             if time.monotonic() >= deadline:
                 return
             started = time.monotonic()
             try:
-                async with session.get(crowd.api_url + paths[(index + n) % 2]) as response:
+                path = paths[(index + n) % len(paths)]
+                async with session.get(crowd.api_url + path) as response:
                     await response.read()
                     if response.status != 200:
                         tally.errors[_status_kind(response, "read")] += 1

@@ -78,9 +78,9 @@ def big_job_lines(lines: int) -> Iterator[bytes]:
 def recount(sessions: sessionmaker[Session], job_id: str) -> dict[str, int]:
     """The job's request counts from its items, counted in full (what the API reports)."""
     with sessions() as session:
-        rows = dict(session.execute(text(
+        rows: dict[str, int] = dict(session.execute(text(
             "SELECT status, count(*) FROM items WHERE job_id = :job GROUP BY status"),
-            {"job": job_id}).tuples())
+            {"job": job_id}).all())
     return {"completed": rows.get("succeeded", 0),
             "failed": rows.get("failed", 0) + rows.get("spend_limited", 0),
             "pending": sum(rows.get(s, 0) for s in ("pending", "running", "waiting")),
@@ -101,6 +101,7 @@ class LoadCluster:
     big_rpm: int = UNBOUND_RPM
     procs: list[Proc] = field(default_factory=list)
     api_url: str = ""
+    provider_url: str = ""
     headers: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -110,6 +111,7 @@ class LoadCluster:
         provider, provider_url = start_provider(
             self.tmp_path, "--unlimited", "--latency-ms", f"{self.provider_ms:g}")
         self.procs.append(provider)
+        self.provider_url = provider_url
         deployments = self.tmp_path / "deployments.toml"
         burst = "burst_seconds = 1\n" if self.big_rpm != UNBOUND_RPM else ""
         deployments.write_text("".join(
@@ -177,12 +179,33 @@ class LoadCluster:
         with self.sessions() as session:
             return dict(session.execute(
                 select(Result.job_id, func.count()).where(Result.job_id.in_(job_ids))
-                .group_by(Result.job_id)).tuples())
+                .group_by(Result.job_id)).all())
 
-    def reported_counts(self, job_id: str) -> dict[str, int]:
-        """The request counts GET /jobs/{id} reports (without `total`)."""
-        answer = httpx.get(f"{self.api_url}/jobs/{job_id}", headers=self.headers, timeout=60)
-        answer.raise_for_status()
+    def recover(self, job_id: str, timeout: float = 120.0) -> float | None:
+        """Wait (bounded) until one read of the job is answered within 2 s, so that a crowd
+        starts on an API that is not still working off the last one's abandoned requests;
+        the seconds that took (None: no answer within `timeout`)."""
+        started = time.monotonic()
+        while time.monotonic() - started < timeout:
+            try:
+                if httpx.get(f"{self.api_url}/jobs/{job_id}", headers=self.headers,
+                             timeout=2).status_code == 200:
+                    return time.monotonic() - started
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        return None
+
+    def reported_counts(self, job_id: str, timeout: float = 15.0) -> dict[str, int] | str:
+        """The request counts GET /jobs/{id} reports (without `total`), or what went wrong
+        instead: an API still stalled by a crowd that has left is what a test reports."""
+        try:
+            answer = httpx.get(f"{self.api_url}/jobs/{job_id}", headers=self.headers,
+                               timeout=timeout)
+        except httpx.HTTPError as exc:
+            return f"no answer: {type(exc).__name__} {exc}"
+        if answer.status_code != 200:
+            return f"HTTP {answer.status_code}: {answer.text[:300]}"
         counts = dict(answer.json()["request_counts"])
         counts.pop("total")
         return counts
