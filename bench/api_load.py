@@ -45,6 +45,7 @@ import redis
 from quotaflow.db import upgrade
 from tests.harness.api_clients import Crowd, SubmitTally, Tally, run_crowd
 from tests.harness.api_load import (
+    RUNNING,
     LoadCluster,
     api_has_long_poll,
     api_has_workers_option,
@@ -136,7 +137,7 @@ class Run:
                           lines=self.args.small_lines, long_poll=self.long_poll)
             tally = run_crowd(kind, crowd, clients, self.args.client_procs)
         seconds = time.monotonic() - started
-        ended = self.cluster.status(self.job_id) not in ("validating", "in_progress")
+        ended = self.cluster.status(self.job_id) not in RUNNING
         rate = (self.cluster.answered(self.job_id) - before) / seconds
         phase = Phase(name, clients, seconds, rate, ended, tally)
         print(f"  {name} {clients}: {seconds:.1f} s, job {rate:,.0f} req/s"

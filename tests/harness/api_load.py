@@ -33,6 +33,7 @@ from tests.harness.servers import ROOT, service_env
 BIG_MODEL = "gpt-4o-mini"
 SMALL_MODEL = "realtime-model"
 UNBOUND_RPM = 1_000_000_000
+RUNNING = ("validating", "in_progress", "finalizing")  # a job's statuses before its last
 # Settings of a per-key request limit on the API, where this checkout has one: the load
 # comes from a few keys, so the bench and the test turn it off (a limit is not what they
 # measure). Only names Settings defines are set.
@@ -164,7 +165,7 @@ class LoadCluster:
     def wait_finished(self, job_id: str, timeout: float) -> str:
         """Wait (bounded) for the job to leave validating/in_progress; its status."""
         deadline = time.monotonic() + timeout
-        while (status := self.status(job_id)) in ("validating", "in_progress", "finalizing"):
+        while (status := self.status(job_id)) in RUNNING:
             assert time.monotonic() < deadline, (
                 f"{job_id} still {status} after {timeout:.0f} s, "
                 f"{self.answered(job_id)} answered")
