@@ -70,6 +70,7 @@ class Phase:
     job_ended: bool
     tally: Tally | SubmitTally | None = None
     skipped: str = ""  # why no crowd ran
+    ended_before: bool = False  # the job had ended before the phase: no rate to show
 
 
 def _ms(seconds: float) -> str:
@@ -81,6 +82,8 @@ def _ints(text: str) -> list[int]:
 
 
 def _job_cell(phase: Phase, quiet: float) -> str:
+    if phase.ended_before:
+        return "- (job ended)"
     change = f" ({(phase.job_rate / quiet - 1) * 100:+.0f}%)" if quiet > 0 else ""
     return f"{phase.job_rate:,.0f}{change}" + (" (job ended)" if phase.job_ended else "")
 
@@ -126,6 +129,7 @@ class Run:
             return Phase(name, clients, 0.0, 0.0, False, skipped=why)
         if waited is not None and waited > 1:
             print(f"  (the API answered again {waited:.0f} s after the last phase)", flush=True)
+        ended_before = self.cluster.status(self.job_id) not in RUNNING
         before, started = self.cluster.answered(self.job_id), time.monotonic()
         tally: Tally | SubmitTally | None = None
         if kind is None:
@@ -139,7 +143,7 @@ class Run:
         seconds = time.monotonic() - started
         ended = self.cluster.status(self.job_id) not in RUNNING
         rate = (self.cluster.answered(self.job_id) - before) / seconds
-        phase = Phase(name, clients, seconds, rate, ended, tally)
+        phase = Phase(name, clients, seconds, rate, ended, tally, ended_before=ended_before)
         print(f"  {name} {clients}: {seconds:.1f} s, job {rate:,.0f} req/s"
               + (f", errors {self._tally(phase).error_text()}" if tally else ""), flush=True)
         return phase
