@@ -3,9 +3,10 @@ making small realtime jobs and waiting for them to complete.
 
 Each client is one aiohttp session with one keep-alive connection, as a user's script
 or console tab is; every loop ends at a deadline or a request cap, whichever comes
-first, and every request has a client timeout. A crowd can be spread over several
-processes (`run_crowd`) when one Python process cannot drive it: each process reports
-the CPU it spent, so a saturated load generator shows in the table.
+first, and every request has a client timeout. A refusal is counted as an error and
+then honoured: the client waits out its Retry-After before it asks again. A crowd can
+be spread over several processes (`run_crowd`) when one Python process cannot drive
+it: each process reports the CPU it spent, so a saturated load generator shows.
 """
 
 import asyncio
@@ -97,6 +98,16 @@ def _status_kind(response: aiohttp.ClientResponse, what: str) -> str:
     return f"{what} HTTP {response.status}{retry}"
 
 
+async def _back_off(response: aiohttp.ClientResponse, until: float) -> None:
+    """Wait as the answer's Retry-After asks (never past `until`), as SDK clients do: a
+    client that asks again at once only adds to the load that was refused."""
+    try:
+        seconds = float(response.headers.get("Retry-After", "0"))
+    except ValueError:
+        seconds = 0.0
+    await asyncio.sleep(max(0.0, min(seconds, until - time.monotonic())))
+
+
 def _session(crowd: Crowd) -> aiohttp.ClientSession:
     return aiohttp.ClientSession(
         connector=aiohttp.TCPConnector(limit=1, force_close=False),
@@ -117,6 +128,7 @@ async def _poller(crowd: Crowd, index: int, deadline: float, tally: Tally) -> No
                     await response.read()
                     if response.status != 200:
                         tally.errors[_status_kind(response, "read")] += 1
+                        await _back_off(response, deadline)
                         continue
             except (aiohttp.ClientError, TimeoutError) as exc:
                 tally.errors[f"read {_error_kind(exc)}"] += 1
@@ -140,6 +152,7 @@ async def _wait_final(session: aiohttp.ClientSession, crowd: Crowd, job_id: str,
                 else:
                     await response.read()
                     tally.create.errors[_status_kind(response, "poll")] += 1
+                    await _back_off(response, until)
         except (aiohttp.ClientError, TimeoutError) as exc:
             tally.create.errors[f"poll {_error_kind(exc)}"] += 1
         if not crowd.long_poll:
@@ -161,6 +174,7 @@ async def _submitter(crowd: Crowd, deadline: float, tally: SubmitTally) -> None:
                     raw = await response.read()
                     if response.status != 201:
                         tally.create.errors[_status_kind(response, "create")] += 1
+                        await _back_off(response, deadline)
                         continue
             except (aiohttp.ClientError, TimeoutError) as exc:
                 tally.create.errors[f"create {_error_kind(exc)}"] += 1
