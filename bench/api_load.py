@@ -10,8 +10,8 @@ It starts (tests/harness/api_load.py) an unlimited mock provider answering in
 the API has that option) and --workers plain `quotaflow worker`s, on the database
 quotaflow_bench (dropped and made again) and Redis db 14, or
 QUOTAFLOW_BENCH_DATABASE_URL / QUOTAFLOW_BENCH_REDIS_URL; it stops them by pid at the end.
-Requests carry one API key (QUOTAFLOW_AUTH on; --no-auth turns it off); a per-key request
-limit, where the API has one, is turned off (api_load.key_limit_off_env).
+Requests carry one API key (QUOTAFLOW_AUTH on; --no-auth turns it off); the per-key
+request limit is turned off (QUOTAFLOW_API_RATE_LIMIT=off, where the API has it).
 
 A job of --lines lines is streamed to POST /jobs/jsonl (bulk queue); while it runs:
 
