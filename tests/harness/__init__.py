@@ -25,6 +25,8 @@ Servers and processes
 Clusters for one question each (a test asserts on them, a bench prints their table)
     limiter_cluster, anthropic_cluster, openai_cluster, pbatch_cluster, fair_cluster,
     realtime_flood, long_ratio, chaos_cluster (faults and the reliability table),
+    api_load (a large job and the API under a crowd) with api_clients (pollers and
+    submitters, each one keep-alive connection, bounded by deadline and cap),
     multihost_cluster with netns and netproxy (hosts as network namespaces) and
     multihost_jobs (jobs on it and the across-hosts table)
 

@@ -1,0 +1,74 @@
+"""The front door holds a crowd (issue 45, parts 1-3): while a job of a few thousand lines
+runs, 500 clients poll its status and 100 clients submit 5-line realtime jobs and wait
+for them, all at once for about 10 s. Every request is answered (no 5xx, no 503/429,
+no timeout at a 10 s client timeout, no refused connection), every small job completes
+with its 5 results, and the large job's counts, as GET /jobs/{id} reports them once it
+has finished, equal a full recount of its items.
+
+Throughput and latency are bench/api_load.py's (the same cluster and clients,
+tests/harness/api_load.py and api_clients.py), not asserted here.
+"""
+
+from pathlib import Path
+
+import pytest
+import redis
+
+from tests.harness.api_clients import Crowd, SubmitTally, Tally, run_crowds
+from tests.harness.api_load import LoadCluster, api_has_long_poll, small_job
+from tests.harness.servers import REDIS_URL
+
+pytestmark = pytest.mark.timeout(240)
+
+POLLERS = 500
+SUBMITTERS = 100
+SECONDS = 10.0
+SMALL_LINES = 5
+BIG_LINES = 3000
+BIG_RPM = 12_000  # 200 requests/s: the large job still runs when the crowd leaves
+
+
+def test_500_pollers_and_100_submitters_get_answers_and_exact_counts(
+        pg_url: str, tmp_path: Path) -> None:
+    redis.Redis.from_url(REDIS_URL).flushdb()
+    cluster = LoadCluster(tmp_path, pg_url, REDIS_URL, big_rpm=BIG_RPM)
+    try:
+        cluster.start()
+        job_id = cluster.submit_big(BIG_LINES, timeout=60)
+        long_poll = api_has_long_poll(cluster.api_url)
+        pollers = Crowd(cluster.api_url, cluster.headers, SECONDS, max_requests=2000,
+                        job_id=job_id)
+        submitters = Crowd(cluster.api_url, cluster.headers, SECONDS, max_requests=200,
+                           body=small_job(SMALL_LINES), lines=SMALL_LINES, settle_s=30,
+                           long_poll=long_poll)
+        reads, made = run_crowds([("poll", pollers, POLLERS),
+                                  ("submit", submitters, SUBMITTERS)])
+        assert isinstance(reads, Tally) and isinstance(made, SubmitTally)
+        seen = (f"reads: {len(reads.latencies)} answered, p50 {reads.percentile(0.5):.2f} s, "
+                f"p99 {reads.percentile(0.99):.2f} s, errors {reads.error_text()}; small jobs: "
+                f"{len(made.jobs)} made, {len(made.done)} completed, errors "
+                f"{made.create.error_text()}; the large job was {cluster.status(job_id)} "
+                "when the crowd left")
+        print(seen)
+        final = cluster.wait_finished(job_id, timeout=90)
+        reported, counted = cluster.reported_counts(job_id), cluster.recount(job_id)
+        stored = cluster.results_per_job(list(made.jobs))
+    finally:
+        cluster.stop()
+    # Every check is made, and every failure listed: what the crowd met is the point.
+    problems = []
+    if reads.errors or made.create.errors or not reads.latencies or not made.jobs:
+        problems.append(seen)
+    unfinished = {job: counts for job, counts in made.jobs.items()
+                  if counts is None or counts["completed"] != SMALL_LINES}
+    if unfinished:
+        problems.append(f"{len(unfinished)} small jobs not completed with {SMALL_LINES} "
+                        f"results, e.g. {list(unfinished.items())[:5]}")
+    short = {job: stored.get(job, 0) for job in made.jobs if stored.get(job) != SMALL_LINES}
+    if short:
+        problems.append(f"results stored for {len(short)} small jobs: {list(short.items())[:5]}")
+    if final != "completed" or counted["completed"] != BIG_LINES:
+        problems.append(f"the large job ended {final} with {counted}")
+    if reported != counted:
+        problems.append(f"GET /jobs/{job_id} says {reported}, its items {counted}")
+    assert not problems, "\n".join(problems)
