@@ -10,11 +10,14 @@ pool and the connection pool are sized to that (api/app.py), so an admitted requ
 waits for either. The rest wait in line for at most `api_queue_timeout_s` and are then
 answered 503 with Retry-After, in the error shape of their route.
 
-Long-polls (`?wait=`), event streams and the probes are not counted: they wait with
-asyncio, holding neither a thread nor a connection, or cost nothing.
+Long-polls (`?wait=`), event streams, the probes and the status reads of a job are not
+counted: they wait with asyncio, holding neither a thread nor a connection, or cost
+nothing, or (status reads) are answered from memory with their database reads bounded
+by api/job_reads.py.
 """
 
 import asyncio
+import re
 
 from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -24,6 +27,7 @@ from api.errors import RETRY_AFTER_S, quotaflow_error_handler
 from quotaflow.errors import ServiceUnavailable
 
 _UNCOUNTED_PATHS = ("/healthz", "/metrics")
+_STATUS_READ = re.compile(r"^/(jobs|v1/batches)/[^/]+$")
 
 
 class Overloaded(ServiceUnavailable):
@@ -35,6 +39,8 @@ def counted(scope: Scope) -> bool:
     path: str = scope["path"]
     if path in _UNCOUNTED_PATHS or path.endswith("/events"):
         return False
+    if scope["method"] == "GET" and _STATUS_READ.match(path):
+        return False  # answered from memory or through api/job_reads.py's bounded reads
     return not any(part.startswith(b"wait=") for part in scope["query_string"].split(b"&"))
 
 

@@ -32,16 +32,18 @@ from api import (
 from api.admission import AdmissionMiddleware
 from api.deps import SessionDep
 from api.errors import responses
+from api.job_reads import LOADS_AT_ONCE
 from api.rate_limit import RateLimitMiddleware
 from api.request_id import RequestIdMiddleware
 from quotaflow import __version__, db
 from quotaflow.config import Settings, get_settings
 
 # Threads beyond the admitted requests' one each: the uncounted routes (probes, metrics,
-# the brief reads of long-polls and event streams) and sessions closing.
-SPARE_THREADS = 8
-# Connections beyond one per admitted request: a route that opens a second session.
-SPARE_CONNECTIONS = 4
+# status reads' loads, long-polls' and event streams' reads) and sessions closing.
+SPARE_THREADS = LOADS_AT_ONCE + 4
+# Connections beyond one per admitted request: the status reads' loads, and a route that
+# opens a second session.
+SPARE_CONNECTIONS = LOADS_AT_ONCE + 4
 
 
 def size_for_admission(settings: Settings) -> None:

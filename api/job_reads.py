@@ -6,7 +6,9 @@ a second. Here a job's object is read at most once per `api_status_cache_s` per 
 poller in between is answered from memory, on the event loop, without a thread or a
 connection. A job changed through this process (cancel, retry, delete) is read afresh at
 once; a change made elsewhere (a worker storing answers, another API process) shows
-within `api_status_cache_s`.
+within `api_status_cache_s`. These reads take no place in admission: an answer from
+memory needs neither a thread nor a connection, and the reads of the database are
+bounded here (LOADS_AT_ONCE), within the API's spare threads and connections.
 """
 
 import asyncio
@@ -18,10 +20,15 @@ from typing import Any
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import Response
 
+from api.errors import RETRY_AFTER_S
 from api.etags import render, tag_of, tagged_body
-from quotaflow.errors import JobNotFound
+from quotaflow.errors import JobNotFound, ServiceUnavailable
 from quotaflow.models import JobStatus
 
+# Reads of the database at once, and how long one waits for its turn: status reads take no
+# place in admission (api/admission.py), their misses are bounded here instead.
+LOADS_AT_ONCE = 8
+LOAD_QUEUE_S = 0.5
 # Entries kept at most; past it, the oldest half goes (a busy API sees a few thousand jobs).
 MAX_ENTRIES = 20_000
 
@@ -61,6 +68,7 @@ class JobReads:
         self.clock = clock
         self._entries: dict[Hashable, Entry] = {}
         self._reading: dict[Hashable, asyncio.Task[Entry]] = {}
+        self._loads = asyncio.Semaphore(LOADS_AT_ONCE)
 
     async def read(self, key: tuple[str, str], tenant: str, load: Load) -> Seen:
         """The object of `key` = (view, job id) for `tenant`: from memory while fresh, else
@@ -98,7 +106,16 @@ class JobReads:
         return await asyncio.shield(task)
 
     async def _fetch(self, key: Hashable, load: Load) -> Entry:
-        tenant, job = await run_in_threadpool(load)
+        try:
+            await asyncio.wait_for(self._loads.acquire(), LOAD_QUEUE_S)
+        except TimeoutError:
+            raise ServiceUnavailable(
+                "the API is reading as many jobs as it may at once; ask again in "
+                f"{RETRY_AFTER_S} s (Retry-After)") from None
+        try:
+            tenant, job = await run_in_threadpool(load)
+        finally:
+            self._loads.release()
         body = render(job)
         entry = Entry(self.clock() + self.max_age_s, Seen(tenant, job, body, tag_of(body)))
         if self.max_age_s > 0:

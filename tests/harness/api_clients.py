@@ -11,6 +11,7 @@ it: each process reports the CPU it spent, so a saturated load generator shows.
 
 import asyncio
 import json
+import random
 import resource
 import time
 from collections import Counter
@@ -40,6 +41,7 @@ class Crowd:
     settle_s: float = 60.0  # submitters: how long a job may take to complete after its POST
     long_poll: bool = False  # submitters: GET /jobs/{id}?wait= answers on a change
     paths: tuple[str, ...] = ()  # pollers: other paths to read (the generator's own ceiling)
+    every_s: float = 0.0  # seconds between reads, or jobs (a watch's interval); 0: back to back
 
 
 @dataclass
@@ -115,13 +117,21 @@ def _session(crowd: Crowd) -> aiohttp.ClientSession:
 
 
 async def _poller(crowd: Crowd, index: int, deadline: float, tally: Tally) -> None:
-    """GET /jobs/{id} and /v1/batches/{id} in turn, back to back, until the deadline."""
+    """GET /jobs/{id} and /v1/batches/{id} in turn until the deadline, back to back or one
+    every `every_s` seconds (started at a random phase, as independent watchers are)."""
     paths = crowd.paths or (f"/jobs/{crowd.job_id}", f"/v1/batches/{crowd.job_id}")
     async with _session(crowd) as session:
+        if crowd.every_s:
+            await asyncio.sleep(random.uniform(0, crowd.every_s))
+        previous = time.monotonic()
         for n in range(crowd.max_requests):
             if time.monotonic() >= deadline:
                 return
             started = time.monotonic()
+            if crowd.every_s and n:
+                await asyncio.sleep(max(0.0, crowd.every_s - (started - previous)))
+                started = time.monotonic()
+            previous = started
             try:
                 path = paths[(index + n) % len(paths)]
                 async with session.get(crowd.api_url + path) as response:
@@ -161,14 +171,20 @@ async def _wait_final(session: aiohttp.ClientSession, crowd: Crowd, job_id: str,
 
 
 async def _submitter(crowd: Crowd, deadline: float, tally: SubmitTally) -> None:
-    """Make a small realtime job, wait for it to finish, again, until the deadline."""
+    """Make a small realtime job, wait for it to finish, again, until the deadline; with
+    `every_s`, a job at most every `every_s` seconds (from a random phase)."""
     url = f"{crowd.api_url}/jobs/jsonl?queue=realtime"
     headers = {"Content-Type": "application/jsonl"}
     async with _session(crowd) as session:
-        for _ in range(crowd.max_requests):
+        if crowd.every_s:
+            await asyncio.sleep(random.uniform(0, crowd.every_s))
+        previous = time.monotonic()
+        for n in range(crowd.max_requests):
             if time.monotonic() >= deadline:
                 return
-            started = time.monotonic()
+            if crowd.every_s and n:
+                await asyncio.sleep(max(0.0, crowd.every_s - (time.monotonic() - previous)))
+            started = previous = time.monotonic()
             try:
                 async with session.post(url, data=crowd.body, headers=headers) as response:
                     raw = await response.read()
