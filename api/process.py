@@ -1,6 +1,7 @@
 """What each process of `quotaflow api` serves: the app, logging in quotaflow's format.
 
-uvicorn starts every worker process (`--workers N`) afresh and imports the app there, so
+`quotaflow api --workers N` starts every process afresh (cli/api_processes.py), and
+uvicorn imports the app there, so
 the log set-up the command made in its own process does not reach them: importing this
 module makes it in each one. Nothing else is per process: keys, idempotency keys,
 uploads and console sessions live in PostgreSQL, counts and budgets in Redis.

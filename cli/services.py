@@ -16,7 +16,7 @@ from typing import Any
 
 import click
 
-from cli import worker_group
+from cli import api_processes, worker_group
 from cli.worker_group import companion_node
 from quotaflow.config import get_settings
 from quotaflow.constants import QUEUE_REALTIME, QUEUES, local_queue
@@ -129,12 +129,10 @@ def register(cli: click.Group) -> None:
     @click.option("--host", default=None, help="Default: QUOTAFLOW_API_HOST (127.0.0.1).")
     @click.option("--port", default=None, type=int, help="Default: QUOTAFLOW_API_PORT (8000).")
     @click.option("--workers", default=None, type=click.IntRange(1, 64),
-                  help="Processes serving the API on the one port (uvicorn's supervisor "
-                       "restarts any that dies). Default: QUOTAFLOW_API_WORKERS (1).")
+                  help="Processes serving the API, each listening on the one port (a "
+                       "supervisor restarts any that dies). Default: QUOTAFLOW_API_WORKERS (1).")
     def api(host: str | None, port: int | None, workers: int | None) -> None:
         """Serve the REST API (OpenAPI docs at /docs)."""
-        import uvicorn
-
         from quotaflow import preflight  # the checks pull in the whole domain
 
         settings = get_settings()
@@ -143,10 +141,12 @@ def register(cli: click.Group) -> None:
         # log_config=None: uvicorn's records reach the root logger, in quotaflow's format
         # (api/process.py sets it up in each worker process). A stop waits at most
         # API_GRACEFUL_S for requests in flight (a long-poll, a download), then closes them.
-        uvicorn.run("api.process:app", host=host or settings.api_host,
-                    port=port or settings.api_port, workers=workers or settings.api_workers,
-                    log_level="info", log_config=None,
-                    timeout_graceful_shutdown=API_GRACEFUL_S)
+        options: dict[str, Any] = {"app": "api.process:app", "log_level": "info",
+                                   "log_config": None,
+                                   "timeout_graceful_shutdown": API_GRACEFUL_S}
+        sys.exit(api_processes.serve(options, host or settings.api_host,
+                                     port or settings.api_port,
+                                     workers or settings.api_workers, API_GRACEFUL_S))
 
     @cli.command()
     @click.option("--queues", default=",".join(QUEUES), show_default=True,

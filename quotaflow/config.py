@@ -80,8 +80,9 @@ class Settings(BaseSettings):
     api_workers: int = Field(
         default=1, ge=1, le=64,
         description="How many processes `quotaflow api` serves with, all on one port "
-        "(uvicorn's supervisor restarts any that dies). 1: one process; give the API about "
-        "one per core it may use (compose runs 2). `--workers` overrides it.")
+        "(each listens with SO_REUSEPORT; a supervisor restarts any that dies). 1: one "
+        "process; give the API about one per core it may use (compose runs 2). "
+        "`--workers` overrides it.")
     api_rate_limit: str | None = Field(
         default="100/10 seconds",
         description="Requests each API key may make to the API per window, counted in Redis "

@@ -20,7 +20,7 @@ from tests.harness.api_clients import Crowd, SubmitTally, Tally, run_crowds
 from tests.harness.api_load import LoadCluster, api_has_long_poll, small_job
 from tests.harness.servers import REDIS_URL
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.timeout(240), pytest.mark.alone]
 
 POLLERS = 500
 SUBMITTERS = 100
