@@ -139,8 +139,9 @@ def _created(sessions: sessionmaker[Session], made: ingest.Created,
     if made.replayed:
         response.status_code = 200
         response.headers[REPLAYED_HEADER] = "true"
-    with sessions() as session:
-        return job_view.job_object(session, jobs.get_job(session, made.job.id), made.counts)
+    with sessions() as session:  # a new job is as ingest left it: no need to read it again
+        job = jobs.get_job(session, made.job.id) if made.replayed else made.job
+        return job_view.job_object(session, job, made.counts)
 
 
 @router.get("/jobs", responses=responses(401, 404))

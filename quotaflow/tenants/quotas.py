@@ -62,7 +62,10 @@ def check(session: Session, settings: Settings, tenant: str, tokens: int) -> Non
 def admit(session: Session, settings: Settings, tenant: str, tokens: int) -> None:
     """Check the quota inside the transaction that creates the batch, holding the tenant's
     lock until it commits or rolls back. The new job's own row must not count yet
-    (its enqueued_tokens are set after this)."""
+    (its enqueued_tokens are set after this). A tenant without a limit takes no lock:
+    its jobs are made side by side."""
+    if token_limit(session, settings, tenant) is None:
+        return
     lock_tenant(session, tenant)
     check(session, settings, tenant, tokens)
 

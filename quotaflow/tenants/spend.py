@@ -160,13 +160,12 @@ def estimate(deployments: Deployments,
 
 def admit(session: Session, settings: Settings, tenant: str, cost: CostRange | None) -> None:
     """Refuse a batch that may cost more than the tenant has left this month; run inside
-    the transaction that creates it, under the tenant's lock (quotas.lock_tenant)."""
-    if cost is None:
+    the transaction that creates it, under the tenant's lock (quotas.lock_tenant), which
+    a tenant without a limit does not take."""
+    if cost is None or (limit := spend_limit(session, settings, tenant)) is None:
         return
     quotas.lock_tenant(session, tenant)
-    room = spend_room(session, settings, tenant)
-    if room.limit is None:
-        return
+    room = SpendRoom(limit, month_spent(session, tenant))
     if room.spent >= room.limit or cost.high > room.limit - room.spent:
         unit = cost.currency
         raise SpendLimitExceeded(

@@ -128,11 +128,15 @@ def test_the_same_key_gives_the_same_job(cluster: V1Cluster, pg_url: str) -> Non
 
 def test_the_cli_retries_a_slow_upload_with_the_same_key(cluster: V1Cluster,
                                                          pg_url: str) -> None:
-    # Given the API stuck before it can commit the job (the test holds the tenant's lock)
+    # Given the API stuck before it can commit the job (the test holds the tenant's lock,
+    # which a tenant with a token limit takes as its job is made)
     path = write_jsonl(cluster.workdir / "cli-retry.jsonl",
                        [chat_line(f"s{i}") for i in range(25)])
     dsn = make_url(pg_url).set(drivername="postgresql").render_as_string(hide_password=False)
     lock = psycopg.connect(dsn, autocommit=True)
+    lock.execute("INSERT INTO tenants (name, max_enqueued_tokens, weight, created_at) "
+                 "VALUES ('team-a', 1000000000, 1, now()) ON CONFLICT (name) "
+                 "DO UPDATE SET max_enqueued_tokens = EXCLUDED.max_enqueued_tokens")
     lock.execute("SELECT pg_advisory_lock(%s)", (tenant_lock_key("team-a"),))
     env = {**cluster.env, "QUOTAFLOW_API_KEY": cluster.keys["team-a"]}
     cli = subprocess.Popen(quotaflow("submit", str(path), "--timeout", "1"), env=env,
@@ -154,6 +158,7 @@ def test_the_cli_retries_a_slow_upload_with_the_same_key(cluster: V1Cluster,
         assert busy.wait(60), "".join(notes)
     finally:
         lock.execute("SELECT pg_advisory_unlock(%s)", (tenant_lock_key("team-a"),))
+        lock.execute("UPDATE tenants SET max_enqueued_tokens = NULL WHERE name = 'team-a'")
         lock.close()
     stdout, _ = cli.communicate(timeout=60)
     reader.join(10)
