@@ -1,6 +1,6 @@
 """`quotaflow api --workers 2`: two processes behind one port, and everything a client
 does works whichever of them answers (#45: idempotency keys, streamed uploads, console
-sessions and CSRF tokens, the per-key request limit counted in Redis), and the whole
+sessions and CSRF tokens, long-polls, the per-key request limit counted in Redis), and the whole
 group ends within seconds of a signal, leaving no process.
 
 Each request goes on a connection of its own, and the process that answered it is read
@@ -152,8 +152,28 @@ def test_a_console_session_and_its_csrf_token_hold_across_processes(api: Api, ke
     assert all(r.status == 403 for r in refused), [(r.status, r.body) for r in refused]
 
 
-# Long-polls (GET /jobs/{id}?wait=N, #45 part 5) join here when they land: a long-poll
-# held by one process is answered when a change is made through the other.
+def test_a_long_poll_held_by_one_process_answers_a_change_made_through_the_other(
+        api: Api, key) -> None:
+    made = api.send("POST", "/jobs/jsonl", key, lines(3), {"Content-Type": "application/jsonl"})
+    assert made.status == 201, made.body
+    job = json.loads(made.body)
+    auth_header = {"Authorization": f"Bearer {key}"}
+    waiting, waiter = served_by.connect(api.port, api.workers)
+    waiting.request("GET", f"/jobs/{job['id']}?wait=20", headers=auth_header)
+    time.sleep(1.0)  # the long-poll has read the job as it was, and waits
+    other, changer = served_by.connect(api.port, api.workers, avoid=waiter)
+    began = time.monotonic()
+    other.request("POST", f"/jobs/{job['id']}/cancel", headers=auth_header)
+    cancelled = other.getresponse()
+    assert cancelled.status == 200, cancelled.read()
+    other.close()
+    answer = waiting.getresponse()
+    took = time.monotonic() - began
+    seen = json.loads(answer.read())
+    waiting.close()
+    assert answer.status == 200 and waiter != changer
+    assert seen["status"] in ("cancelling", "cancelled"), seen
+    assert took < 5.0, took  # woken by the change, not by the end of its 20 s wait
 
 
 def _next_window() -> None:

@@ -9,6 +9,7 @@ process with that socket among its file descriptors. Nothing is added to the ser
 
 import http.client
 import os
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -90,3 +91,28 @@ def send(port: int, pids: list[int], method: str, path: str,
                       data, pid, cookies)
     finally:
         conn.close()
+
+
+def connect(port: int, pids: list[int], avoid: int | None = None, tries: int = 64,
+            timeout: float = 30.0) -> tuple[http.client.HTTPConnection, int]:
+    """An open connection to 127.0.0.1:port and the process among `pids` that accepted it,
+    one other than `avoid` (new connections until one lands there): a request sent on it
+    is served by that process."""
+    for _ in range(tries):
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+        conn.connect()
+        client_port = conn.sock.getsockname()[1]
+        for _ in range(100):  # the server's end appears once its process has accepted it
+            try:
+                pid = holder(port, client_port, pids)
+                break
+            except LookupError:
+                time.sleep(0.01)
+        else:
+            conn.close()
+            continue
+        if pid != avoid:
+            return conn, pid
+        conn.close()
+    raise AssertionError(f"{tries} connections to :{port}, none accepted by a process "
+                         f"of {pids} other than {avoid}")
