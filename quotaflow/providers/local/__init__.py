@@ -24,8 +24,9 @@ from typing import Any
 from quotaflow.deployments.catalog import Deployment
 from quotaflow.errors import ConfigError, RetryableProviderError
 from quotaflow.providers.base import ProviderResponse
+from quotaflow.providers.local.answers import answer_body
 from quotaflow.providers.local.batcher import DynamicBatcher
-from quotaflow.providers.local.requests import Engine, answer_body, parts_for
+from quotaflow.providers.local.requests import Engine, parts_for
 from quotaflow.providers.local.vllm_options import INSTALL_HINT
 from quotaflow.providers.priority import engine_priority
 
