@@ -140,7 +140,9 @@ class VllmEngine(PromptIds):
                 prompt = TokensPrompt(prompt_token_ids=part.payload)
                 return await self._embed(prompt, request_id, priority)
             request: GenerationRequest = part.payload
-            images = await asyncio.to_thread(lambda: [load_image(i) for i in request.images])
+            # A fetch blocks: off the engine's loop, and only for a prompt with images.
+            images = (await asyncio.to_thread(lambda: [load_image(i) for i in request.images])
+                      if request.images else [])
             prompt = TokensPrompt(**prompt_kwargs(request, images))
             return await self._generate(prompt, request, request_id, priority)
         except asyncio.CancelledError:  # vLLM's generate() has aborted it on the way out
