@@ -21,6 +21,7 @@
     ├── ProviderError          a provider call failed
     │   ├── RetryableProviderError   429, 5xx, timeouts, connection errors
     │   └── PermanentProviderError   other 4xx: retrying cannot help
+    │       └── UnservedContent      a content part the deployment's model cannot take
     └── ServiceUnavailable     Redis, Postgres or the REST API cannot be reached
         └── NotConfigured      a feature the operator has not set up (webhooks' key)
 
@@ -161,6 +162,24 @@ class RetryableProviderError(ProviderError):
 
 class PermanentProviderError(ProviderError):
     """The provider refused the request itself (4xx): another try gives the same."""
+
+
+class UnservedContent(PermanentProviderError):
+    """A content part (an image, audio, a file) the deployment's model cannot take: the
+    line fails naming the part's type, where it is and the deployment, rather than being
+    answered from its text alone (quotaflow/providers/local/content.py). A 400 in
+    OpenAI's error shape, with the part's path as `param`."""
+
+    def __init__(self, deployment: str, part_type: str, param: str, why: str) -> None:
+        message = (f"{param}: deployment {deployment!r} cannot serve a {part_type!r} part "
+                   f"({why}); remove the part, or route the model to a deployment that "
+                   "takes it")
+        super().__init__(message, status_code=400, body={"error": {
+            "message": message, "type": "invalid_request_error", "param": param,
+            "code": "unsupported_content"}})
+        self.deployment = deployment
+        self.part_type = part_type
+        self.param = param
 
 
 class ServiceUnavailable(QuotaflowError):

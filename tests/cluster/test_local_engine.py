@@ -17,7 +17,7 @@ import torch
 
 from quotaflow.constants import ENDPOINT_CHAT, ENDPOINT_COMPLETIONS, ENDPOINT_EMBEDDINGS
 from quotaflow.deployments.catalog import Deployment
-from quotaflow.errors import ConfigError, PermanentProviderError
+from quotaflow.errors import ConfigError, PermanentProviderError, UnservedContent
 from quotaflow.providers import local, make_provider
 from quotaflow.providers.local.engine import TransformersEngine, next_tokens
 from quotaflow.providers.local.requests import GenerationRequest
@@ -200,9 +200,25 @@ def test_requests_the_engine_cannot_serve_are_refused_with_400(
     with pytest.raises(PermanentProviderError, match="exceed the model's context of 256") as e:
         asyncio.run(provider.send(ENDPOINT_COMPLETIONS, {"prompt": too_long}))
     assert e.value.status_code == 400
-    with pytest.raises(PermanentProviderError, match="n = 1 only"):
+    with pytest.raises(PermanentProviderError, match="'n' is not applied by the transformers"):
         asyncio.run(provider.send(ENDPOINT_CHAT, {"messages": [{"role": "user",
                                                                 "content": "hi"}], "n": 2}))
+
+
+def test_an_image_part_fails_its_line_naming_the_part_and_the_deployment(
+        provider: local.LocalProvider) -> None:
+    # Given a chat line with a text part and an image (the tiny GPT-2 takes no images)
+    image = {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}
+    body = {"messages": [{"role": "user", "content": [{"type": "text", "text": "what?"},
+                                                      image]}], "max_tokens": 4}
+    # When it is sent, then it fails (400) naming the part's type, place and deployment,
+    # rather than being answered from its text alone
+    with pytest.raises(UnservedContent) as caught:
+        asyncio.run(provider.send(ENDPOINT_CHAT, body))
+    assert caught.value.status_code == 400
+    assert caught.value.param == "messages[0].content[1]"
+    assert "'image_url'" in str(caught.value) and "'tiny-local'" in str(caught.value)
+    assert caught.value.body["error"]["code"] == "unsupported_content"
 
 
 def test_a_model_without_chat_template_refuses_chat_but_completes(tmp_path: Path) -> None:

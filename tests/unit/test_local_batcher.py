@@ -11,8 +11,10 @@ import pytest
 from quotaflow.providers.local.batcher import DynamicBatcher, Waiting, padded_tokens, pick_batch
 
 
-def waiting(prompt_tokens: int, arrived: float, max_new: int = 10, kind: str = "g") -> Waiting:
-    return Waiting(kind, prompt_tokens, max_new, payload=prompt_tokens, arrived=arrived)
+def waiting(prompt_tokens: int, arrived: float, max_new: int = 10, kind: str = "g",
+            priority: int = 1) -> Waiting:
+    return Waiting(kind, prompt_tokens, max_new, payload=prompt_tokens, arrived=arrived,
+                   priority=priority)
 
 
 class Recorder:
@@ -136,3 +138,46 @@ def test_a_request_whose_caller_gave_up_is_not_run() -> None:
     finally:
         batcher.close()
     assert [p for _, p in model.batches] == [[1], [3]]
+
+
+REALTIME, BULK = 0, 2  # providers/priority.py's engine priorities
+
+
+def test_a_realtime_request_anchors_the_batch_ahead_of_older_bulk_ones() -> None:
+    # Given bulk requests waiting since long, and a realtime one just arrived, far from
+    # them by length
+    queue = [waiting(n, float(i), priority=BULK) for i, n in enumerate(range(10, 18))]
+    queue.append(waiting(500, 100.0, priority=REALTIME))
+    # When a batch of four is picked
+    batch = pick_batch(queue, max_size=4, max_tokens=100_000)
+    # Then the realtime request is in it, and the room left goes to the bulk requests
+    # nearest its length
+    assert [(w.prompt_tokens, w.priority) for w in batch] == [
+        (15, BULK), (16, BULK), (17, BULK), (500, REALTIME)]
+
+
+def test_a_batch_fills_from_the_urgent_queue_before_the_next() -> None:
+    queue = [waiting(20, 0.0, priority=BULK), waiting(21, 1.0, priority=1),
+             *(waiting(n, 2.0 + n, priority=REALTIME) for n in (100, 300, 301))]
+    batch = pick_batch(queue, max_size=4, max_tokens=100_000)
+    assert sorted(w.priority for w in batch) == [REALTIME, REALTIME, REALTIME, 1]
+
+
+def test_realtime_requests_enter_the_next_batch_ahead_of_waiting_bulk_ones() -> None:
+    # Given a slow model busy with a first batch, 12 bulk requests queued behind it, then
+    # 2 realtime ones (of lengths far from the bulk ones')
+    model = Recorder(delay_s=0.3)
+    batcher = DynamicBatcher(model, max_batch_size=4, max_batch_tokens=100_000, max_wait_s=0)
+    try:
+        first = batcher.submit("g", 10, 5, 0, priority=BULK)
+        time.sleep(0.1)  # the first batch is running now
+        bulk = [batcher.submit("g", 10 + n, 5, n, priority=BULK) for n in range(1, 13)]
+        realtime = [batcher.submit("g", 900 + n, 5, 900 + n, priority=REALTIME)
+                    for n in range(2)]
+        for future in [first, *bulk, *realtime]:
+            future.result(timeout=10)
+    finally:
+        batcher.close()
+    # Then the batch after the running one holds both realtime requests (first come,
+    # first served would run three batches of bulk before them)
+    assert {900, 901} <= set(model.batches[1][1])

@@ -3,7 +3,8 @@
 The executor calls `send()` once per request, concurrently, as for any
 provider; the requests of every batch run in the process meet in the
 deployment's one DynamicBatcher, whose thread runs them on the model in
-batches; a deployment on vLLM (`engine = "vllm"`) has no batcher of ours: each request
+batches, a request of the realtime queue ahead of bulk ones already waiting; a
+deployment on vLLM (`engine = "vllm"`) has no batcher of ours: each request
 goes straight into vLLM's continuous batch, with its queue as its priority. The model
 is loaded on first use and stays loaded for the life of
 the process: one engine per deployment per process. A Celery worker is
@@ -23,8 +24,9 @@ from typing import Any
 from quotaflow.deployments.catalog import Deployment
 from quotaflow.errors import ConfigError, RetryableProviderError
 from quotaflow.providers.base import ProviderResponse
+from quotaflow.providers.local.answers import answer_body
 from quotaflow.providers.local.batcher import DynamicBatcher
-from quotaflow.providers.local.requests import Engine, answer_body, parts_for
+from quotaflow.providers.local.requests import Engine, parts_for
 from quotaflow.providers.local.vllm_options import INSTALL_HINT
 from quotaflow.providers.priority import engine_priority
 
@@ -106,12 +108,13 @@ class LocalProvider:
     async def send(self, url: str, body: dict[str, Any]) -> ProviderResponse:
         deployment, runner = self._deployment, self.runner
         parts = parts_for(url, body, runner.engine, deployment)
+        priority = engine_priority()  # the queue of the batch this call serves
         if runner.batcher is None:  # vLLM: every request straight into its scheduler
-            priority = engine_priority()
             futures = [runner.engine.answer(p, priority) for p in parts]  # type: ignore[attr-defined]
         else:
             futures = [asyncio.wrap_future(runner.batcher.submit(
-                p.kind, p.prompt_tokens, p.max_new_tokens, p.payload)) for p in parts]
+                p.kind, p.prompt_tokens, p.max_new_tokens, p.payload, priority))
+                for p in parts]
         try:
             answers = await asyncio.wait_for(asyncio.gather(*futures), deployment.timeout_s)
         except TimeoutError as exc:  # gather's cancellation takes them off the batcher

@@ -6,9 +6,13 @@ is only busy enough when it gets them many at a time. The batcher owns one
 thread that runs the model. A batch starts as soon as it is full (by rows or
 by padded tokens) or its oldest request has waited max_wait. Requests of one
 kind (generation or embedding) are ranked by prompt length and a batch takes
-the oldest request with its nearest neighbours in that ranking, so rows pad
-little and no request is passed over for ever. Torch-free, so it is tested
-on its own.
+the most urgent request with its nearest neighbours in that ranking, so rows
+pad little. Urgency is the request's queue (providers/priority.py: realtime,
+standard, bulk; the oldest first among equals): a realtime request enters the
+next batch ahead of bulk requests already waiting, as vLLM's priority
+scheduler does for engine = "vllm", and a batch fills from its anchor's queue
+before the ones after it; within a queue, nobody waits for ever. Torch-free,
+so it is tested on its own.
 """
 
 import logging
@@ -33,6 +37,7 @@ class Waiting:
     max_new_tokens: int
     payload: Any
     arrived: float
+    priority: int = 1  # the engine priority of its queue: 0 realtime, 1 standard, 2 bulk
     future: Future = field(default_factory=Future)
 
 
@@ -45,13 +50,32 @@ def padded_tokens(batch: Sequence[Waiting]) -> int:
 
 
 def pick_batch(waiting: list[Waiting], max_size: int, max_tokens: int) -> list[Waiting]:
-    """The oldest request and its nearest neighbours by prompt length, within both bounds.
+    """The most urgent request (lowest priority, then oldest) and its nearest neighbours
+    by prompt length, within both bounds: first of its own priority, then, while room is
+    left, of the priorities after it. Ranked by prompt length.
 
     A request too large for max_tokens on its own still runs, alone.
     """
-    oldest = min(waiting, key=lambda w: w.arrived)
-    ranked = sorted((w for w in waiting if w.kind == oldest.kind),
-                    key=lambda w: (w.prompt_tokens, w.arrived))
+    anchor = min(waiting, key=lambda w: (w.priority, w.arrived))
+    same_kind = [w for w in waiting if w.kind == anchor.kind]
+    batch = _neighbours(anchor, [w for w in same_kind if w.priority == anchor.priority],
+                        max_size, max_tokens)
+    later = sorted((w for w in same_kind if w.priority > anchor.priority),
+                   key=lambda w: (w.priority, abs(w.prompt_tokens - anchor.prompt_tokens),
+                                  w.arrived))
+    for candidate in later:
+        if len(batch) >= max_size:
+            break
+        if padded_tokens([*batch, candidate]) <= max_tokens:
+            batch.append(candidate)
+    return sorted(batch, key=lambda w: (w.prompt_tokens, w.arrived))
+
+
+def _neighbours(oldest: Waiting, waiting: list[Waiting], max_size: int,
+                max_tokens: int) -> list[Waiting]:
+    """`oldest` and its nearest neighbours by prompt length among `waiting` (its kind and
+    priority), growing towards the closer length while both bounds hold."""
+    ranked = sorted(waiting, key=lambda w: (w.prompt_tokens, w.arrived))
     low = high = next(i for i, w in enumerate(ranked) if w is oldest)
     while high - low + 1 < max_size:
         below = ranked[low - 1] if low > 0 else None
@@ -95,9 +119,11 @@ class DynamicBatcher:
         self._thread.start()
 
     def submit(self, kind: Hashable, prompt_tokens: int, max_new_tokens: int,
-               payload: Any) -> Future:
-        """Queue one request; its answer (or exception) arrives on the returned future."""
-        entry = Waiting(kind, prompt_tokens, max_new_tokens, payload, time.monotonic())
+               payload: Any, priority: int = 1) -> Future:
+        """Queue one request; its answer (or exception) arrives on the returned future.
+        `priority` is its queue's engine priority (providers/priority.py)."""
+        entry = Waiting(kind, prompt_tokens, max_new_tokens, payload, time.monotonic(),
+                        priority)
         with self._changed:
             if self._closed:
                 raise RuntimeError("the batcher is closed")

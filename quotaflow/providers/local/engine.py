@@ -86,6 +86,8 @@ class TransformersEngine(PromptIds):
     """A causal LM from a local directory (or hub id), on the chosen device and dtype."""
 
     applies: frozenset[str] = frozenset()  # no sampling field beyond temperature, top_p
+    # A causal LM takes no image parts: a line with one fails naming it (content.py).
+    takes_images = False
 
     def __init__(self, deployment: Deployment) -> None:
         self.name = deployment.name

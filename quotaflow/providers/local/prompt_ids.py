@@ -16,15 +16,20 @@ class PromptIds:
     name: str
     tokenizer: Any
     tokenizer_lock: threading.Lock
+    # A vision-language model's processor, where its chat template (the one that places
+    # the image token) is the processor's; None: the tokenizer's template.
+    templater: Any = None
+    takes_images: bool = False
 
     def chat_ids(self, messages: list[dict[str, Any]]) -> list[int]:
-        if not self.tokenizer.chat_template:
+        template = self.templater or self.tokenizer
+        if not template.chat_template:
             raise bad_request(f"the model of deployment {self.name!r} has no chat template; "
                               "send /v1/completions requests or add chat_template to its "
                               "tokenizer_config.json")
         with self.tokenizer_lock:
-            text = self.tokenizer.apply_chat_template(messages, tokenize=False,
-                                                      add_generation_prompt=True)
+            text = template.apply_chat_template(messages, tokenize=False,
+                                                add_generation_prompt=True)
             # The template writes the special tokens (BOS) itself.
             return self._encode(text, special=False)
 

@@ -1,4 +1,4 @@
-"""OpenAI request bodies in, engine work items out; engine answers in, OpenAI bodies out.
+"""OpenAI request bodies in, engine work items out (answers.py makes the way back).
 
 Torch-free: the engine is reached through the small Tokenizer protocol, so
 the translation is the same for every engine. Usage is counted from the real
@@ -7,8 +7,6 @@ included), completion_tokens every generated token up to and including EOS,
 or max_tokens when the reply was cut.
 """
 
-import time
-import uuid
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -16,11 +14,11 @@ from typing import Any, Protocol
 from quotaflow.budget.tokens import max_output_tokens
 from quotaflow.constants import ENDPOINT_CHAT, ENDPOINT_COMPLETIONS, ENDPOINT_EMBEDDINGS
 from quotaflow.deployments.catalog import Deployment
+from quotaflow.providers.local.content import ImageRef, template_messages
 from quotaflow.providers.local.sampling import bad_request, extra_sampling
 
 GENERATE = "generate"
 EMBED = "embed"
-FINGERPRINT = "quotaflow-local"
 
 
 class Tokenizer(Protocol):
@@ -29,6 +27,8 @@ class Tokenizer(Protocol):
     max_context: int | None
     # The sampling fields beyond temperature and top_p it applies (sampling.py).
     applies: frozenset[str]
+    # Whether its model takes image parts (content.py); a part it cannot take fails.
+    takes_images: bool
 
     def chat_ids(self, messages: list[dict[str, Any]]) -> list[int]: ...
 
@@ -56,6 +56,21 @@ class GenerationRequest:
     frequency_penalty: float = 0.0
     logit_bias: dict[int, float] | None = None
     structured: dict[str, Any] | None = None  # vLLM's StructuredOutputsParams keywords
+    n: int = 1
+    logprobs: int | None = None  # top tokens reported beside each chosen one; None: none
+    repetition_penalty: float = 1.0
+    top_k: int = 0  # 0: all tokens
+    min_p: float = 0.0
+    images: tuple[ImageRef, ...] = ()  # in the order the prompt places them
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """One generated token's log probability, and the most likely tokens at its step."""
+
+    token: str
+    logprob: float
+    top: tuple[tuple[str, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -65,6 +80,10 @@ class Generated:
     completion_tokens: int
     text: str
     finish_reason: str  # "stop" (EOS) or "length" (max_tokens)
+    logprobs: tuple[TokenLogprob, ...] | None = None  # where the line asked for them
+    # The prompt as the engine counted it, where that differs from the request's ids (an
+    # image's placeholder grows into the image's tokens inside vLLM).
+    prompt_tokens: int | None = None
 
 
 @dataclass(frozen=True)
@@ -87,13 +106,13 @@ def parts_for(url: str, body: dict[str, Any], engine: Tokenizer,
             raise bad_request("input must be a string or a non-empty list of strings")
         return [_checked(Part(EMBED, len(ids), 0, ids), engine)
                 for ids in (engine.text_ids(text) for text in texts)]
-    if (body.get("n") or 1) != 1:
-        raise bad_request("the local engine answers n = 1 only")
+    images: tuple[ImageRef, ...] = ()
     if url == ENDPOINT_CHAT:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
-            raise bad_request("messages must be a non-empty list")
-        ids = engine.chat_ids([_flat(m) for m in messages])
+            raise bad_request("messages must be a non-empty list", "messages")
+        templated = template_messages(messages, deployment.name, engine.takes_images)
+        ids, images = engine.chat_ids(templated.messages), templated.images
     elif url == ENDPOINT_COMPLETIONS:
         prompt = body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1:
@@ -103,24 +122,15 @@ def parts_for(url: str, body: dict[str, Any], engine: Tokenizer,
         ids = engine.text_ids(prompt)
     else:
         raise bad_request(f"the local engine does not serve {url}")
-    extra = extra_sampling(body, deployment.engine, engine.applies)
+    extra = extra_sampling(body, url, deployment.engine, engine.applies)
     limit = max_output_tokens(body, deployment.default_max_tokens)
     temperature = body.get("temperature")
     top_p = body.get("top_p")
     request = GenerationRequest(
         ids, limit,
         float(deployment.default_temperature if temperature is None else temperature),
-        float(deployment.default_top_p if top_p is None else top_p), **extra)
+        float(deployment.default_top_p if top_p is None else top_p), images=images, **extra)
     return [_checked(Part(GENERATE, len(ids), limit, request), engine)]
-
-
-def _flat(message: dict[str, Any]) -> dict[str, Any]:
-    """A message whose content is a list of parts, as its text: chat templates want strings."""
-    content = message.get("content")
-    if isinstance(content, list):
-        text = "".join(p.get("text", "") for p in content if isinstance(p, dict))
-        return {**message, "content": text}
-    return message
 
 
 def _checked(part: Part, engine: Tokenizer) -> Part:
@@ -133,37 +143,3 @@ def _checked(part: Part, engine: Tokenizer) -> Part:
             f"model's context of {engine.max_context} tokens; shorten the prompt or lower "
             "max_tokens")
     return part
-
-
-def answer_body(url: str, deployment: Deployment, parts: list[Part],
-                answers: list[Any]) -> dict[str, Any]:
-    """The OpenAI-shaped body: embedding list, text_completion or chat.completion."""
-    prompt_tokens = sum(p.prompt_tokens for p in parts)
-    if url == ENDPOINT_EMBEDDINGS:
-        return {
-            "object": "list",
-            "model": deployment.model,
-            "data": [{"object": "embedding", "index": i, "embedding": vector}
-                     for i, vector in enumerate(answers)],
-            "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
-        }
-    (generated,) = answers
-    if url == ENDPOINT_COMPLETIONS:
-        choice: dict[str, Any] = {"index": 0, "text": generated.text,
-                                  "finish_reason": generated.finish_reason, "logprobs": None}
-        kind, prefix = "text_completion", "cmpl"
-    else:
-        choice = {"index": 0, "message": {"role": "assistant", "content": generated.text},
-                  "finish_reason": generated.finish_reason}
-        kind, prefix = "chat.completion", "chatcmpl"
-    return {
-        "id": f"{prefix}-{uuid.uuid4().hex[:24]}",
-        "object": kind,
-        "created": int(time.time()),
-        "model": deployment.model,
-        "system_fingerprint": f"{FINGERPRINT}-{deployment.engine}",
-        "choices": [choice],
-        "usage": {"prompt_tokens": prompt_tokens,
-                  "completion_tokens": generated.completion_tokens,
-                  "total_tokens": prompt_tokens + generated.completion_tokens},
-    }

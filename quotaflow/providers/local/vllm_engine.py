@@ -12,6 +12,9 @@ cancellation: it leaves the scheduler and its KV cache blocks are freed.
 
 Prompts are tokenized here with the model's tokenizer, as the transformers
 engine does, and sent as token ids: usage counts the same tokens either way.
+A vision-language model's images go with them as vLLM's multimodal data, loaded
+off the engine's loop (images.py). What a line asks of vLLM is built by
+vllm_request.py, which is tested without vLLM.
 This module imports vLLM; it is imported only when a deployment uses it.
 """
 
@@ -25,6 +28,7 @@ from typing import Any
 
 from quotaflow.deployments.catalog import Deployment
 from quotaflow.errors import ConfigError, PermanentProviderError, RetryableProviderError
+from quotaflow.providers.local.images import load_image
 from quotaflow.providers.local.prompt_ids import PromptIds
 from quotaflow.providers.local.requests import (
     EMBED,
@@ -40,14 +44,21 @@ from quotaflow.providers.local.vllm_options import (
     engine_args,
     lower_children_priority,
 )
+from quotaflow.providers.local.vllm_request import (
+    generated_from,
+    prompt_kwargs,
+    sampling_kwargs,
+    structured_option,
+)
 
 try:
     import vllm
-    from transformers import AutoTokenizer
+    import vllm.sampling_params
+    from transformers import AutoProcessor, AutoTokenizer
     from vllm import AsyncEngineArgs, PoolingParams, SamplingParams, TokensPrompt
     from vllm.exceptions import VLLMClientError
     from vllm.platforms import current_platform
-    from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
+    from vllm.sampling_params import RequestOutputKind
     from vllm.utils.gc_utils import freeze_gc_heap
     from vllm.v1.engine.async_llm import AsyncLLM
 except ImportError as exc:  # the provider turns this into a ConfigError naming the fix
@@ -55,12 +66,13 @@ except ImportError as exc:  # the provider turns this into a ConfigError naming 
 
 log = logging.getLogger(__name__)
 LOAD_TIMEOUT_S = 900.0
+STRUCTURED = structured_option(vllm.sampling_params)
 
 
 class VllmEngine(PromptIds):
     """vLLM's async engine on a thread of its own, and the model's tokenizer."""
 
-    applies = VLLM_APPLIES  # stop, seed, penalties, logit_bias, response_format
+    applies = VLLM_APPLIES  # stop, seed, n, logprobs, penalties, response_format, ...
 
     def __init__(self, deployment: Deployment) -> None:
         self.name = deployment.name
@@ -93,6 +105,16 @@ class VllmEngine(PromptIds):
         self.max_context: int | None = config.max_model_len
         self.serves_embeddings = config.runner_type == "pooling"
         self.version = vllm.__version__
+        # A vision-language model takes image parts; its chat template (the one that
+        # places the image token) may be the processor's rather than the tokenizer's.
+        self.takes_images = bool(getattr(config, "is_multimodal_model", False))
+        if self.takes_images:
+            try:
+                processor = AutoProcessor.from_pretrained(deployment.model_path)
+            except (OSError, ValueError):  # no processor files: the tokenizer's template
+                processor = None
+            if getattr(processor, "chat_template", None):
+                self.templater = processor
 
     @staticmethod
     async def _start(args: "AsyncEngineArgs") -> "AsyncLLM":
@@ -102,7 +124,8 @@ class VllmEngine(PromptIds):
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop)
 
     def run_batch(self, kind: Hashable, payloads: Sequence[Any]) -> list[Any]:
-        """The Engine protocol's batch call, for callers without a loop (the benchmark)."""
+        """The Engine protocol's batch call, for callers without a loop (the benchmark); a
+        generation's answer is the list of its choices."""
         futures = [self._call(self._one(Part(str(kind), 0, 0, p), 1)) for p in payloads]
         return [f.result() for f in futures]
 
@@ -112,12 +135,16 @@ class VllmEngine(PromptIds):
 
     async def _one(self, part: Part, priority: int) -> Any:
         request_id = uuid.uuid4().hex
-        prompt = TokensPrompt(prompt_token_ids=part.payload if part.kind == EMBED
-                              else part.payload.input_ids)
         try:
             if part.kind == EMBED:
+                prompt = TokensPrompt(prompt_token_ids=part.payload)
                 return await self._embed(prompt, request_id, priority)
-            return await self._generate(prompt, part.payload, request_id, priority)
+            request: GenerationRequest = part.payload
+            # A fetch blocks: off the engine's loop, and only for a prompt with images.
+            images = (await asyncio.to_thread(lambda: [load_image(i) for i in request.images])
+                      if request.images else [])
+            prompt = TokensPrompt(**prompt_kwargs(request, images))
+            return await self._generate(prompt, request, request_id, priority)
         except asyncio.CancelledError:  # vLLM's generate() has aborted it on the way out
             log.info("%s: request %s aborted in vLLM (priority %d)", self.name, request_id,
                      priority)
@@ -130,15 +157,8 @@ class VllmEngine(PromptIds):
             raise RetryableProviderError(f"{self.name}: vLLM failed: {exc}") from exc
 
     async def _generate(self, prompt: "TokensPrompt", request: GenerationRequest,
-                        request_id: str, priority: int) -> Generated:
-        structured = (StructuredOutputsParams(**request.structured) if request.structured
-                      else None)
-        params = SamplingParams(max_tokens=request.max_new_tokens,
-                                temperature=request.temperature, top_p=request.top_p,
-                                stop=list(request.stop) or None, seed=request.seed,
-                                presence_penalty=request.presence_penalty,
-                                frequency_penalty=request.frequency_penalty,
-                                logit_bias=request.logit_bias, structured_outputs=structured,
+                        request_id: str, priority: int) -> list[Generated]:
+        params = SamplingParams(**sampling_kwargs(request, STRUCTURED),
                                 output_kind=RequestOutputKind.FINAL_ONLY)
         final = None
         async for output in self.llm.generate(prompt, params, request_id, priority=priority):
@@ -146,9 +166,7 @@ class VllmEngine(PromptIds):
         if final is None or not final.outputs:
             raise RetryableProviderError(f"{self.name}: vLLM ended request {request_id} "
                                          "without an answer")
-        completion = final.outputs[0]
-        reason = "length" if completion.finish_reason == "length" else "stop"
-        return Generated(len(completion.token_ids), completion.text, reason)
+        return generated_from(final, request)
 
     async def _embed(self, prompt: "TokensPrompt", request_id: str,
                      priority: int) -> list[float]:
