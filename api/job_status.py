@@ -19,7 +19,7 @@ from fastapi.responses import Response
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.background import BackgroundTask
 
-from api import deps
+from api import deps, job_notices
 from api.deps import IdPath, SessionsDep, TenantDep
 from api.errors import responses
 from api.etags import NOT_MODIFIED, IfNoneMatch, matches
@@ -56,9 +56,12 @@ def watchers(request: Request) -> JobWatchers:
     state = request.app.state
     found: JobWatchers | None = getattr(state, "job_watchers", None)
     if found is None:
+        settings = deps.get_settings()
+        dsn = job_notices.listen_dsn(settings.database_url)
+        notices = None if dsn is None else functools.partial(job_notices.listen, dsn)
         found = state.job_watchers = JobWatchers(database_reader(deps.sessions()),
-                                                 deps.get_settings().watch_interval_s,
-                                                 deps.job_reads())
+                                                 settings.watch_interval_s,
+                                                 deps.job_reads(), notices)
     return found
 
 

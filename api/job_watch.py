@@ -6,13 +6,14 @@ task per watched job id reads the job (a short read in a worker thread) every
 QUOTAFLOW_WATCH_INTERVAL_S and wakes every waiter of that job when its object changed,
 so a thousand clients watching one job cost one read per interval. The task starts with
 the first waiter and is cancelled when the last one leaves (a client that disconnects
-leaves, as its request's task is cancelled).
+leaves, as its request's task is cancelled). A notice that the job's status changed
+(api/job_notices.py) has it read at once, not at its next interval.
 """
 
 import asyncio
 import contextlib
 import functools
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +36,7 @@ class _Watch:
     seen: Seen | None = None
     error: Exception | None = None
     changed: asyncio.Event = field(default_factory=asyncio.Event)
+    nudged: asyncio.Event = field(default_factory=asyncio.Event)  # read again now
     task: asyncio.Task[None] | None = None
 
     def publish(self, seen: Seen | None, error: Exception | None) -> None:
@@ -84,12 +86,23 @@ class Waiter:
 class JobWatchers:
     """The process's watched jobs, by id."""
 
-    def __init__(self, read: Reader, interval: float, shared: JobReads | None = None) -> None:
+    def __init__(self, read: Reader, interval: float, shared: JobReads | None = None,
+                 notices: Callable[[Callable[[str], None]], Awaitable[None]] | None = None,
+                 ) -> None:
         self._read = read
         self._shared = shared if shared is not None else JobReads(0)
         self._interval = interval
         self._watches: dict[str, _Watch] = {}
+        self._notices = notices  # listens and calls back with job ids, until cancelled
+        self._listening: asyncio.Task[None] | None = None
         self.reads = 0  # reads made, for /metrics and the tests
+
+    def changed(self, job_id: str) -> None:
+        """The job's status changed elsewhere: forget its recent read, and have its
+        watch (if any) read it now."""
+        self._shared.forget(job_id)
+        if (watch := self._watches.get(job_id)) is not None:
+            watch.nudged.set()
 
     @property
     def watched(self) -> dict[str, int]:
@@ -98,6 +111,9 @@ class JobWatchers:
 
     @contextlib.asynccontextmanager
     async def watching(self, job_id: str, tenant: str) -> AsyncIterator[Waiter]:
+        if self._notices is not None and self._listening is None:
+            self._listening = asyncio.create_task(self._notices(self.changed),
+                                                  name="job status notices")
         watch = self._watches.get(job_id)
         if watch is None:
             watch = self._watches[job_id] = _Watch()
@@ -116,6 +132,7 @@ class JobWatchers:
     async def _run(self, job_id: str, watch: _Watch) -> None:
         load = functools.partial(self._read, job_id)
         while True:
+            watch.nudged.clear()  # before the read: a notice during it has the next one now
             try:  # through the process's recent reads: a plain GET of the job shares them
                 seen = await self._shared.latest(("job", job_id), load)
             except Exception as exc:  # the waiters answer it (404, 503)
@@ -125,4 +142,5 @@ class JobWatchers:
                 self.reads += 1
                 if watch.seen is None or watch.seen.etag != seen.etag or watch.error is not None:
                     watch.publish(seen, None)
-            await asyncio.sleep(self._interval)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(watch.nudged.wait(), self._interval)

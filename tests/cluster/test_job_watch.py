@@ -147,6 +147,32 @@ def test_long_poll_answers_soon_after_a_change_and_at_the_timeout(served, pg_ses
     assert app.state.job_watchers.watched == {}
 
 
+def test_a_status_change_wakes_a_long_poll_before_its_interval(pg_sessions, settings,
+                                                               monkeypatch):
+    # Given an API that reads a watched job only every 10 s
+    settings.auth = False
+    settings.watch_interval_s = 10.0
+    job_id = make_job(pg_sessions, settings)
+    with api_in_thread(settings, monkeypatch) as (app, url), \
+            httpx.Client(base_url=url, timeout=40) as http:
+        etag = http.get(f"/jobs/{job_id}").headers["etag"]
+        # When another transaction (a worker's, say) changes the job's status
+        changed_at: list[float] = []
+        changer = threading.Timer(1.5, lambda: (finish(pg_sessions, job_id),
+                                                changed_at.append(time.monotonic())))
+        changer.start()
+        ended = http.get(f"/jobs/{job_id}", params={"wait": 20},
+                         headers={"If-None-Match": etag})
+        answered = time.monotonic()
+        changer.join()
+        # Then the long-poll answers as it commits, told by PostgreSQL, not 10 s later
+        assert ended.status_code == 200 and ended.json()["status"] in JobStatus.FINAL
+        assert answered - changed_at[0] < 1.0, answered - changed_at[0]
+        # And a plain read after it is fresh too (the process's recent read was dropped)
+        assert http.get(f"/jobs/{job_id}").json()["status"] == ended.json()["status"]
+        assert app.state.job_watchers.watched == {}
+
+
 def events(lines: Iterator[str]) -> Iterator[dict]:
     """The stream's events as dicts of their fields ("" for comment lines)."""
     event: dict = {}
