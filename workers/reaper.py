@@ -5,11 +5,10 @@ the loss of any one worker.
 """
 
 import logging
-import threading
 from datetime import timedelta
 
 import redis
-from celery.signals import worker_ready, worker_shutting_down
+from celery.signals import worker_ready
 from sqlalchemy.orm import Session, sessionmaker
 
 from quotaflow.compat import retention
@@ -21,13 +20,13 @@ from quotaflow.dispatch.reaper import reap
 from quotaflow.jobs.service import expire_overdue
 from quotaflow.redis_clients import RedisClient, connect
 from quotaflow.runtime import Runtime
+from workers import rounds
 from workers.dispatch import CeleryDispatcher
 
 log = logging.getLogger(__name__)
 LOCK_KEY = f"{REDIS_PREFIX}:reaper:lock"
 # A batch validating this long and not held by an ingest was left by a dead API.
 ABANDONED_AFTER = timedelta(minutes=5)
-_stop = threading.Event()
 
 
 def reap_forever() -> None:
@@ -44,7 +43,8 @@ def reap_forever() -> None:
     # The first round at once, not an interval after start: it records the broker's run
     # id, and a restart can only be noticed against a recorded one.
     delay = 0.0
-    while not _stop.wait(delay):
+    # Until the worker shuts down (workers/rounds.py: told by no signal handler).
+    while not rounds.pause(delay):
         delay = interval
         try:
             if lock is None:
@@ -82,9 +82,4 @@ def _lifecycle(sessions: sessionmaker[Session], interval: float) -> None:
 
 @worker_ready.connect
 def start_reaper(**_kwargs: object) -> None:
-    threading.Thread(target=reap_forever, name="quotaflow-reaper", daemon=True).start()
-
-
-@worker_shutting_down.connect
-def stop_reaper(**_kwargs: object) -> None:
-    _stop.set()
+    rounds.start("quotaflow-reaper", reap_forever)
