@@ -9,7 +9,7 @@ environment variable that holds its key, and the key is read only at call time.
 import ipaddress
 from functools import lru_cache
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from limits import parse as parse_rate
 from pydantic import (
@@ -17,13 +17,20 @@ from pydantic import (
     SecretStr,
     ValidationError,
     field_validator,
+    model_validator,
 )
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from pydantic_settings import (
+    BaseSettings,
+    NoDecode,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
 
 from quotaflow.constants import QUEUE_BULK, QUEUE_REALTIME, QUEUE_STANDARD
 from quotaflow.deployments.catalog import Deployments, load_deployments
 from quotaflow.errors import ConfigError
 from quotaflow.redis_urls import check_url, is_cluster_url
+from quotaflow.settings_renames import RenamedEnvironment, rename_arguments
 
 # Svix's schedule: at once, then 5 s, 5 min, 30 min, 2 h, 5 h, 10 h, 10 h (about a day).
 WEBHOOK_RETRY_SCHEDULE_S = (0.0, 5.0, 300.0, 1800.0, 7200.0, 18000.0, 36000.0, 36000.0)
@@ -32,6 +39,22 @@ class Settings(BaseSettings):
     """Every knob of quotaflow, read from QUOTAFLOW_* environment variables."""
 
     model_config = SettingsConfigDict(env_prefix="QUOTAFLOW_", env_file=".env", extra="ignore")
+
+    @classmethod
+    def settings_customise_sources(cls, settings_cls: type[BaseSettings],
+                                   init_settings: PydanticBaseSettingsSource,
+                                   env_settings: PydanticBaseSettingsSource,
+                                   dotenv_settings: PydanticBaseSettingsSource,
+                                   file_secret_settings: PydanticBaseSettingsSource,
+                                   ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """The usual sources, then former names of renamed settings (settings_renames)."""
+        return (init_settings, env_settings, dotenv_settings,
+                RenamedEnvironment(settings_cls), file_secret_settings)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _former_names(cls, data: Any) -> Any:
+        return rename_arguments(data)
 
     database_url: str = Field(
         default="sqlite:///quotaflow.db",
@@ -142,7 +165,7 @@ class Settings(BaseSettings):
         default=30 * 24 * 3600, ge=0,
         description="How long an upload (`POST /v1/files`) sent without `expires_after` is "
         "kept: 30 days, OpenAI's default for batch files. 0: kept until deleted.")
-    lease_seconds: int = Field(
+    lease_s: int = Field(
         default=30, gt=0,
         description="A claim's lease, renewed every third of it while its batch runs: a lease "
         "that runs out means a dead worker, whose items are free again within this (plus a "
@@ -186,15 +209,15 @@ class Settings(BaseSettings):
         default=False,
         description="Reuse an earlier job's successful answer to an identical request instead "
         "of calling again: a cache, for requests whose answer cannot differ.")
-    visibility_timeout: int = Field(
+    visibility_timeout_s: int = Field(
         default=3600, gt=60,
         description="Celery's Redis transport redelivers unacknowledged messages after this "
-        "many seconds; `TASK_TIME_LIMIT` must stay below it, so a running batch is never "
+        "many seconds; `TASK_TIME_LIMIT_S` must stay below it, so a running batch is never "
         "delivered twice.")
-    task_time_limit: int = Field(
+    task_time_limit_s: int = Field(
         default=900, gt=0,
         description="The most seconds one batch task may run (Celery's time limit); below "
-        "`VISIBILITY_TIMEOUT`.")
+        "`VISIBILITY_TIMEOUT_S`.")
 
     floor_realtime: float = Field(
         default=0.0, ge=0, lt=1,
@@ -414,13 +437,14 @@ class Settings(BaseSettings):
             return None
         return value
 
-    @field_validator("task_time_limit")
+    @field_validator("task_time_limit_s")
     @classmethod
     def _below_visibility(cls, value: int, info) -> int:
-        visibility = info.data.get("visibility_timeout", 3600)
+        visibility = info.data.get("visibility_timeout_s", 3600)
         if value >= visibility:
             raise ValueError(
-                f"task_time_limit ({value}s) must be below visibility_timeout ({visibility}s), "
+                f"task_time_limit_s ({value}s) must be below visibility_timeout_s "
+                f"({visibility}s), "
                 "or Redis redelivers batches that are still running"
             )
         return value
@@ -440,12 +464,12 @@ class Settings(BaseSettings):
     def task_soft_time_limit(self) -> int:
         """Celery's soft limit, 30 s before the hard one: the batch's last chance to end
         cleanly (a batch hands its unsent lines back at half of it, execution/admission.py)."""
-        return max(1, self.task_time_limit - 30)
+        return max(1, self.task_time_limit_s - 30)
 
     @property
     def max_countdown_s(self) -> float:
         """The longest a batch may be deferred: well inside Redis's visibility timeout."""
-        return max(1.0, self.visibility_timeout - self.task_time_limit - 60)
+        return max(1.0, self.visibility_timeout_s - self.task_time_limit_s - 60)
 
 
 @lru_cache

@@ -27,7 +27,7 @@ def create_app() -> Celery:
                           "e.g. QUOTAFLOW_BROKER_URL=redis://127.0.0.1:6379/0")
     # A worker cut off mid-transaction must not hold its locks over the others for hours.
     end_idle_transactions_after(settings.worker_idle_in_transaction_s)
-    transport = {"visibility_timeout": settings.visibility_timeout}
+    transport = {"visibility_timeout": settings.visibility_timeout_s}
     if settings.worker_deployment:
         # One worker per GPU takes all of its deployment's priority classes: look at its
         # queues in the order given (realtime first) instead of in turn.
@@ -41,7 +41,7 @@ def create_app() -> Celery:
         task_acks_late=True,
         task_reject_on_worker_lost=True,
         worker_prefetch_multiplier=1,
-        task_time_limit=settings.task_time_limit,
+        task_time_limit=settings.task_time_limit_s,
         task_soft_time_limit=settings.task_soft_time_limit,
         broker_transport_options=transport,
         broker_connection_retry_on_startup=True,

@@ -112,7 +112,7 @@ def delete_job(sessions: sessionmaker[Session], job_id: str, tenant: str) -> Job
                                     "is cancelled")
             if session.scalar(select(_in_flight(Item.job_id == job_id, now))):
                 raise JobStateError(f"job {job_id} has calls still in flight; delete it once "
-                                    "they have finished (within QUOTAFLOW_LEASE_SECONDS)")
+                                    "they have finished (within QUOTAFLOW_LEASE_S)")
             _mark(session, job, DELETED, now)
     purge_job(sessions, job_id, deadline=time.monotonic() + INLINE_PURGE_S)
     with sessions() as session:

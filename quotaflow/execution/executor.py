@@ -70,7 +70,7 @@ class BatchExecutor:
                  metrics: bool = True) -> None:
         self.sessions, self.deployments, self.settings = sessions, deployments, settings
         self.limiter, self.breaker = limiter, breaker or LocalCircuitBreaker()
-        self.lease, self.providers = timedelta(seconds=settings.lease_seconds), providers
+        self.lease, self.providers = timedelta(seconds=settings.lease_s), providers
         self.jobs = JobFactsCache(sessions)
         self.job_reads = SharedReads()  # its batches' reads of their jobs' status
         bind = sessions.kw.get("bind")  # the prepared statements are PostgreSQL's

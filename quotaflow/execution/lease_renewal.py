@@ -1,6 +1,6 @@
 """Lease renewal: a live batch's items must never look abandoned to the reaper.
 
-A claim leases its items for `lease_seconds`; while the batch runs, the lease
+A claim leases its items for `lease_s`; while the batch runs, the lease
 is renewed at a third of its length, so only a worker that stopped running
 (killed, frozen, cut off from the database) lets its items' leases run out.
 """

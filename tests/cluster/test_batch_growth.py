@@ -70,7 +70,7 @@ def test_a_batch_past_half_its_time_limit_hands_its_unsent_lines_back(pg_session
                                                                        settings) -> None:
     # Given a batch of 60 lines on a deployment answering 16 calls every 0.2 s (0.8 s in
     # all) under a soft time limit of 1 s (the least: the hard limit, 1 s, less 30)
-    settings.task_time_limit = 1
+    settings.task_time_limit_s = 1
     job, [ref] = create(pg_sessions, settings, [chat_line(f"r{i}") for i in range(60)])
     executor = BatchExecutor(pg_sessions, settings.load_deployments(), LocalLimiter(), settings,
                              providers=ProviderPool(lambda _deployment: SlowProvider()))
@@ -96,7 +96,7 @@ def test_the_hand_back_comes_before_celerys_soft_limit_whatever_the_limit(pg_ses
     # Celery's soft limit is 30 s before the hard one; half of the hard one would be later
     # than the soft one below a 60 s limit
     for limit, hand_back in ((900, 435.0), (40, 5.0)):
-        settings.task_time_limit = limit
+        settings.task_time_limit_s = limit
         executor = BatchExecutor(pg_sessions, settings.load_deployments(), LocalLimiter(),
                                  settings)
         assert executor.admitter.hand_back_after_s == hand_back

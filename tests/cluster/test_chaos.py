@@ -41,7 +41,7 @@ def test_sigkilled_worker_loses_nothing(pg_url: str, pg_sessions, tmp_path: Path
         deployments = deployment_file(tmp_path, "slow", provider_url)
         env = service_env(QUOTAFLOW_DATABASE_URL=pg_url, QUOTAFLOW_BROKER_URL=REDIS_URL,
                           QUOTAFLOW_DEPLOYMENTS_FILE=str(deployments),
-                          QUOTAFLOW_LEASE_SECONDS="4", QUOTAFLOW_QUEUE_PATIENCE_S="5",
+                          QUOTAFLOW_LEASE_S="4", QUOTAFLOW_QUEUE_PATIENCE_S="5",
                           QUOTAFLOW_REAP_INTERVAL_S="1")
         workers = start_workers(env, tmp_path, "chaos")
         procs += workers

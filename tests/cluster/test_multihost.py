@@ -46,7 +46,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MultihostClust
         pytest.skip(f"multi-host tests need network namespaces: {exc}")
     cluster = MultihostCluster(tmp_path_factory.mktemp("multihost"), BUDGET, DELAY_MS, SKEW_S,
                                QUOTAFLOW_REAP_INTERVAL_S="1",
-                               QUOTAFLOW_LEASE_SECONDS=str(LEASE_S),
+                               QUOTAFLOW_LEASE_S=str(LEASE_S),
                                QUOTAFLOW_WORKER_IDLE_IN_TRANSACTION_S=str(IDLE_IN_TRANSACTION_S))
     cluster.start()
     try:

@@ -48,7 +48,7 @@ def test_a_worker_frozen_past_its_lease_does_not_send_its_items_again(
                                       burst_seconds=BURST_S)
         env = service_env(QUOTAFLOW_DATABASE_URL=pg_url, QUOTAFLOW_BROKER_URL=REDIS_URL,
                           QUOTAFLOW_DEPLOYMENTS_FILE=str(deployments),
-                          QUOTAFLOW_LEASE_SECONDS=str(LEASE_S), QUOTAFLOW_REAP_INTERVAL_S="1")
+                          QUOTAFLOW_LEASE_S=str(LEASE_S), QUOTAFLOW_REAP_INTERVAL_S="1")
         workers = start_workers(env, tmp_path, "paused", count=WORKERS,
                                 concurrency=CONCURRENCY)
         procs += workers

@@ -87,12 +87,12 @@ def test_a_key_the_deployments_name_must_be_set(service: str, pg_url: str, redis
 
 
 def test_invalid_settings_are_refused_without_a_traceback(tmp_path: Path) -> None:
-    result = start("api", tmp_path, QUOTAFLOW_TASK_TIME_LIMIT="7200")
+    result = start("api", tmp_path, QUOTAFLOW_TASK_TIME_LIMIT_S="7200")
     output = result.stdout + result.stderr
     assert result.returncode == exit_codes.CONFIG, output
     assert "Traceback" not in output
     assert "invalid QUOTAFLOW_* setting" in result.stderr
-    assert "must be below visibility_timeout" in result.stderr
+    assert "must be below visibility_timeout_s" in result.stderr
 
 
 def test_a_database_never_migrated_says_to_migrate(redis_url: str, tmp_path: Path) -> None:

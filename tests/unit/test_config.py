@@ -69,8 +69,8 @@ def test_api_key_is_read_from_the_environment_only(tmp_path: Path,
 
 
 def test_unsafe_settings_are_refused() -> None:
-    with pytest.raises(ValueError, match="must be below visibility_timeout"):
-        Settings(visibility_timeout=600, task_time_limit=900, _env_file=None)
+    with pytest.raises(ValueError, match="must be below visibility_timeout_s"):
+        Settings(visibility_timeout_s=600, task_time_limit_s=900, _env_file=None)
     with pytest.raises(ValueError, match="floor_bulk"):
         Settings(floor_bulk=1.5, _env_file=None)
 
@@ -104,3 +104,21 @@ def test_a_route_names_at_most_one_local_deployment(tmp_path: Path) -> None:
                                    '{ deployments = ["main"], fallback = ["gpu"] }\n'))
     assert mixed.local_deployment_for("qwen").name == "gpu"
     assert mixed.local_deployment_for("m") is None
+
+
+def test_a_renamed_setting_is_still_read_under_its_former_name(monkeypatch):
+    monkeypatch.setenv("QUOTAFLOW_LEASE_SECONDS", "45")
+    with pytest.warns(FutureWarning, match="QUOTAFLOW_LEASE_SECONDS is now QUOTAFLOW_LEASE_S"):
+        assert Settings(_env_file=None).lease_s == 45
+    monkeypatch.setenv("QUOTAFLOW_LEASE_S", "50")  # the new name wins where both are set
+    with pytest.warns(FutureWarning):
+        assert Settings(_env_file=None).lease_s == 50
+    monkeypatch.delenv("QUOTAFLOW_LEASE_SECONDS")
+    with pytest.warns(FutureWarning, match="task_time_limit is now task_time_limit_s"):
+        assert Settings(task_time_limit=100, _env_file=None).task_time_limit_s == 100
+
+
+def test_every_duration_in_seconds_ends_in_s():
+    for name, field in Settings.model_fields.items():
+        says_seconds = "seconds" in (field.description or "").lower().split("(")[0]
+        assert not says_seconds or name.endswith("_s") or "window" in name, name
