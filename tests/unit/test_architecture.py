@@ -3,6 +3,7 @@ down the order below, so there are no circles, and the domain never imports the
 frameworks that api/, workers/ and cli/ translate from."""
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -68,6 +69,13 @@ def test_the_rooms_are_few_arrows_apart() -> None:
     # Counted this way, the 59 flat rooms had 248 arrows between them before the rooms were
     # folders (20 rooms, 107 arrows when they were made): at most half of that
     assert len(_rooms_arrows()) <= 248 // 2
+
+
+def test_the_layout_page_gives_the_counted_figures() -> None:
+    said = re.search(r"the\s+(\d+) rooms have (\d+) arrows",
+                     (ROOT / "docs" / "layout.md").read_text())
+    assert said, "docs/layout.md no longer gives the rooms' and arrows' figures"
+    assert (int(said[1]), int(said[2])) == (len(FLOORS), len(_rooms_arrows()))
 
 
 @pytest.mark.parametrize("room", FLOORS)
