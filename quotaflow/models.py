@@ -108,6 +108,14 @@ class ItemStatus:
     OPEN = (PENDING, RUNNING, WAITING)
 
 
+# A job's status that ends its unanswered items, and the status they end with: a running
+# batch's stop check (execution/stopping.py) and a provider batch's lines
+# (offload/collect.py) both close items by it.
+ITEMS_ENDED_BY = {JobStatus.CANCELLING: ItemStatus.CANCELLED,
+                  JobStatus.CANCELLED: ItemStatus.CANCELLED,
+                  JobStatus.EXPIRED: ItemStatus.EXPIRED}
+
+
 class Job(Base):
     __tablename__ = "jobs"
 

@@ -22,7 +22,7 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from quotaflow.jobs.service import expire_overdue
-from quotaflow.models import ItemStatus, Job, JobStatus, Tenant, utcnow
+from quotaflow.models import ITEMS_ENDED_BY, ItemStatus, Job, JobStatus, Tenant, utcnow
 from quotaflow.providers.outcomes import UNSENT_CODES
 from quotaflow.tenants import spend
 
@@ -30,8 +30,6 @@ from quotaflow.tenants import spend
 # interval, and the most a cancel or an expiry waits to take effect.
 STOP_CHECK_S = 0.5
 
-_ENDED = {JobStatus.CANCELLING: ItemStatus.CANCELLED, JobStatus.CANCELLED: ItemStatus.CANCELLED,
-          JobStatus.EXPIRED: ItemStatus.EXPIRED}
 CODES = UNSENT_CODES
 
 
@@ -148,7 +146,7 @@ class JobWatch:
             if stop_reason == spend.STOP_REASON or (
                     limit is not None and spend.over_limit(self.sessions, self.tenant, limit)):
                 return ItemStatus.SPEND_LIMITED
-        return _ENDED.get(status)
+        return ITEMS_ENDED_BY.get(status)
 
 
 def _aware(moment: datetime) -> datetime:

@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from quotaflow.deployments.catalog import Deployments
 from quotaflow.dispatch.queues import Dispatcher, batch_refs
 from quotaflow.jobs.service import finish_if_done
-from quotaflow.models import ItemStatus, JobStatus, utcnow
+from quotaflow.models import ITEMS_ENDED_BY, ItemStatus, JobStatus, utcnow
 from quotaflow.offload import OWNER
 from quotaflow.offload.results import LineResult
 from quotaflow.offload.tables import LineState, ProviderBatch, ProviderBatchLine
@@ -34,13 +34,12 @@ from quotaflow.tenants.spend import Billing
 log = logging.getLogger(__name__)
 LINES = ProviderBatchLine.__table__
 STORE_CHUNK = 500
-# A line a job's end stops, by the job's status.
-ENDED_BY = {JobStatus.CANCELLING: ItemStatus.CANCELLED, JobStatus.CANCELLED: ItemStatus.CANCELLED,
-            JobStatus.EXPIRED: ItemStatus.EXPIRED}
 
 
 @dataclass(frozen=True)
-class JobFacts:
+class OffloadedJob:
+    """What a provider batch's loop needs of the job its lines belong to."""
+
     id: str
     status: str
     queue: str
@@ -56,7 +55,7 @@ class JobFacts:
         cancelled, expired, or spend_limited (its tenant reached its monthly limit)."""
         if self.status == JobStatus.IN_PROGRESS and self.stop_reason == spend.STOP_REASON:
             return ItemStatus.SPEND_LIMITED
-        return ENDED_BY.get(self.status)
+        return ITEMS_ENDED_BY.get(self.status)
 
 
 @dataclass
@@ -83,7 +82,7 @@ class Collector:
                 .order_by(ITEMS.c.line_no)).all()
         return {row[0]: ClaimedItem(*row) for row in rows}
 
-    def collect(self, batch: ProviderBatch, job: JobFacts, results: Iterable[LineResult],
+    def collect(self, batch: ProviderBatch, job: OffloadedJob, results: Iterable[LineResult],
                 unrun: str) -> None:
         """Store what the provider answered; the lines it did not, see `settle`. `unrun`:
         the kind of a line missing from the results (its batch was cancelled, expired or
@@ -114,7 +113,7 @@ class Collector:
             others.append(LineResult(line_no, unrun, None, True))
         self.settle(job, items, others)
 
-    def settle(self, job: JobFacts, items: dict[int, ClaimedItem],
+    def settle(self, job: OffloadedJob, items: dict[int, ClaimedItem],
                unanswered: list[LineResult]) -> None:
         """Lines that got no answer to keep: ended with their job, sent to realtime, or
         closed as the provider left them."""
@@ -141,7 +140,7 @@ class Collector:
         self.to_realtime(job, back)
         finish_if_done(self.sessions, job.id)
 
-    def to_realtime(self, job: JobFacts, lines: list[int]) -> None:
+    def to_realtime(self, job: OffloadedJob, lines: list[int]) -> None:
         """Hand lines back to the queue; the executor sends them to realtime deployments
         (their LineState.REALTIME keeps them out of provider batches)."""
         if not lines:
@@ -173,13 +172,13 @@ class Collector:
                             .values(status=status, lease_owner=None, lease_expires_at=None))
         self._lines_done(job_id, lines)
 
-    def _can_fall_back(self, item: ClaimedItem, job: JobFacts) -> bool:
+    def _can_fall_back(self, item: ClaimedItem, job: OffloadedJob) -> bool:
         if job.ended is not None:
             return False
         route = self.deployments.route_named(item.route)
         return route is not None and route.realtime(self.deployments) is not None
 
-    def _store(self, batch: ProviderBatch, job: JobFacts,
+    def _store(self, batch: ProviderBatch, job: OffloadedJob,
                chunk: list[tuple[ClaimedItem, Outcome]], record: Provenance,
                billing: Billing) -> None:
         if not chunk:

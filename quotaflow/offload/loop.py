@@ -25,7 +25,7 @@ from quotaflow.errors import PermanentProviderError, ProviderError, Untranslatab
 from quotaflow.models import Job, utcnow
 from quotaflow.offload import aware
 from quotaflow.offload.clients import BatchClient, Remote, make_client
-from quotaflow.offload.collect import Collector, JobFacts
+from quotaflow.offload.collect import Collector, OffloadedJob
 from quotaflow.offload.gather import gather
 from quotaflow.offload.results import LineResult, read_line
 from quotaflow.offload.tables import BatchState, ProviderBatch
@@ -81,7 +81,7 @@ class ProviderBatchLoop:
         elif batch.state == BatchState.COLLECTING:
             self._collect(batch, job)
 
-    def _upload(self, batch: ProviderBatch, job: JobFacts) -> None:
+    def _upload(self, batch: ProviderBatch, job: OffloadedJob) -> None:
         items = self.collector.held(batch)
         if job.ended is not None or self._window_closing(job) or not items:
             # Nothing sent yet: the lines end with their job, or go to realtime.
@@ -126,7 +126,7 @@ class ProviderBatchLoop:
         self._save(batch.id, state=BatchState.SUBMITTED, provider_id=provider_id,
                    input_file_id=file_id, submitted_at=utcnow())
 
-    def _poll(self, batch: ProviderBatch, job: JobFacts) -> None:
+    def _poll(self, batch: ProviderBatch, job: OffloadedJob) -> None:
         client = self._client(batch.deployment)
         assert batch.provider_id is not None
         reason = job.ended or ("window" if self._window_closing(job) else None)
@@ -144,7 +144,8 @@ class ProviderBatchLoop:
         batch.ended_at = utcnow()
         self._collect(batch, job, remote)
 
-    def _collect(self, batch: ProviderBatch, job: JobFacts, remote: Remote | None = None) -> None:
+    def _collect(self, batch: ProviderBatch, job: OffloadedJob,
+                 remote: Remote | None = None) -> None:
         client = self._client(batch.deployment)
         assert batch.provider_id is not None
         remote = remote or client.retrieve(batch.provider_id)
@@ -158,7 +159,7 @@ class ProviderBatchLoop:
                  batch.provider_id, job.id, extra={"job_id": job.id})
         self._save(batch.id, state=BatchState.DONE)
 
-    def _window_closing(self, job: JobFacts) -> bool:
+    def _window_closing(self, job: OffloadedJob) -> bool:
         """The job's window ends within the margin: its lines had better go realtime."""
         margin = timedelta(seconds=self.settings.provider_batch_window_margin_s)
         return job.expires_at is not None and aware(job.expires_at) - margin <= utcnow()
@@ -185,13 +186,13 @@ class ProviderBatchLoop:
             session.execute(update(BATCHES).where(BATCHES.c.id == batch_id)
                             .values(next_poll_at=due, **values))
 
-    def _job(self, job_id: str) -> JobFacts | None:
+    def _job(self, job_id: str) -> OffloadedJob | None:
         with self.sessions() as session:
             row = session.execute(select(Job.id, Job.status, Job.queue, Job.endpoint,
                                          Job.tenant, Job.output_format, Job.expires_at,
                                          Job.stop_reason)
                                   .where(Job.id == job_id)).one_or_none()
-        return None if row is None else JobFacts(*row)
+        return None if row is None else OffloadedJob(*row)
 
     def _client(self, name: str) -> BatchClient:
         client = self._clients.get(name)
