@@ -4,7 +4,7 @@ deliverer (workers/webhooks.py) and the reaper.
 Why a loop thread rather than periodic Celery tasks: a poll is a few HTTP round trips
 that mostly find nothing new; as tasks they would take pool processes from batches and
 pile up behind them in the queues, while a thread beside the pool costs nothing while
-it waits. The state is in PostgreSQL (quotaflow/offload/tables.py) and claims are SKIP
+it waits. The state is in PostgreSQL (quotaflow/offload/batch_tables.py) and claims are SKIP
 LOCKED leases, so any number of workers poll together and a killed worker's provider
 batches are resumed by another once its claims lapse.
 QUOTAFLOW_PROVIDER_BATCH_LOOP=false turns it off for one worker.
@@ -15,7 +15,7 @@ import logging
 from celery.signals import worker_ready
 
 from quotaflow.config import get_settings
-from quotaflow.offload.loop import CLAIM_LIMIT, ProviderBatchLoop
+from quotaflow.offload.poll_round import CLAIM_LIMIT, ProviderBatchLoop
 from quotaflow.runtime import Runtime
 from workers import rounds
 from workers.dispatch import CeleryDispatcher

@@ -14,7 +14,7 @@ from celery.signals import worker_ready
 from quotaflow.config import get_settings
 from quotaflow.errors import QuotaflowError
 from quotaflow.runtime import Runtime
-from quotaflow.webhooks.loop import CLAIM_LIMIT, DeliveryLoop
+from quotaflow.webhooks.delivery_round import CLAIM_LIMIT, DeliveryLoop
 from quotaflow.webhooks.signing import master_key
 from workers import rounds
 

@@ -5,13 +5,13 @@ plus max_tokens (the most the reply may use); the real count arrives later in
 `usage`. The limiter and the mock provider both count with these functions, so
 they run once per request at admission and walk the body once, without
 re-encoding it: text is counted by its characters, images and files by their own
-rule (quotaflow/budget/images.py), never by their base64. The rule is docs/formats/input.md's.
+rule (quotaflow/budget/image_tokens.py), never by their base64. The rule is docs/formats/input.md's.
 """
 
 import json
 from typing import Any
 
-from quotaflow.budget.images import file_tokens, image_tokens
+from quotaflow.budget.image_tokens import file_tokens, image_tokens
 from quotaflow.constants import (
     ENDPOINT_COMPLETIONS,
     ENDPOINT_EMBEDDINGS,

@@ -33,7 +33,7 @@ from quotaflow.jobs import tallies
 from quotaflow.jobs import view as job_view
 from quotaflow.models import File, FileChunk, Item, ItemStatus, Job, JobStatus, Result, utcnow
 from quotaflow.offload import OWNER as PROVIDER_BATCH_OWNER
-from quotaflow.offload.tables import ProviderBatch, ProviderBatchLine
+from quotaflow.offload.batch_tables import ProviderBatch, ProviderBatchLine
 
 # OpenAI's bounds for `expires_after` and `output_expires_after`: 1 hour to 30 days.
 MIN_EXPIRY_S = 3600

@@ -60,7 +60,7 @@ class BatchExecutor:
     through (the embedded runner); `provider_batches` (default: `defer`) whether
     bulk lines may go to provider batch deployments (only workers poll them);
     `metrics` whether its runs count for Prometheus (only where something serves the
-    counts: execution/policies/metrics.py).
+    counts: execution/policies/metrics_hook.py).
     """
 
     def __init__(self, sessions: sessionmaker[Session], deployments: Deployments,

@@ -41,7 +41,7 @@ def serving(run: BatchRun, deployments: Deployments, name: str | None,
 def realtime(run: BatchRun, deployments: Deployments, route: Route, name: str | None,
              items: list[ClaimedItem]) -> Route | None:
     """The route without its provider batch deployments, which only take what the
-    offload hook queued for them (policies/offload.py); None, with the items failed,
+    offload hook queued for them (policies/offload_hook.py); None, with the items failed,
     where nothing else is left."""
     if not any(deployments.deployments[n].is_batch for n in route.names):
         return route

@@ -84,7 +84,7 @@ class JobWatch:
 
     def count_spend(self, default_limit: float | None) -> None:
         """Stop on the tenant's spend limit too (its own, else `default_limit`), reading
-        at once: the spend hook's switch (policies/spend.py)."""
+        at once: the spend hook's switch (policies/spend_hook.py)."""
         self.spending, self.default_spend_limit = True, default_limit
         self._checked = float("-inf")
 

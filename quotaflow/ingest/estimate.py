@@ -67,8 +67,8 @@ class _Counts:
 
     def __call__(self, line_no: int, route: str, custom_id: str, text: str,
                  fixed: int = 0) -> None:
-        """`fixed`: the line's images' and files' tokens (quotaflow/budget/images.py), which no
-        tokenizer counts."""
+        """`fixed`: the line's images' and files' tokens (quotaflow/budget/image_tokens.py),
+        which no tokenizer counts."""
         counter = self.counters.get(route)
         if counter is None:
             counter = self.counters[route] = counter_for(self._model(route))

@@ -32,7 +32,7 @@ from quotaflow.constants import (
 )
 from quotaflow.ingest.body_checks import moderations_problem, responses_problem
 from quotaflow.ingest.jsonlines import load_object, read_lines
-from quotaflow.providers.translate.view import counting_view
+from quotaflow.providers.translate.chat_view import counting_view
 
 MAX_CUSTOM_ID_CHARS = 512  # the items.custom_id column
 _DIGEST_PREFIX: dict[str, Any] = {}  # endpoint -> sha256 of '["endpoint",'

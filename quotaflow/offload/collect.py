@@ -22,8 +22,8 @@ from quotaflow.dispatch.queues import Dispatcher, batch_refs
 from quotaflow.jobs.service import finish_if_done
 from quotaflow.models import ITEMS_ENDED_BY, ItemStatus, JobStatus, utcnow
 from quotaflow.offload import OWNER
+from quotaflow.offload.batch_tables import LineState, ProviderBatch, ProviderBatchLine
 from quotaflow.offload.results import LineResult
-from quotaflow.offload.tables import LineState, ProviderBatch, ProviderBatchLine
 from quotaflow.providers.anthropic_answers import reshape
 from quotaflow.providers.base import ProviderResponse
 from quotaflow.providers.outcomes import Failure, Outcome, Provenance

@@ -19,7 +19,7 @@ from quotaflow.db import insert_ignore
 from quotaflow.deployments.catalog import Deployment
 from quotaflow.models import ItemStatus, utcnow
 from quotaflow.offload import OWNER
-from quotaflow.offload.tables import LineState, ProviderBatchLine
+from quotaflow.offload.batch_tables import LineState, ProviderBatchLine
 from quotaflow.results.leases import ITEMS, ClaimedItem
 
 LINES = ProviderBatchLine.__table__

@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from quotaflow.deployments.catalog import Deployment, Deployments
 from quotaflow.models import utcnow
 from quotaflow.offload import aware
-from quotaflow.offload.tables import BatchState, LineState, ProviderBatch, ProviderBatchLine
+from quotaflow.offload.batch_tables import BatchState, LineState, ProviderBatch, ProviderBatchLine
 
 LINES = ProviderBatchLine.__table__
 BATCHES = ProviderBatch.__table__

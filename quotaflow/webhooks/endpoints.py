@@ -18,7 +18,7 @@ from quotaflow.config import Settings
 from quotaflow.errors import InvalidParameter, InvalidRequest, NotFound
 from quotaflow.models import utcnow
 from quotaflow.webhooks import EVENT_TYPES, guard, signing
-from quotaflow.webhooks.tables import WebhookAttempt, WebhookDelivery, WebhookEndpoint
+from quotaflow.webhooks.webhook_tables import WebhookAttempt, WebhookDelivery, WebhookEndpoint
 
 # Each job's end fans out to every matching endpoint: a bound on the work one tenant
 # can ask of the delivery loop (Stripe allows 16 endpoints per account).

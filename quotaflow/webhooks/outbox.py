@@ -26,7 +26,7 @@ from quotaflow.db import insert_ignore
 from quotaflow.jobs.view import job_object
 from quotaflow.models import Job, JobStatus, utcnow
 from quotaflow.webhooks import EVENT_BY_STATUS
-from quotaflow.webhooks.tables import (
+from quotaflow.webhooks.webhook_tables import (
     DeliveryStatus,
     WebhookAttempt,
     WebhookDelivery,

@@ -15,8 +15,8 @@ from quotaflow.config import Settings
 from quotaflow.db import get_engine
 from quotaflow.models import Job, utcnow
 from quotaflow.webhooks import endpoints
-from quotaflow.webhooks.loop import DeliveryLoop
-from quotaflow.webhooks.tables import WebhookDelivery
+from quotaflow.webhooks.delivery_round import DeliveryLoop
+from quotaflow.webhooks.webhook_tables import WebhookDelivery
 from tests.harness.webhook_receiver import Receiver
 
 KEY = "test-webhook-master-key-0123456789abcdef"

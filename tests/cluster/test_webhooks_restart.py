@@ -18,7 +18,7 @@ from quotaflow.db import get_engine
 from quotaflow.ingest import pipeline
 from quotaflow.models import Job
 from quotaflow.webhooks import endpoints
-from quotaflow.webhooks.tables import WebhookDelivery
+from quotaflow.webhooks.webhook_tables import WebhookDelivery
 from tests.harness.cluster import deployment_file, job_status, start_provider, start_workers
 from tests.harness.factories import chat_line, jsonl
 from tests.harness.procs import Proc

@@ -26,7 +26,7 @@ from quotaflow.config import Settings
 from quotaflow.db import session_factory, upgrade
 from quotaflow.ingest import pipeline
 from quotaflow.models import Job
-from quotaflow.offload.tables import ProviderBatch
+from quotaflow.offload.batch_tables import ProviderBatch
 from tests.harness.factories import jsonl
 from tests.harness.procs import Proc, free_port, quotaflow
 from tests.harness.servers import PG_URL, REDIS_URL, ROOT, recreate_database, service_env

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from quotaflow.budget.images import UNKNOWN_IMAGE_TOKENS, data_url_size, high_detail_tokens
+from quotaflow.budget.image_tokens import UNKNOWN_IMAGE_TOKENS, data_url_size, high_detail_tokens
 from quotaflow.budget.tokens import admission_tokens, max_output_tokens, prompt_parts, prompt_tokens
 from quotaflow.config import Settings
 from quotaflow.constants import ENDPOINTS

@@ -22,10 +22,10 @@ from quotaflow.ingest import pipeline
 from quotaflow.jobs import service as jobs
 from quotaflow.models import Item, Job, Result, Spend, utcnow
 from quotaflow.offload import OWNER
+from quotaflow.offload.batch_tables import ProviderBatch, ProviderBatchLine
 from quotaflow.offload.clients import Remote, custom_id
-from quotaflow.offload.loop import ProviderBatchLoop
+from quotaflow.offload.poll_round import ProviderBatchLoop
 from quotaflow.offload.results import read_line
-from quotaflow.offload.tables import ProviderBatch, ProviderBatchLine
 from tests.harness.factories import jsonl
 
 TOML = """

@@ -21,11 +21,11 @@ from quotaflow.constants import QUEUE_BULK, QUEUE_REALTIME
 from quotaflow.deployments.catalog import Deployments
 from quotaflow.execution.facts import JobFacts
 from quotaflow.execution.hooks import BatchHook, Hooks
-from quotaflow.execution.policies.fair_share import FairShareHook
-from quotaflow.execution.policies.metrics import MetricsHook
-from quotaflow.execution.policies.offload import OffloadHook
-from quotaflow.execution.policies.reuse import ReuseHook
-from quotaflow.execution.policies.spend import SpendHook
+from quotaflow.execution.policies.fair_share_hook import FairShareHook
+from quotaflow.execution.policies.metrics_hook import MetricsHook
+from quotaflow.execution.policies.offload_hook import OffloadHook
+from quotaflow.execution.policies.reuse_hook import ReuseHook
+from quotaflow.execution.policies.spend_hook import SpendHook
 
 
 class Policies:

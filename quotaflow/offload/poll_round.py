@@ -24,11 +24,11 @@ from quotaflow.dispatch.queues import Dispatcher
 from quotaflow.errors import PermanentProviderError, ProviderError, Untranslatable
 from quotaflow.models import Job, utcnow
 from quotaflow.offload import aware
+from quotaflow.offload.batch_tables import BatchState, ProviderBatch
 from quotaflow.offload.clients import BatchClient, Remote, make_client
 from quotaflow.offload.collect import Collector, OffloadedJob
 from quotaflow.offload.gather import gather
 from quotaflow.offload.results import LineResult, read_line
-from quotaflow.offload.tables import BatchState, ProviderBatch
 from quotaflow.providers.outcomes import Failure, FailureCode
 
 log = logging.getLogger(__name__)
