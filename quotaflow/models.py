@@ -45,10 +45,9 @@ class JsonText(TypeDecorator[Any]):
     (migrations 0020, 0021), JSON elsewhere. Each is written once, as quotaflow's own
     output of an object it parsed (ingest's body) or as text already parsed (the
     answer, kept as it came): JSON by construction. A json column parsed each one again
-    on the way in: about a tenth of the server's CPU for ingest's COPY, and 4 of the
-    24-26 us a row json_to_recordset took for a chunk of results; jsonb also printed
-    it again on every read (migrations 0018, 0019). Read through this type, it is an
-    object again."""
+    on the way in (ingest's COPY, every chunk of results), and jsonb also printed it
+    again on every read (migrations 0018, 0019): work done twice. Read through this
+    type, it is an object again."""
 
     impl = JSON
     cache_ok = True

@@ -3,8 +3,8 @@
 The limiter, the fair shares and the circuit breakers make a Lua call for every
 chunk a worker admits and every batch of answers it settles. Through redis-py's
 `Script`, a call took a connection from the pool and gave it back (with the pool's
-locks, checks and wrappers) and cost about 45 us of the caller's CPU; the same
-EVALSHA written and read on a connection held by the thread costs about 24. So
+locks, checks and wrappers), nearly doubling what the same EVALSHA costs the caller
+on a connection the thread holds. So
 each thread of a process keeps one connection of its own (a process's threads
 each run batches on their own event loop, and a forked child opens its own),
 made from the client's own connection settings (address, credentials, TLS,

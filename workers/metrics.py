@@ -41,8 +41,8 @@ def _directory() -> str | None:
 def collected() -> bool:
     """Whether this worker's counts are read: its processes write them to a directory
     that a metrics port serves (its own, or its main worker's for a realtime companion).
-    Without one, the batch runs count nothing (a tally per request, about 3% of a
-    worker's CPU against an instant provider, that no scrape would ever see)."""
+    Without one, the batch runs count nothing (a tally per request that no scrape
+    would ever see)."""
     return bool(_directory())
 
 

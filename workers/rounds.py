@@ -9,7 +9,7 @@ No receiver of Celery's `worker_shutting_down` tells them to stop: Celery sends 
 inside its SIGINT/SIGTERM handler, where a receiver's lock (threading.Event.set), and the
 lock Celery's own dispatch takes once a signal has any receiver, can be interrupted by
 the next signal and waited on forever by that signal's handler, in the same thread
-(#46: a worker stopped with Ctrl-C stayed up). The loops look instead at the flags that
+(a worker stopped with Ctrl-C stayed up). The loops look instead at the flags that
 handler sets by plain assignment, at least every STOP_POLL_S, and at `worker_shutdown`,
 which Celery sends from its main flow.
 """

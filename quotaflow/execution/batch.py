@@ -54,7 +54,7 @@ class BatchRun:
     def holds(self, item: ClaimedItem) -> bool:
         """The item's lease is still this run's: it may be sent. Asked before every call,
         so the common answer (the lease is surely held) costs a clock read, not the
-        list and set of Fence.held (3% of a worker's samples, py-spy)."""
+        list and set of Fence.held."""
         fence = self.fence
         return fence is None or fence.sure() or item.line_no in fence.held([item.line_no])
 

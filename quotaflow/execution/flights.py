@@ -6,9 +6,8 @@ before it asks the limiter again. It kept a set of tasks per deployment, rebuilt
 round to forget the finished ones, and waited with `asyncio.wait`, which puts a
 callback on every call in flight and takes each off again, for a chunk of a dozen
 requests. Here a call tells its end once, through the one callback it gets when it
-starts, to a counter and to the wait that is pending, if any: the admission loop went
-from 30% to 25% of a worker's profile samples against an instant provider
-(docs/benchmarks.md, tenth pass).
+starts, to a counter and to the wait that is pending, if any, so the admission loop
+does no work per call in flight.
 """
 
 import asyncio

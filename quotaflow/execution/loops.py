@@ -50,7 +50,7 @@ class ProviderPool:
 
         Asked once per request: the thread's last answer is kept for the same loop and
         deployment object, since the weak mapping and the key cost more than the call's
-        own HTTP parsing (py-spy of the workers, docs/benchmarks.md)."""
+        own HTTP parsing."""
         loop = asyncio.get_running_loop()
         last = self._last
         if getattr(last, "loop", None) is loop and last.deployment is deployment:

@@ -1,6 +1,6 @@
 """Results leave a batch a chunk at a time: one transaction per chunk, not per answer.
 
-A round trip per result was 40% of a worker's time. Answers wait here a few
+A round trip per result would cost a worker more than its calls. Answers wait here a few
 tens of milliseconds at most (or until the batch ends) and go to PostgreSQL
 together; a write that fails keeps its chunk for the next try, so an answer
 the provider already gave is not thrown away because the database blinked.
@@ -19,8 +19,7 @@ from quotaflow.tenants.spend import Ledger
 
 # Write once this many answers wait, or once the oldest has waited this long. The time
 # bounds what a killed worker loses on a slow provider; the size, on an instant one,
-# where a chunk's transaction is paid by 256 answers (`bench.e2e`: 4-7% of worker and
-# PostgreSQL CPU against 64).
+# how many answers share a chunk's transaction (docs/benchmarks.md compares sizes).
 FLUSH_SIZE = 256
 FLUSH_AFTER_S = 0.1
 

@@ -121,9 +121,8 @@ class _CopyWriter:
 
     The item rows are in COPY's binary format: each field is its length and its bytes,
     so the server neither scans the text for escapes nor parses the lease's timestamp
-    on every row (a COPY of 200,000 rows: 12.5 -> 9.4 us of server CPU a row), and this
-    side escapes nothing. The body is sent as the text of a json value, as the text
-    format did (`json`'s binary form is its text)."""
+    on every row, and this side escapes nothing. The body is sent as the text of a json
+    value, as the text format did (`json`'s binary form is its text)."""
 
     def __init__(self, session: Session, job_id: str, lease_until: datetime) -> None:
         self._connection = session.connection().connection.driver_connection

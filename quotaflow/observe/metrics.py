@@ -10,7 +10,7 @@ A worker started with `--metrics-port` runs with PROMETHEUS_MULTIPROC_DIR set
 (cli/services.py): every pool process writes its values to its own mmapped
 files there, and the worker's main process serves their sum
 (workers/metrics.py). A multiprocess increment costs a lock and a write to the
-mmap, a few microseconds, against about 350 us of worker CPU per request: so
+mmap, too much to pay several times per request: so
 the execution loop records into a `Tally` of plain integers (a run's metrics
 hook, execution/policies/metrics_hook.py), and the tally writes to the metrics when
 the loop already settles its feedback (every 64 calls or 20 ms, feedback.py)

@@ -8,7 +8,7 @@ from typing import Any, Protocol
 class ProviderResponse:
     """A provider's successful answer with the usage it reported. Not frozen: one is made
     per call, and a frozen dataclass, setting each field through object.__setattr__,
-    cost four times as much to build (issue 29); nothing changes one once made."""
+    costs several times as much to build; nothing changes one once made."""
 
     status_code: int
     body: dict[str, Any]

@@ -12,7 +12,7 @@ proxies, no compression (none is asked for). A connection idle for IDLE_EXPIRY_S
 closed, not reused, so that a request never races the server's keep-alive close.
 The calls' timeouts share one timer per pool, set for the earliest deadline in
 flight: a timer per call (made, then cancelled, and left in the loop's heap until it
-is swept) was 6% of a worker's profile samples against an instant provider.
+is swept) was a visible share of a worker's time against a fast provider.
 
 Failures are plain exceptions (OSError, TimeoutError, Http1Error); the provider
 turns them into quotaflow's retryable errors at its edge.

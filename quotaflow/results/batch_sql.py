@@ -2,9 +2,9 @@
 
 Built with SQLAlchemy, each of these cost a worker more Python than the statement
 costs the server: the claim (its UPDATE built, its cache key made, a hundred rows
-turned into Row objects and the bodies read through the JSON type) was about 9% of a
-pool process's CPU, and the report after each batch (close_if_done and the foreign
-leases, two statements) about 9% more (py-spy, issue 29). Here each is one fixed
+turned into Row objects and the bodies read through the JSON type), and the report
+after each batch (close_if_done and the foreign leases, two statements), each ran once
+per batch on the hot path. Here each is one fixed
 text that psycopg prepares after a few executions, run on the session's own
 connection inside its transaction; the rules are those of leases.claim,
 jobs.close_if_done and leases.leased_elsewhere_for, which SQLite keeps using.

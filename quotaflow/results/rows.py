@@ -2,8 +2,7 @@
 
 Built for every answer a worker stores, so it is a single dict display: the row made
 from keyword arguments and then updated twice for the outcome and its provenance, with
-the provenance's three times turned into datetimes, cost about three times as much
-(256 rows built and serialised: 8.4-9.5 us a row against 2.4-3.0, timeit; issue 29).
+the provenance's three times turned into datetimes, cost several times as much.
 The times stay the epoch seconds they were taken as: PostgreSQL's chunk statement turns
 them into timestamps (chunk_write.py), and SQLite's writer makes datetimes of them
 (`for_sqlalchemy`).
