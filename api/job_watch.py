@@ -21,7 +21,7 @@ import anyio
 from sqlalchemy.orm import Session, sessionmaker
 
 from api.job_reads import JobReads, Seen
-from quotaflow.errors import JobNotFound
+from quotaflow.errors import JobNotFound, ServiceUnavailable
 from quotaflow.jobs import service as jobs
 from quotaflow.jobs import view as job_view
 
@@ -135,7 +135,12 @@ class JobWatchers:
             watch.nudged.clear()  # before the read: a notice during it has the next one now
             try:  # through the process's recent reads: a plain GET of the job shares them
                 seen = await self._shared.latest(("job", job_id), load)
-            except Exception as exc:  # the waiters answer it (404, 503)
+            except ServiceUnavailable as exc:  # the process reads as many jobs as it may
+                self.reads += 1
+                if watch.seen is None or watch.error is not None:
+                    watch.publish(None, exc)  # nothing to wait on yet: the waiters' 503
+                # else the waiters keep the job as last read; the next round reads again
+            except Exception as exc:  # the waiters answer it (404)
                 self.reads += 1
                 watch.publish(None, exc)
             else:

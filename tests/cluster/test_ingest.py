@@ -96,7 +96,9 @@ def test_identical_requests_wait_on_the_first_even_past_the_suspect_list(
 
 def test_the_same_idempotency_key_while_the_first_is_still_ingesting(pg_sessions,
                                                                      settings) -> None:
-    # Given the tenant's lock held, so the first request stops just before its commit
+    # Given the tenant's lock held (a tenant with a token limit takes it as its job is
+    # made), so the first request stops just before its commit
+    settings.max_enqueued_tokens = 10**12
     made: list[ingest.Created] = []
     data = jsonl(big_file(50))
     with pg_sessions.begin() as holder:
