@@ -69,7 +69,7 @@ def test_tools_calls_and_results_become_function_declarations_calls_and_response
         "name": "weather", "description": "w", "parameters": {
             "type": "OBJECT", "properties": {"city": {"type": "STRING", "nullable": True},
                                              "days": {"type": "INTEGER"}},
-            "propertyOrdering": ["city", "days"], "required": ["city"]}}]}]
+            "required": ["city"]}}]}]
     assert request["toolConfig"] == {"functionCallingConfig": {
         "mode": "ANY", "allowedFunctionNames": ["weather"]}}
     body["tool_choice"] = "auto"  # strict: the arguments held to the schema
@@ -87,8 +87,7 @@ def test_a_json_schema_response_format_becomes_response_schema() -> None:
     assert config["responseMimeType"] == "application/json"
     assert config["responseSchema"] == {
         "type": "OBJECT", "properties": {"b": {"type": "STRING", "enum": ["x", "y"]},
-                                         "a": {"type": "ARRAY", "items": {"type": "NUMBER"}}},
-        "propertyOrdering": ["b", "a"]}
+                                         "a": {"type": "ARRAY", "items": {"type": "NUMBER"}}}}
 
 
 @pytest.mark.parametrize(("body", "field"), [

@@ -7,8 +7,9 @@ nullable type is a flag rather than a type list, so a schema is rewritten keywor
 keyword and one that uses anything else fails the line naming the keyword, rather than
 being sent looser than written (the model would then answer outside the schema the
 line asked for). `additionalProperties: false` is dropped: Gemini only ever produces
-the properties a schema declares. Each object's `propertyOrdering` is the order its
-properties are written in, the order an OpenAI structured answer has.
+the properties a schema declares. No `propertyOrdering` is made up: a stored line's
+objects keep no key order (PostgreSQL's jsonb), so the order written is not known here;
+a schema that gives one keeps it.
 """
 
 from typing import Any
@@ -51,10 +52,6 @@ def gemini_schema(schema: Any, path: str) -> dict[str, Any]:
             out["required"] = list(value)
         elif key in ("properties", "items", "anyOf"):
             out[key] = _nested(key, value, where)
-            if key == "properties" and "propertyOrdering" not in schema and len(value) > 1:
-                # Gemini orders an object's fields by propertyOrdering (else
-                # alphabetically); a JSON Schema's answer follows its written order.
-                out["propertyOrdering"] = list(value)
         elif key == "additionalProperties":
             if value is not False:
                 raise gemini_untranslatable(where, "Gemini schemas are closed objects")
