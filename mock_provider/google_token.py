@@ -20,6 +20,8 @@ from fastapi.responses import JSONResponse
 GRANT = "urn:ietf:params:oauth:grant-type:jwt-bearer"
 SCOPE = "https://www.googleapis.com/auth/cloud-platform"
 LIFETIME_S = 3600
+# The audience google-auth signs its assertions for, whatever the key file's token_uri.
+GOOGLE_TOKEN_URI = "https://oauth2.googleapis.com/token"
 
 
 class TokenIssuer:
@@ -68,7 +70,7 @@ class TokenIssuer:
         assert self.account is not None
         try:
             claims = jwt.decode(assertion, certs=self.public_pem.decode(),
-                                audience=self.account["token_uri"])
+                                audience=[self.account["token_uri"], GOOGLE_TOKEN_URI])
         except (exceptions.GoogleAuthError, ValueError) as exc:
             return f"Invalid JWT Signature or claims: {exc}"
         if claims.get("iss") != self.account["client_email"]:
