@@ -54,6 +54,9 @@ class MockProviderSettings(BaseSettings):
     batch_seconds: float = 1.0
     # Test-only: append every model request's body to this JSONL file (record.py).
     record: str | None = None
+    # Vertex AI: the service-account key file whose tokens the /token endpoint issues
+    # (its token_uri points at this server); unset: no Vertex AI token is ever valid.
+    google_service_account: str | None = None
     # Fractions of requests that meet each fault (mock_provider.faults).
     fault_429: float = 0.0
     fault_500: float = 0.0

@@ -18,6 +18,8 @@ from fastapi.responses import JSONResponse, Response
 from mock_provider import message_batches
 from mock_provider.buckets import RateLimits
 from mock_provider.faults import Faults
+from mock_provider.gemini import GeminiJudge
+from mock_provider.google_token import TokenIssuer
 from mock_provider.judge import Judge
 from mock_provider.messages import MessagesJudge, SplitLimits
 from mock_provider.record import Recorder
@@ -62,6 +64,7 @@ def create_app(
     batch_seconds: float = 1.0,
     record: str | None = None,
     latency_jitter_ms: float = 0.0,
+    google_service_account: str | None = None,
 ) -> FastAPI:
     """The mock provider app; its buckets start full. Serve it from one process.
 
@@ -70,6 +73,8 @@ def create_app(
     estimate is final. /v1/messages (Anthropic's) holds requests, input tokens (itpm)
     and output tokens (otpm) apart; without itpm and otpm, each is limited to tpm.
     With `record` (a path), every model request's body is appended there (record.py).
+    Google's generateContent (gemini.py) shares the requests and tokens buckets; Vertex AI's
+    tokens come from `google_service_account`'s key file (google_token.py).
     """
     _validate(rpm, tpm, latency_ms, burst_seconds, default_max_tokens)
     limits = RateLimits(rpm, tpm, burst_seconds)
@@ -83,6 +88,8 @@ def create_app(
     messages = MessagesJudge(judge, SplitLimits(rpm, itpm or tpm, otpm or tpm, burst_seconds))
     app.add_api_route(ENDPOINT_MESSAGES, _recorded(messages.handle, recorder), methods=["POST"])
     message_batches.MessageBatches(api_key, batch_seconds).mount(app)
+    GeminiJudge(judge, limits, TokenIssuer(google_service_account)).mount(
+        app, lambda route: _recorded(route, recorder))
 
     # async on purpose: all state is touched from the event loop only, never a threadpool.
     @app.get("/stats")

@@ -10,11 +10,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
+from quotaflow.deployments.google import check_google
 from quotaflow.deployments.limits import Budget, Refunds
 from quotaflow.deployments.pricing import Prices
 from quotaflow.errors import ConfigError
 
-ProviderKind = Literal["openai", "mock", "local", "anthropic", "openai-batch", "anthropic-batch"]
+ProviderKind = Literal["openai", "mock", "local", "anthropic", "openai-batch", "anthropic-batch",
+                       "gemini", "vertex"]
 # Kinds whose lines go to the provider's own Batch API (quotaflow/offload/), not one call each.
 BATCH_KINDS = frozenset({"openai-batch", "anthropic-batch"})
 # The providers' per-batch limits (lines, bytes), unless a deployment sets lower ones:
@@ -41,7 +43,7 @@ class Deployment(BaseModel):
         description="The kind of provider: `openai` (any OpenAI-compatible API), `mock` "
         "(simulated, in process), `local` (a model in the worker), `anthropic` (the Messages "
         "API), `openai-batch` or `anthropic-batch` (the providers' Batch APIs, bulk jobs "
-        "only).")
+        "only), `gemini` (Google's Gemini API) or `vertex` (Vertex AI).")
     model: str = Field(
         description="The model sent to the provider (a `local` deployment's: the name "
         "requests use and answers carry). A model with no route goes to every deployment "
@@ -75,6 +77,16 @@ class Deployment(BaseModel):
         default=ANTHROPIC_VERSION,
         description="`anthropic` and `anthropic-batch`: the `anthropic-version` header of every "
         "call.")
+    project: str | None = Field(
+        default=None, description="`vertex` (required): the Google Cloud project id.")
+    location: str | None = Field(
+        default=None,
+        description="`vertex` (required): the Vertex AI location, e.g. `us-central1` or "
+        "`global`.")
+    credentials_file: str | None = Field(
+        default=None,
+        description="`vertex`: a service-account JSON key file; unset: google-auth's "
+        "application default credentials.")
     burst_seconds: float = Field(
         default=60.0, gt=0, le=60,
         description="The window the provider enforces its per-minute limits over: 60 for a "
@@ -237,6 +249,8 @@ class Deployment(BaseModel):
             raise ValueError("provider 'anthropic' needs base_url (e.g. https://api.anthropic.com;"
                              " quotaflow calls {base_url}/v1/messages)")
         self._check_token_limits()
+        check_google(self.provider, self.project, self.location, self.api_key_env,
+                     self.credentials_file)
         if self.provider == "local" and not self.model_path:
             raise ValueError("provider 'local' needs model_path (a directory written by "
                              "save_pretrained, e.g. /models/qwen2.5-0.5b-instruct)")

@@ -33,7 +33,11 @@ class ProviderEdge:
         self._pool: Http1Pool | None = None
         self._key: str | None = None
         self._key_head = b""
-        self._head_for(deployment.api_key())
+        self._head_for(self._current_key())
+
+    def _current_key(self) -> str | None:
+        """The credential sent now: the deployment's key (a token source overrides it)."""
+        return self._deployment.api_key()
 
     def _head_for(self, key: str | None) -> bytes:
         if key != self._key:
@@ -43,7 +47,7 @@ class ProviderEdge:
 
     async def post(self, path: str, body: bytes) -> Http1Response:
         pool = self._pool or self._open()
-        head = self._head_for(self._deployment.api_key())
+        head = self._head_for(self._current_key())
         try:
             return await pool.post(path, body, head)
         except TimeoutError as exc:
