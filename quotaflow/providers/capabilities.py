@@ -26,6 +26,7 @@ SERVES: Final[dict[str, frozenset[str]]] = {
     "local": frozenset({ENDPOINT_CHAT, ENDPOINT_COMPLETIONS, ENDPOINT_EMBEDDINGS}),
     "anthropic": frozenset({ENDPOINT_CHAT}),
     "anthropic-batch": frozenset({ENDPOINT_CHAT}),
+    "bedrock": frozenset({ENDPOINT_CHAT}),
 }
 
 
