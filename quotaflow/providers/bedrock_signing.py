@@ -13,6 +13,7 @@ botocore is the optional extra `bedrock` (`pip install 'quotaflow[bedrock]'`); w
 it a bedrock deployment fails its lines with a configuration error naming the extra.
 """
 
+import logging
 import os
 from typing import Any
 from urllib.parse import urlsplit
@@ -57,6 +58,10 @@ class Signer:
         except ImportError as exc:
             raise ConfigError(f"deployment {deployment.name!r}: {MISSING}") from exc
         self._auth_class, self._request_class = SigV4Auth, AWSRequest
+        # botocore.auth logs each canonical request at DEBUG, a session token among its
+        # headers: never, whatever level a worker's root logger is set to.
+        quiet = logging.getLogger("botocore.auth")
+        quiet.setLevel(max(quiet.level, logging.INFO))
         try:
             session = botocore.session.Session(profile=deployment.aws_profile)
             self.region = region_of(deployment, session)
