@@ -66,7 +66,7 @@ class Signer:
             session = botocore.session.Session(profile=deployment.aws_profile)
             self.region = region_of(deployment, session)
             credentials = session.get_credentials()
-        except BotoCoreError as exc:  # e.g. a profile that is not in the config files
+        except (BotoCoreError, ValueError) as exc:  # e.g. a profile the files do not have
             raise ConfigError(f"deployment {deployment.name!r}: AWS credentials: {exc}") from None
         if credentials is None:
             raise ConfigError(
