@@ -16,6 +16,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from mock_provider import message_batches
+from mock_provider.bedrock import BedrockJudge
+from mock_provider.bedrock_checks import AwsKey
 from mock_provider.buckets import RateLimits
 from mock_provider.faults import Faults
 from mock_provider.gemini import GeminiJudge
@@ -65,6 +67,7 @@ def create_app(
     record: str | None = None,
     latency_jitter_ms: float = 0.0,
     google_service_account: str | None = None,
+    aws_key: AwsKey | None = None,
 ) -> FastAPI:
     """The mock provider app; its buckets start full. Serve it from one process.
 
@@ -75,6 +78,8 @@ def create_app(
     With `record` (a path), every model request's body is appended there (record.py).
     Google's generateContent (gemini.py) shares the requests and tokens buckets; Vertex AI's
     tokens come from `google_service_account`'s key file (google_token.py).
+    Bedrock's /model/{modelId}/converse and /invoke check SigV4 signatures with `aws_key`
+    (bedrock.py; without one, any signature passes) under their own rpm and tpm buckets.
     """
     _validate(rpm, tpm, latency_ms, burst_seconds, default_max_tokens)
     limits = RateLimits(rpm, tpm, burst_seconds)
@@ -89,6 +94,8 @@ def create_app(
     app.add_api_route(ENDPOINT_MESSAGES, _recorded(messages.handle, recorder), methods=["POST"])
     message_batches.MessageBatches(api_key, batch_seconds).mount(app)
     GeminiJudge(judge, limits, TokenIssuer(google_service_account)).mount(
+        app, lambda route: _recorded(route, recorder))
+    BedrockJudge(judge, RateLimits(rpm, tpm, burst_seconds), aws_key).mount(
         app, lambda route: _recorded(route, recorder))
 
     # async on purpose: all state is touched from the event loop only, never a threadpool.

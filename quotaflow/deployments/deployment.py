@@ -16,7 +16,7 @@ from quotaflow.deployments.pricing import Prices
 from quotaflow.errors import ConfigError
 
 ProviderKind = Literal["openai", "mock", "local", "anthropic", "openai-batch", "anthropic-batch",
-                       "gemini", "vertex"]
+                       "gemini", "vertex", "bedrock"]
 # Kinds whose lines go to the provider's own Batch API (quotaflow/offload/), not one call each.
 BATCH_KINDS = frozenset({"openai-batch", "anthropic-batch"})
 # The providers' per-batch limits (lines, bytes), unless a deployment sets lower ones:
@@ -30,6 +30,8 @@ LocalEngine = Literal["transformers", "vllm"]
 VllmRunner = Literal["auto", "generate", "pooling"]
 VllmScheduling = Literal["priority", "fcfs"]
 LocalDtype = Literal["auto", "float32", "float16", "bfloat16"]
+# Which Bedrock Runtime operation a `bedrock` deployment calls (quotaflow/providers/bedrock.py).
+BedrockApi = Literal["converse", "invoke"]
 
 
 class Deployment(BaseModel):
@@ -228,6 +230,20 @@ class Deployment(BaseModel):
         description="`local`: the temperature of requests that set none (0: greedy).")
     default_top_p: float = Field(default=1.0, gt=0, le=1,
                                  description="`local`: the top_p of requests that set none.")
+
+    region: str | None = Field(
+        default=None,
+        description="`bedrock`: the AWS region its requests are signed for and sent to "
+        "(`https://bedrock-runtime.{region}.amazonaws.com` unless `base_url` is set); unset: "
+        "the AWS configuration's (AWS_REGION, AWS_DEFAULT_REGION, the profile's).")
+    aws_profile: str | None = Field(
+        default=None,
+        description="`bedrock`: the AWS profile whose credentials sign its requests; unset: "
+        "AWS's default chain (environment, shared files, container or instance role).")
+    bedrock_api: BedrockApi = Field(
+        default="converse",
+        description="`bedrock`: `converse` (the Converse API, any model) or `invoke` "
+        "(InvokeModel with Anthropic Messages bodies, Claude models only).")
 
     @model_validator(mode="before")
     @classmethod

@@ -23,6 +23,10 @@ def make_provider(deployment: Deployment) -> Provider:
         from quotaflow.providers.gemini import GeminiProvider
 
         return GeminiProvider(deployment)
+    if deployment.provider == "bedrock":
+        from quotaflow.providers.bedrock import BedrockProvider
+
+        return BedrockProvider(deployment)
     # Imported here: the HTTP client is the workers' business, not the API's or the CLI's.
     from quotaflow.providers.openai_compat import OpenAICompatProvider
 

@@ -28,6 +28,7 @@ SERVES: Final[dict[str, frozenset[str]]] = {
     "anthropic-batch": frozenset({ENDPOINT_CHAT}),
     "gemini": frozenset({ENDPOINT_CHAT}),
     "vertex": frozenset({ENDPOINT_CHAT}),
+    "bedrock": frozenset({ENDPOINT_CHAT}),
 }
 
 

@@ -45,9 +45,11 @@ class ProviderEdge:
             self._key_head = f"{self._auth(key)}\r\n".encode() if key else b""
         return self._key_head
 
-    async def post(self, path: str, body: bytes) -> Http1Response:
+    async def post(self, path: str, body: bytes, signed: bytes = b"") -> Http1Response:
+        """POST `body`; `signed` holds header lines made for this one request (a
+        signature over its path and body: bedrock_signing.py)."""
         pool = self._pool or self._open()
-        head = self._head_for(self._current_key())
+        head = self._head_for(self._current_key()) + signed
         try:
             return await pool.post(path, body, head)
         except TimeoutError as exc:
