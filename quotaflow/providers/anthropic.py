@@ -68,10 +68,12 @@ class AnthropicProvider:
                 retry_after=parse_retry_after(headers) if status != 429
                 else parse_retry_after(headers) or reset_wait(headers),
                 body=payload if isinstance(payload, dict) else None,
-                remaining=(requests, outputs), remaining_input=inputs)
+                remaining=(requests, outputs), remaining_input=inputs,
+                request_id=headers.get("request-id"))
         if not isinstance(payload, dict) or payload.get("type") != "message":
             raise RetryableProviderError(
-                f"{self._name}: malformed response (HTTP {status}, not a Message object)")
+                f"{self._name}: malformed response (HTTP {status}, not a Message object)",
+                request_id=headers.get("request-id"))
         prompt, completion, cached, _ = message_usage(payload)
         return ProviderResponse(
             status_code=status, body=payload, request_id=headers.get("request-id"),
