@@ -41,6 +41,7 @@ def build_app(settings: MockProviderSettings) -> FastAPI | LeanProvider:
         batch_seconds=settings.batch_seconds,
         record=settings.record,
         latency_jitter_ms=settings.latency_jitter_ms,
+        azure_api_version=settings.azure_api_version,
     )
 
 

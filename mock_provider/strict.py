@@ -16,6 +16,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from mock_provider import message_batches
+from mock_provider.azure import AzureWire
 from mock_provider.buckets import RateLimits
 from mock_provider.faults import Faults
 from mock_provider.judge import Judge
@@ -62,6 +63,7 @@ def create_app(
     batch_seconds: float = 1.0,
     record: str | None = None,
     latency_jitter_ms: float = 0.0,
+    azure_api_version: str = "2024-10-21",
 ) -> FastAPI:
     """The mock provider app; its buckets start full. Serve it from one process.
 
@@ -70,6 +72,7 @@ def create_app(
     estimate is final. /v1/messages (Anthropic's) holds requests, input tokens (itpm)
     and output tokens (otpm) apart; without itpm and otpm, each is limited to tpm.
     With `record` (a path), every model request's body is appended there (record.py).
+    Azure OpenAI's paths (azure.py) are judged by the same buckets.
     """
     _validate(rpm, tpm, latency_ms, burst_seconds, default_max_tokens)
     limits = RateLimits(rpm, tpm, burst_seconds)
@@ -83,6 +86,7 @@ def create_app(
     messages = MessagesJudge(judge, SplitLimits(rpm, itpm or tpm, otpm or tpm, burst_seconds))
     app.add_api_route(ENDPOINT_MESSAGES, _recorded(messages.handle, recorder), methods=["POST"])
     message_batches.MessageBatches(api_key, batch_seconds).mount(app)
+    AzureWire(judge, api_key, azure_api_version, recorder).mount(app)
 
     # async on purpose: all state is touched from the event loop only, never a threadpool.
     @app.get("/stats")
