@@ -210,3 +210,28 @@ def test_secrets_never_reach_the_log(monkeypatch: pytest.MonkeyPatch,
     logging.getLogger("quotaflow.execution.attempts").warning("%s", error.value)
     text = caplog.text + str(error.value) + repr(error.value.body)
     assert "azure-unit-key" not in text and "tenant-secret" not in text
+
+
+def test_every_http_kind_sends_the_deployments_headers_and_query(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The batch kinds' SDK clients and the anthropic provider as well as azure's."""
+    from quotaflow.offload.clients import make_client
+    from quotaflow.providers.anthropic import AnthropicProvider
+
+    monkeypatch.setenv("QF_UNIT_TENANT", "t-2")
+    extra: dict[str, Any] = {"headers": {"X-Tenant": {"env": "QF_UNIT_TENANT"},
+                                         "anthropic-version": "2099-01-01"},
+                             "query": {"r": "west"}, "rpm": 60, "tpm": 10_000}
+    for kind in ("openai-batch", "anthropic-batch"):
+        client = make_client(Deployment(name=kind, provider=kind, model="m",
+                                        base_url="http://127.0.0.1:9/v1", **extra))
+        try:
+            assert client.client.default_headers["X-Tenant"] == "t-2"  # type: ignore[attr-defined]
+            assert client.client._custom_query == {"r": "west"}  # type: ignore[attr-defined]
+        finally:
+            client.close()
+    claude = AnthropicProvider(Deployment(name="c", provider="anthropic", model="m",
+                                          base_url="http://127.0.0.1:9", **extra))
+    edge = claude._edge
+    assert edge._extras_head == b"X-Tenant: t-2\r\nanthropic-version: 2099-01-01\r\n"
+    assert "anthropic-version" not in edge._headers  # the deployment's replaces the kind's
