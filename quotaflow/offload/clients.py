@@ -6,7 +6,8 @@ with metadata {"quotaflow_batch": our id} and that id as Idempotency-Key, so a b
 whose id was never stored (a crash between the two) is found again by `find` instead of
 made twice. `anthropic-batch`: POST /v1/messages/batches with the requests inline;
 Message Batches have no metadata, so an upload interrupted before its id was stored is
-made again (its results are stored once either way: results are insert-or-ignore).
+made again (its results are stored once either way: results are insert-or-ignore); the
+lines' `params.betas` become the batch's one `anthropic-beta` header, their union.
 The deployment's own headers and query (quotaflow/deployments/extras.py) go with every
 call, read from the environment when the client is made. SDK errors become quotaflow's
 retryable and permanent provider errors here.
@@ -202,8 +203,13 @@ class AnthropicBatches:
 
     def submit(self, batch_id: str, url: str, lines: bytes) -> tuple[str, str | None]:
         requests = [orjson.loads(line) for line in lines.splitlines() if line]
+        betas: dict[str, None] = {}  # the lines' params.betas: one header for the batch
+        for request in requests:
+            betas.update(dict.fromkeys(request["params"].pop("betas", None) or ()))
+        headers = {"anthropic-beta": ",".join(betas)} if betas else None
         with _translated(self.deployment.name):
-            batch = self.client.messages.batches.create(requests=requests)  # type: ignore[arg-type]
+            batch = self.client.messages.batches.create(
+                requests=requests, extra_headers=headers)  # type: ignore[arg-type]
         return batch.id, None
 
     def retrieve(self, provider_id: str) -> Remote:

@@ -13,6 +13,9 @@ the combined -tokens-remaining (an output figure would starve its combined bucke
 Errors come in Anthropic's shape {"type": "error", "error": {"type", "message"}}:
 429 rate_limit_error, 529 overloaded_error, 5xx, 408 and 409 are worth another try
 (as the official SDK retries them), other 4xx are permanent.
+
+A line's `params.betas` (the Anthropic SDK's beta requests carry them so) goes out as the
+`anthropic-beta` header, comma-separated, and is left out of the body.
 """
 
 from collections.abc import Mapping
@@ -45,7 +48,11 @@ class AnthropicProvider:
         self._split = deployment.split_tokens
 
     async def send(self, url: str, body: dict[str, Any]) -> ProviderResponse:
-        response = await self._edge.post(self._path, jsoncodec.dumps(body))
+        head = b""
+        if "betas" in body:  # a line's params.betas: Anthropic's header, not a body field
+            body = dict(body)
+            head = beta_header(body.pop("betas"))
+        response = await self._edge.post(self._path, jsoncodec.dumps(body), head)
         return self._interpret(response.status, response.headers, response.reason or None,
                                response.body)
 
@@ -83,6 +90,11 @@ class AnthropicProvider:
 
     async def aclose(self) -> None:
         await self._edge.aclose()
+
+
+def beta_header(betas: list[str]) -> bytes:
+    """The anthropic-beta header line of a request's betas (none: no line)."""
+    return f"anthropic-beta: {','.join(betas)}\r\n".encode() if betas else b""
 
 
 def remaining(headers: Mapping[str, str], split: bool
