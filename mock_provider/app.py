@@ -43,6 +43,7 @@ def build_app(settings: MockProviderSettings) -> FastAPI | LeanProvider:
         latency_jitter_ms=settings.latency_jitter_ms,
         google_service_account=settings.google_service_account,
         aws_key=aws_key(settings),
+        azure_api_version=settings.azure_api_version,
     )
 
 

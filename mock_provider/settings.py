@@ -52,6 +52,8 @@ class MockProviderSettings(BaseSettings):
     reconcile: bool = True
     # How long a Message Batch (/v1/messages/batches) stays in_progress before it ends.
     batch_seconds: float = 1.0
+    # The api-version Azure OpenAI's deployment-name paths must carry (azure.py).
+    azure_api_version: str = "2024-10-21"
     # Test-only: append every model request's body to this JSONL file (record.py).
     record: str | None = None
     # Vertex AI: the service-account key file whose tokens the /token endpoint issues

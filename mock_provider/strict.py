@@ -16,6 +16,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from mock_provider import message_batches
+from mock_provider.azure import AzureWire
 from mock_provider.bedrock import BedrockJudge
 from mock_provider.bedrock_checks import AwsKey
 from mock_provider.buckets import RateLimits
@@ -68,6 +69,7 @@ def create_app(
     latency_jitter_ms: float = 0.0,
     google_service_account: str | None = None,
     aws_key: AwsKey | None = None,
+    azure_api_version: str = "2024-10-21",
 ) -> FastAPI:
     """The mock provider app; its buckets start full. Serve it from one process.
 
@@ -80,6 +82,7 @@ def create_app(
     tokens come from `google_service_account`'s key file (google_token.py).
     Bedrock's /model/{modelId}/converse and /invoke check SigV4 signatures with `aws_key`
     (bedrock.py; without one, any signature passes) under their own rpm and tpm buckets.
+    Azure OpenAI's paths (azure.py) are judged by the same buckets.
     """
     _validate(rpm, tpm, latency_ms, burst_seconds, default_max_tokens)
     limits = RateLimits(rpm, tpm, burst_seconds)
@@ -97,6 +100,7 @@ def create_app(
         app, lambda route: _recorded(route, recorder))
     BedrockJudge(judge, RateLimits(rpm, tpm, burst_seconds), aws_key).mount(
         app, lambda route: _recorded(route, recorder))
+    AzureWire(judge, api_key, azure_api_version, recorder).mount(app)
 
     # async on purpose: all state is touched from the event loop only, never a threadpool.
     @app.get("/stats")

@@ -27,6 +27,10 @@ def make_provider(deployment: Deployment) -> Provider:
         from quotaflow.providers.bedrock import BedrockProvider
 
         return BedrockProvider(deployment)
+    if deployment.provider == "azure":
+        from quotaflow.providers.azure import AzureProvider
+
+        return AzureProvider(deployment)
     # Imported here: the HTTP client is the workers' business, not the API's or the CLI's.
     from quotaflow.providers.openai_compat import OpenAICompatProvider
 

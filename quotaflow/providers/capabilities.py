@@ -29,6 +29,8 @@ SERVES: Final[dict[str, frozenset[str]]] = {
     "gemini": frozenset({ENDPOINT_CHAT}),
     "vertex": frozenset({ENDPOINT_CHAT}),
     "bedrock": frozenset({ENDPOINT_CHAT}),
+    # Azure OpenAI's deployment-name path has no /responses or /moderations of a deployment.
+    "azure": frozenset({ENDPOINT_CHAT, ENDPOINT_COMPLETIONS, ENDPOINT_EMBEDDINGS}),
 }
 
 
