@@ -99,11 +99,15 @@ def create_message_batch(
     dispatcher: DispatcherDep, idempotency_key: IdempotencyKey = None,
     x_quotaflow_queue: Annotated[str | None, Header(
         description="quotaflow extension: realtime, standard (default) or bulk")] = None,
+    anthropic_beta: Annotated[str | None, Header(
+        max_length=2000, description="Betas for every request that names none in its "
+        "params (`params.betas`); forwarded to anthropic deployments")] = None,
 ) -> dict[str, Any]:
     """Store the requests as a job and queue them, or refuse the batch whole (400)."""
     created = message_batches.create_batch(
         sessions, body, tenant=tenant, settings=settings, deployments=deployments,
-        dispatcher=dispatcher, queue=x_quotaflow_queue, idempotency_key=idempotency_key)
+        dispatcher=dispatcher, queue=x_quotaflow_queue, idempotency_key=idempotency_key,
+        anthropic_beta=anthropic_beta)
     if created.counts is not None:  # a new job: its counts are known
         return message_batches.batch_object(created.job, created.counts, _base_url(request))
     with sessions() as session:

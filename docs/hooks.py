@@ -48,6 +48,8 @@ def type_name(annotation: Any) -> str:
     if origin in (Union, types.UnionType):
         names = [type_name(arg) for arg in get_args(annotation) if arg is not type(None)]
         return " or ".join(dict.fromkeys(names))
+    if origin is dict:
+        return "table"
     if origin is tuple:
         items = [type_name(arg) for arg in get_args(annotation) if arg is not Ellipsis]
         return "comma-separated " + " or ".join(f"{name}s" for name in dict.fromkeys(items))

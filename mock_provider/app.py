@@ -9,7 +9,7 @@ from fastapi import FastAPI
 
 from mock_provider.faults import Faults
 from mock_provider.lean import LeanProvider
-from mock_provider.settings import ENV_PREFIX, MockProviderSettings
+from mock_provider.settings import ENV_PREFIX, MockProviderSettings, aws_key
 from mock_provider.strict import create_app
 from quotaflow.errors import ConfigError
 
@@ -41,6 +41,9 @@ def build_app(settings: MockProviderSettings) -> FastAPI | LeanProvider:
         batch_seconds=settings.batch_seconds,
         record=settings.record,
         latency_jitter_ms=settings.latency_jitter_ms,
+        google_service_account=settings.google_service_account,
+        aws_key=aws_key(settings),
+        azure_api_version=settings.azure_api_version,
     )
 
 

@@ -15,7 +15,7 @@ import asyncio
 import hmac
 import json
 import random
-from typing import Any
+from typing import Any, Protocol
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
@@ -35,6 +35,19 @@ from mock_provider.wire import (
 )
 from quotaflow.budget.tokens import admission_tokens
 from quotaflow.providers.mock import simulated_body
+
+
+class Dialect(Protocol):
+    """How a provider other than OpenAI speaks the same judged request (mock_provider/azure.py):
+    its auth, its 401, its 429 and its answers' headers; the buckets are the judge's."""
+
+    def authorized(self, request: Request) -> bool: ...
+
+    def unauthorized(self) -> Response: ...
+
+    def rate_limited(self, url: str, decision: Decision, cost: int) -> Response: ...
+
+    def answered(self, url: str, answer: dict[str, Any], decision: Decision) -> Response: ...
 
 
 class Judge:
@@ -72,9 +85,14 @@ class Judge:
         given = request.headers.get("authorization", "")
         return hmac.compare_digest(given.encode(), f"Bearer {self._api_key}".encode())
 
-    async def handle(self, url: str, request: Request) -> Response:
+    async def handle(self, url: str, request: Request, dialect: Dialect | None = None
+                     ) -> Response:
+        """Judge one request to `url` (an OpenAI endpoint, whatever path it came by),
+        answering in OpenAI's wire format or the dialect's."""
         self.stats.requests_total += 1
-        if not self.authorized(request):
+        if dialect is not None and not dialect.authorized(request):
+            return dialect.unauthorized()
+        if dialect is None and not self.authorized(request):
             return json_response(
                 401, error_body(UNAUTHORIZED, "invalid_request_error", "invalid_api_key"))
         body = await _read_object(request)
@@ -88,6 +106,8 @@ class Judge:
         headers = ratelimit_headers(self.rpm, self.tpm, decision)
         if not decision.admitted:
             self.stats.rejected_429 += 1
+            if dialect is not None:
+                return dialect.rate_limited(url, decision, cost)
             return self._rate_limited(decision, cost, headers)
         stats = self.stats  # a reset during the latency sleep must not split this request
         stats.record_admitted(body, cost)
@@ -110,7 +130,10 @@ class Judge:
             # bucket, and the headers describe the buckets as they are now.
             refund = cost - int(usage.get("total_tokens", cost))
             stats.tokens_refunded += refund
-            headers = ratelimit_headers(self.rpm, self.tpm, self.limits.settle(refund))
+            decision = self.limits.settle(refund)
+            headers = ratelimit_headers(self.rpm, self.tpm, decision)
+        if dialect is not None:
+            return dialect.answered(url, answer, decision)
         return json_response(200, answer, headers)
 
     def _rate_limited(self, decision: Decision, cost: int, headers: dict[str, str]) -> JSONResponse:

@@ -1,7 +1,8 @@
 """Test-only: the request bodies the strict mock received, appended to a JSONL file.
 
 `quotaflow mock-provider --record PATH` (QUOTAFLOW_MOCK_RECORD) writes one line per
-model request, `{"path": "/v1/messages", "body": {...}}`, before the request is judged,
+model request, `{"path": "/v1/messages", "query": "", "headers": {...}, "body": {...}}`,
+before the request is judged (the headers that carry a secret as "<redacted>"),
 so a test can check field by field what quotaflow sent (tests/cluster/test_conformance_cluster.py
 checks the OpenAI <-> Anthropic translations this way). Written from the event loop, one
 short write per request: fine for tests, not meant for benchmarks.
@@ -11,6 +12,9 @@ import json
 from pathlib import Path
 
 from fastapi import Request
+
+# Headers that carry a key or a token: recorded as present, never as written.
+SECRET_HEADERS = frozenset({"authorization", "api-key", "x-api-key", "x-identity-header"})
 
 
 class Recorder:
@@ -26,6 +30,9 @@ class Recorder:
             body = json.loads(raw)
         except (ValueError, UnicodeDecodeError):
             body = raw.decode(errors="replace")
-        line = json.dumps({"path": request.url.path, "body": body}, ensure_ascii=False)
+        headers = {name: "<redacted>" if name in SECRET_HEADERS else value
+                   for name, value in request.headers.items()}
+        line = json.dumps({"path": request.url.path, "query": request.url.query,
+                           "headers": headers, "body": body}, ensure_ascii=False)
         with self.path.open("a", encoding="utf-8") as file:
             file.write(line + "\n")

@@ -52,8 +52,18 @@ class MockProviderSettings(BaseSettings):
     reconcile: bool = True
     # How long a Message Batch (/v1/messages/batches) stays in_progress before it ends.
     batch_seconds: float = 1.0
+    # The api-version Azure OpenAI's deployment-name paths must carry (azure.py).
+    azure_api_version: str = "2024-10-21"
     # Test-only: append every model request's body to this JSONL file (record.py).
     record: str | None = None
+    # Vertex AI: the service-account key file whose tokens the /token endpoint issues
+    # (its token_uri points at this server); unset: no Vertex AI token is ever valid.
+    google_service_account: str | None = None
+    # Bedrock's routes (bedrock.py): the access key id signatures must name, the variable
+    # holding its secret (unset: signatures are not checked) and the region they are for.
+    aws_access_key_id: str = "AKIDQUOTAFLOWMOCK"
+    aws_secret_env: str | None = None
+    aws_region: str = "us-east-1"
     # Fractions of requests that meet each fault (mock_provider.faults).
     fault_429: float = 0.0
     fault_500: float = 0.0
@@ -89,6 +99,21 @@ class MockProviderSettings(BaseSettings):
                               f"(--api-key-env, {ENV_PREFIX}API_KEY_ENV), which is empty or "
                               "not set")
         return key
+
+
+def aws_key(settings: MockProviderSettings) -> Any:
+    """The AWS key Bedrock's routes check signatures with (bedrock_checks.AwsKey), read
+    now from the variable aws_secret_env names; None where that is unset."""
+    from mock_provider.bedrock_checks import AwsKey
+
+    if not settings.aws_secret_env:
+        return None
+    secret = os.environ.get(settings.aws_secret_env)
+    if not secret:
+        raise ConfigError(f"the mock provider's AWS secret is read from "
+                          f"{settings.aws_secret_env} ({ENV_PREFIX}AWS_SECRET_ENV), which is "
+                          "empty or not set")
+    return AwsKey(settings.aws_access_key_id, secret, settings.aws_region)
 
 
 def _explain(error: ErrorDetails) -> str:

@@ -16,8 +16,13 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from mock_provider import message_batches
+from mock_provider.azure import AzureWire
+from mock_provider.bedrock import BedrockJudge
+from mock_provider.bedrock_checks import AwsKey
 from mock_provider.buckets import RateLimits
 from mock_provider.faults import Faults
+from mock_provider.gemini import GeminiJudge
+from mock_provider.google_token import TokenIssuer
 from mock_provider.judge import Judge
 from mock_provider.messages import MessagesJudge, SplitLimits
 from mock_provider.record import Recorder
@@ -62,6 +67,9 @@ def create_app(
     batch_seconds: float = 1.0,
     record: str | None = None,
     latency_jitter_ms: float = 0.0,
+    google_service_account: str | None = None,
+    aws_key: AwsKey | None = None,
+    azure_api_version: str = "2024-10-21",
 ) -> FastAPI:
     """The mock provider app; its buckets start full. Serve it from one process.
 
@@ -70,6 +78,11 @@ def create_app(
     estimate is final. /v1/messages (Anthropic's) holds requests, input tokens (itpm)
     and output tokens (otpm) apart; without itpm and otpm, each is limited to tpm.
     With `record` (a path), every model request's body is appended there (record.py).
+    Google's generateContent (gemini.py) shares the requests and tokens buckets; Vertex AI's
+    tokens come from `google_service_account`'s key file (google_token.py).
+    Bedrock's /model/{modelId}/converse and /invoke check SigV4 signatures with `aws_key`
+    (bedrock.py; without one, any signature passes) under their own rpm and tpm buckets.
+    Azure OpenAI's paths (azure.py) are judged by the same buckets.
     """
     _validate(rpm, tpm, latency_ms, burst_seconds, default_max_tokens)
     limits = RateLimits(rpm, tpm, burst_seconds)
@@ -83,6 +96,11 @@ def create_app(
     messages = MessagesJudge(judge, SplitLimits(rpm, itpm or tpm, otpm or tpm, burst_seconds))
     app.add_api_route(ENDPOINT_MESSAGES, _recorded(messages.handle, recorder), methods=["POST"])
     message_batches.MessageBatches(api_key, batch_seconds).mount(app)
+    GeminiJudge(judge, limits, TokenIssuer(google_service_account)).mount(
+        app, lambda route: _recorded(route, recorder))
+    BedrockJudge(judge, RateLimits(rpm, tpm, burst_seconds), aws_key).mount(
+        app, lambda route: _recorded(route, recorder))
+    AzureWire(judge, api_key, azure_api_version, recorder).mount(app)
 
     # async on purpose: all state is touched from the event loop only, never a threadpool.
     @app.get("/stats")

@@ -144,6 +144,7 @@ class ProviderError(QuotaflowError):
         body: dict | None = None,
         remaining: tuple[float | None, float | None] = (None, None),
         remaining_input: float | None = None,
+        request_id: str | None = None,
     ) -> None:
         super().__init__(message)
         self.status_code = status_code
@@ -154,6 +155,9 @@ class ProviderError(QuotaflowError):
         # A split budget's input tokens left (Anthropic's ITPM); remaining's tokens are
         # then the output tokens'.
         self.remaining_input = remaining_input
+        # The provider's id of the call that failed, where it answered with one: what its
+        # support asks for, on the error's log line.
+        self.request_id = request_id
 
 
 class RetryableProviderError(ProviderError):

@@ -11,7 +11,9 @@ checked where the line is parsed again). What Anthropic refuses at creation (not
 JSON, no requests, too many, a request that is not {custom_id, params}, a custom_id
 off its pattern or used twice) refuses the whole batch, naming the request; what
 the params say is the line's own business, as for any file: a bad one becomes that
-request's `errored` result.
+request's `errored` result. The batch's `anthropic-beta` header is the one thing added
+to the bytes: each request whose params name no betas of their own gets the header's
+as `params.betas` (sent as the header again by the workers, providers/anthropic.py).
 """
 
 import io
@@ -40,18 +42,21 @@ class BatchTooLarge(FileTooLarge):
                          "(QUOTAFLOW_MAX_MESSAGE_BATCH_BYTES); split it")
 
 
-def open_requests(body: bytes, max_requests: int) -> io.BufferedReader:
+def open_requests(body: bytes, max_requests: int, betas: tuple[str, ...] = ()
+                  ) -> io.BufferedReader:
     """The body's requests as a buffered JSONL stream (what ingest.create_job reads), made
     as they are read. Raises BatchBodyError from read() at the first thing Anthropic would
-    refuse: ingest is then inside its transaction, so nothing of the batch is stored."""
-    return io.BufferedReader(ChunkStream(_lines(body.decode("latin-1"), max_requests)),
+    refuse: ingest is then inside its transaction, so nothing of the batch is stored.
+    `betas`, the batch's anthropic-beta header, become each request's `params.betas`
+    where it names none of its own (with_betas)."""
+    return io.BufferedReader(ChunkStream(_lines(body.decode("latin-1"), max_requests, betas)),
                              1024 * 1024)
 
 
 _DECODER = json.JSONDecoder()
 
 
-def _lines(text: str, max_requests: int) -> Iterator[bytes]:
+def _lines(text: str, max_requests: int, betas: tuple[str, ...]) -> Iterator[bytes]:
     """{"requests": [...]}: each request checked and yielded as one line."""
     at = _expect(text, _skip(text, 0), "{", "the body must be a JSON object")
     seen_requests = False
@@ -67,7 +72,7 @@ def _lines(text: str, max_requests: int) -> Iterator[bytes]:
         seen_requests = True
         at = _expect(text, _skip(text, at), ":", "expected ':'")
         at = _expect(text, _skip(text, at), "[", "requests: Input should be a valid list")
-        at = yield from _requests(text, at, max_requests)
+        at = yield from _requests(text, at, max_requests, betas)
         at = _skip(text, at)
         if text.startswith(",", at):
             at += 1
@@ -80,7 +85,8 @@ def _lines(text: str, max_requests: int) -> Iterator[bytes]:
         raise BatchBodyError(f"the body is not valid JSON: extra data at byte {at}")
 
 
-def _requests(text: str, at: int, max_requests: int) -> Iterator[bytes]:
+def _requests(text: str, at: int, max_requests: int, betas: tuple[str, ...]
+              ) -> Iterator[bytes]:
     """The array's elements as lines; returns the position after its closing bracket."""
     ids: dict[str, int] = {}
     index = 0
@@ -95,13 +101,33 @@ def _requests(text: str, at: int, max_requests: int) -> Iterator[bytes]:
         start = at
         request, at = _value(text, at, f"requests.{index}")
         _check(request, index, ids)
-        yield text[start:at].encode("latin-1").translate(_LINE_BREAKS) + b"\n"
+        line = text[start:at]
+        if betas and "betas" not in request["params"]:
+            line = with_betas(line, betas)
+        yield line.encode("latin-1").translate(_LINE_BREAKS) + b"\n"
         index += 1
         at = _skip(text, at)
         if text.startswith(",", at):
             at = _skip(text, at + 1)
             continue
         return _expect(text, at, "]", "requests: expected ',' or ']'")
+
+
+def with_betas(request: str, betas: tuple[str, ...]) -> str:
+    """One request's text with `"betas": [...]` added at the end of its params object,
+    the rest of its bytes as sent (the request was checked: an object with params)."""
+    at = _expect(request, _skip(request, 0), "{", "expected '{'")
+    while True:
+        key, at = _value(request, _skip(request, at), "a key")
+        at = _skip(request, _expect(request, _skip(request, at), ":", "expected ':'"))
+        value, end = _value(request, at, str(key))
+        if key == "params":
+            close = end - 1  # the params object's closing brace
+            separator = "," if value else ""
+            return (f"{request[:close]}{separator}\"betas\":{json.dumps(list(betas))}"
+                    f"{request[close:]}")
+        at = _skip(request, end)
+        at = _expect(request, at, ",", "expected ','")
 
 
 def _check(request: Any, index: int, ids: dict[str, int]) -> None:

@@ -27,6 +27,7 @@ from quotaflow.deployments.catalog import Deployments
 from quotaflow.dispatch.queues import Dispatcher
 from quotaflow.errors import InputFileError, InvalidParameter, InvalidRequest, JobNotFound
 from quotaflow.ingest import pipeline as ingest
+from quotaflow.ingest.formats import BETA_NAME
 from quotaflow.jobs import tallies
 from quotaflow.jobs import view as job_view
 from quotaflow.models import ItemStatus, Job, JobStatus, utcnow
@@ -67,21 +68,33 @@ def get_batch(session: Session, message_batch_id: str, tenant: str | None) -> Jo
 
 def create_batch(sessions: sessionmaker[Session], body: bytes, *, tenant: str,
                  settings: Settings, deployments: Deployments, dispatcher: Dispatcher,
-                 queue: str | None = None, idempotency_key: str | None = None
-                 ) -> ingest.Created:
+                 queue: str | None = None, idempotency_key: str | None = None,
+                 anthropic_beta: str | None = None) -> ingest.Created:
     """Ingest the body's requests as a job with Anthropic output, or refuse it whole
     (BatchBodyError, or ingest's errors) and store nothing. A new job comes with its
-    items' counts, which need not be counted again."""
+    items' counts, which need not be counted again. `anthropic_beta`, the request's
+    header, applies to each request that names no betas of its own."""
     spec = ingest.JobSpec(
         queue=batches.choose_queue(queue, None), tenant=tenant,
         idempotency_key=idempotency_key, max_lines=settings.max_message_batch_requests,
         completion_window_s=WINDOW_S, output_format=OUTPUT_ANTHROPIC)
-    stream = open_requests(body, settings.max_message_batch_requests)
+    stream = open_requests(body, settings.max_message_batch_requests,
+                           beta_names(anthropic_beta))
     try:
         return ingest.create_job(sessions, stream, settings=settings, deployments=deployments,
                                  dispatcher=dispatcher, spec=spec)
     except InputFileError as exc:
         raise _refusal(exc) from None
+
+
+def beta_names(header: str | None) -> tuple[str, ...]:
+    """The betas an anthropic-beta header lists (comma-separated); BatchBodyError for one
+    that is not a beta's name."""
+    names = tuple(n.strip() for n in (header or "").split(",") if n.strip())
+    for name in names:
+        if not BETA_NAME.fullmatch(name):
+            raise BatchBodyError(f"anthropic-beta: {name[:100]!r} is not a beta's name")
+    return names
 
 
 def _refusal(exc: InputFileError) -> BatchBodyError:

@@ -10,11 +10,14 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
+from quotaflow.deployments.extras import ExtraValue, check_headers
+from quotaflow.deployments.google import check_google
 from quotaflow.deployments.limits import Budget, Refunds
 from quotaflow.deployments.pricing import Prices
 from quotaflow.errors import ConfigError
 
-ProviderKind = Literal["openai", "mock", "local", "anthropic", "openai-batch", "anthropic-batch"]
+ProviderKind = Literal["openai", "mock", "local", "anthropic", "openai-batch", "anthropic-batch",
+                       "gemini", "vertex", "bedrock", "azure"]
 # Kinds whose lines go to the provider's own Batch API (quotaflow/offload/), not one call each.
 BATCH_KINDS = frozenset({"openai-batch", "anthropic-batch"})
 # The providers' per-batch limits (lines, bytes), unless a deployment sets lower ones:
@@ -28,6 +31,8 @@ LocalEngine = Literal["transformers", "vllm"]
 VllmRunner = Literal["auto", "generate", "pooling"]
 VllmScheduling = Literal["priority", "fcfs"]
 LocalDtype = Literal["auto", "float32", "float16", "bfloat16"]
+# Which Bedrock Runtime operation a `bedrock` deployment calls (quotaflow/providers/bedrock.py).
+BedrockApi = Literal["converse", "invoke"]
 
 
 class Deployment(BaseModel):
@@ -41,7 +46,9 @@ class Deployment(BaseModel):
         description="The kind of provider: `openai` (any OpenAI-compatible API), `mock` "
         "(simulated, in process), `local` (a model in the worker), `anthropic` (the Messages "
         "API), `openai-batch` or `anthropic-batch` (the providers' Batch APIs, bulk jobs "
-        "only).")
+        "only), `gemini` (Google's Gemini API), `vertex` (Vertex AI), `bedrock` (AWS "
+        "Bedrock) or `azure` (Azure OpenAI: deployment-name or `/openai/v1/` paths, "
+        "`api-key` or Entra ID; docs/deployments/azure.md).")
     model: str = Field(
         description="The model sent to the provider (a `local` deployment's: the name "
         "requests use and answers carry). A model with no route goes to every deployment "
@@ -50,11 +57,25 @@ class Deployment(BaseModel):
         default=None,
         description="The provider's URL: required for `openai` (e.g. "
         "`https://api.openai.com/v1`), `anthropic` (`https://api.anthropic.com`; `/v1/messages` "
-        "is added) and the batch kinds.")
+        "is added), `azure` (`https://NAME.openai.azure.com`, or `.../openai/v1` for the v1 "
+        "API) and the batch kinds; any proxy or gateway in front of them may stand in.")
     api_key_env: str | None = Field(
         default=None,
         description="The environment variable holding the API key, read at call time; the key "
         "is never stored or logged. Unset: no key is sent.")
+    api_version: str | None = Field(
+        default=None,
+        description="`azure`: the `api-version` query parameter (e.g. `2024-10-21`); required "
+        "with the deployment-name path, optional with the `/openai/v1` path.")
+    headers: dict[str, ExtraValue] = Field(
+        default_factory=dict, json_schema_extra={"default_text": "none"},
+        description="HTTP headers sent with every call (`OpenAI-Organization`, a gateway's "
+        "tenant header); a value is a string or `{ env = \"NAME\" }`, read from that "
+        "environment variable at call time. Never logged.")
+    query: dict[str, ExtraValue] = Field(
+        default_factory=dict, json_schema_extra={"default_text": "none"},
+        description="Query parameters added to every call's URL; values as for `headers`. "
+        "Never logged.")
     rpm: int = Field(
         gt=0,
         description="Requests per minute; `rpm` x `burst_seconds` / 60 must hold a request. "
@@ -75,6 +96,16 @@ class Deployment(BaseModel):
         default=ANTHROPIC_VERSION,
         description="`anthropic` and `anthropic-batch`: the `anthropic-version` header of every "
         "call.")
+    project: str | None = Field(
+        default=None, description="`vertex` (required): the Google Cloud project id.")
+    location: str | None = Field(
+        default=None,
+        description="`vertex` (required): the Vertex AI location, e.g. `us-central1` or "
+        "`global`.")
+    credentials_file: str | None = Field(
+        default=None,
+        description="`vertex`: a service-account JSON key file; unset: google-auth's "
+        "application default credentials.")
     burst_seconds: float = Field(
         default=60.0, gt=0, le=60,
         description="The window the provider enforces its per-minute limits over: 60 for a "
@@ -217,6 +248,20 @@ class Deployment(BaseModel):
     default_top_p: float = Field(default=1.0, gt=0, le=1,
                                  description="`local`: the top_p of requests that set none.")
 
+    region: str | None = Field(
+        default=None,
+        description="`bedrock`: the AWS region its requests are signed for and sent to "
+        "(`https://bedrock-runtime.{region}.amazonaws.com` unless `base_url` is set); unset: "
+        "the AWS configuration's (AWS_REGION, AWS_DEFAULT_REGION, the profile's).")
+    aws_profile: str | None = Field(
+        default=None,
+        description="`bedrock`: the AWS profile whose credentials sign its requests; unset: "
+        "AWS's default chain (environment, shared files, container or instance role).")
+    bedrock_api: BedrockApi = Field(
+        default="converse",
+        description="`bedrock`: `converse` (the Converse API, any model) or `invoke` "
+        "(InvokeModel with Anthropic Messages bodies, Claude models only).")
+
     @model_validator(mode="before")
     @classmethod
     def _batch_defaults(cls, value: Any) -> Any:
@@ -233,10 +278,18 @@ class Deployment(BaseModel):
                              "https://api.openai.com/v1 or https://api.anthropic.com)")
         if self.provider == "openai" and not self.base_url:
             raise ValueError("provider 'openai' needs base_url (e.g. http://127.0.0.1:8000/v1)")
+        if self.provider == "azure":
+            self._check_azure()
+        check_headers(self.headers)
+        if (self.headers or self.query) and self.provider in ("mock", "local"):
+            raise ValueError(f"provider {self.provider!r} makes no HTTP calls: headers and "
+                             "query apply to the kinds that do")
         if self.provider == "anthropic" and not self.base_url:
             raise ValueError("provider 'anthropic' needs base_url (e.g. https://api.anthropic.com;"
                              " quotaflow calls {base_url}/v1/messages)")
         self._check_token_limits()
+        check_google(self.provider, self.project, self.location, self.api_key_env,
+                     self.credentials_file)
         if self.provider == "local" and not self.model_path:
             raise ValueError("provider 'local' needs model_path (a directory written by "
                              "save_pretrained, e.g. /models/qwen2.5-0.5b-instruct)")
@@ -249,6 +302,21 @@ class Deployment(BaseModel):
                 f"rpm {self.rpm} x burst_seconds {self.burst_seconds:g} / 60 holds less than "
                 "one request, so nothing could ever be sent; raise rpm or burst_seconds")
         return self
+
+    def _check_azure(self) -> None:
+        if not self.base_url:
+            raise ValueError("provider 'azure' needs base_url (https://NAME.openai.azure.com, or "
+                             "https://NAME.openai.azure.com/openai/v1 for the v1 API)")
+        if not self.azure_v1 and not self.api_version:
+            raise ValueError("provider 'azure' needs api_version (e.g. \"2024-10-21\") for "
+                             "the deployment-name path; or end base_url in /openai/v1")
+        if "api-version" in self.query:
+            raise ValueError("query: set api-version with api_version, not query")
+
+    @property
+    def azure_v1(self) -> bool:
+        """An `azure` deployment on Azure's v1 API (base_url ends in /openai/v1)."""
+        return (self.base_url or "").rstrip("/").endswith("/openai/v1")
 
     def _check_token_limits(self) -> None:
         """tpm, or (anthropic only) itpm and otpm: one token budget or two."""

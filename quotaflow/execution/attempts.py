@@ -90,12 +90,15 @@ class Caller:
                 return exc.failure, provenance
             except PermanentProviderError as exc:
                 provenance = _provenance(run, admitted, attempt, admitted_at, sent, exc.status_code)
+                _log_error(run, admitted, attempt, exc, provenance, "not retried")
                 run.feedback.answered(admitted, None)
                 return Failure(FailureCode.PROVIDER_ERROR,
                                f"{exc} (attempt {attempt}, not retried)",
                                exc.status_code, exc.body, attempt), provenance
             except ProviderError as exc:
                 provenance = _provenance(run, admitted, attempt, admitted_at, sent, exc.status_code)
+                _log_error(run, admitted, attempt, exc, provenance,
+                           "retrying" if attempt < attempts else "gave up")
                 # Retry-After or a reset past QUOTAFLOW_MAX_RETRY_AFTER_S: the retry and
                 # the deployment's pause both wait the ceiling instead.
                 exc.retry_after = run.policy.provider_wait(exc.retry_after, deployment.name)
@@ -105,7 +108,7 @@ class Caller:
                 avoid = self.router.siblings(deployment) if quota else frozenset()
             else:
                 provenance = _provenance(run, admitted, attempt, admitted_at, sent,
-                                         response.status_code)
+                                         response.status_code, response.request_id)
                 run.feedback.answered(admitted, response)
                 return response, provenance
             if attempt < attempts:
@@ -181,16 +184,31 @@ def poll_time(refunds_due: bool, wait_s: float) -> float:
 
 
 def _provenance(run: BatchRun, admitted: Admitted, attempt: int, admitted_at: float, sent: float,
-                status: int | None) -> Provenance:
-    """The record of one call just answered; a debug line for it only when asked for
-    (a line per request at INFO would cost more than the request)."""
+                status: int | None, request_id: str | None = None) -> Provenance:
+    """The record of one call just answered; a debug line for an answer only when asked
+    for (a line per request at INFO would cost more than the request)."""
     provenance = Provenance(admitted.deployment.name, attempt, admitted_at, sent, time.time())
-    if log.isEnabledFor(logging.DEBUG):
-        item = admitted.item
-        log.debug("line %d answered by %s (attempt %d, status %s)", item.line_no,
+    if status is not None and status < 400 and log.isEnabledFor(logging.DEBUG):
+        log.debug("line %d answered by %s (attempt %d, status %s)", admitted.item.line_no,
                   provenance.deployment, attempt, status,
-                  extra={**run.context, "line": item.line_no, "custom_id": item.custom_id,
-                         "deployment": provenance.deployment, "attempt": attempt,
-                         "status": status,
-                         "latency_ms": round(1000 * (provenance.answered_at - sent), 1)})
+                  extra=_call_context(run, admitted, attempt, provenance, status, request_id))
     return provenance
+
+
+def _call_context(run: BatchRun, admitted: Admitted, attempt: int, provenance: Provenance,
+                  status: int | None, request_id: str | None) -> dict[str, object]:
+    item = admitted.item
+    return {**run.context, "line": item.line_no, "custom_id": item.custom_id,
+            "deployment": provenance.deployment, "attempt": attempt, "status": status,
+            "latency_ms": round(1000 * (provenance.answered_at - provenance.sent_at), 1),
+            "provider_request_id": request_id}
+
+
+def _log_error(run: BatchRun, admitted: Admitted, attempt: int, exc: ProviderError,
+               provenance: Provenance, then: str) -> None:
+    """One WARNING line per failed call, with the provider's request id where it sent one:
+    what an operator searches for, and what the provider's support asks for. Failures are
+    few where the budget holds, so the line costs nothing that matters."""
+    log.warning("line %d: %s (attempt %d, %s)", admitted.item.line_no, exc, attempt, then,
+                extra=_call_context(run, admitted, attempt, provenance, exc.status_code,
+                                    exc.request_id))

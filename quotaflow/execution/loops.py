@@ -57,7 +57,9 @@ class ProviderPool:
             return last.provider
         providers = self._by_loop.setdefault(loop, {})
         key = (deployment.name, deployment.provider, deployment.base_url,
-               deployment.api_key_env, deployment.timeout_s, deployment.anthropic_version)
+               deployment.api_key_env, deployment.timeout_s, deployment.anthropic_version,
+               deployment.model, deployment.api_version, repr(deployment.headers),
+               repr(deployment.query))
         provider = providers.get(key)
         if provider is None:
             provider = providers[key] = self._factory(deployment)

@@ -15,6 +15,7 @@ Anthropic results, quotaflow/results/output.py.)
 
 import hashlib
 import json
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import IO, Any
@@ -168,6 +169,10 @@ def _check_messages(messages: Any) -> None:
             raise LineRejected(f"body.messages[{index}] has no content")
 
 
+# An Anthropic beta's name, as the anthropic-beta header lists them.
+BETA_NAME = re.compile(r"[A-Za-z0-9._-]{1,100}")
+
+
 def _anthropic_params(params: Any) -> dict[str, Any]:
     """Anthropic Message Batches params, kept as written (an anthropic deployment sends
     them so), beside a view in OpenAI's shape that routes and counts the line. Any content
@@ -190,6 +195,12 @@ def _anthropic_params(params: Any) -> dict[str, Any]:
         _check_blocks(message.get("content"), f"params.messages[{index}].content")
     if params.get("system") is not None:
         _check_blocks(params["system"], "params.system")
+    if "betas" in params:  # sent as the anthropic-beta header (providers/anthropic.py)
+        betas = params["betas"]
+        if not isinstance(betas, list) or not all(
+                isinstance(b, str) and BETA_NAME.fullmatch(b) for b in betas):
+            raise LineRejected("params.betas must be a list of beta names (e.g. "
+                               "\"context-1m-2025-08-07\"), sent as the anthropic-beta header")
     body = counting_view(params)
     body[ANTHROPIC_PARAMS] = params
     return body

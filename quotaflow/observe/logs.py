@@ -4,7 +4,7 @@
 log pipeline can filter a job's lines without parsing prose; the plain-text default
 appends the same context as `key=value` after the message. The context is what the
 execution log calls pass as `extra=`: the job id, batch, line, custom_id, deployment,
-attempt, status and latency.
+attempt, status, latency and the provider's request id.
 """
 
 import logging
@@ -16,7 +16,7 @@ from pythonjsonlogger.json import JsonFormatter
 
 # The `extra=` keys quotaflow's log calls use; the text format shows those present.
 CONTEXT = ("job_id", "batch", "line", "custom_id", "deployment", "attempt", "status",
-           "latency_ms", "claimed", "succeeded", "failed", "retry_in")
+           "latency_ms", "provider_request_id", "claimed", "succeeded", "failed", "retry_in")
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 HANDLER_NAME = "quotaflow"
 JSON_FIELDS = "%(asctime)s %(levelname)s %(name)s %(message)s"

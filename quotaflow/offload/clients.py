@@ -6,8 +6,11 @@ with metadata {"quotaflow_batch": our id} and that id as Idempotency-Key, so a b
 whose id was never stored (a crash between the two) is found again by `find` instead of
 made twice. `anthropic-batch`: POST /v1/messages/batches with the requests inline;
 Message Batches have no metadata, so an upload interrupted before its id was stored is
-made again (its results are stored once either way: results are insert-or-ignore).
-SDK errors become quotaflow's retryable and permanent provider errors here.
+made again (its results are stored once either way: results are insert-or-ignore); the
+lines' `params.betas` become the batch's one `anthropic-beta` header, their union.
+The deployment's own headers and query (quotaflow/deployments/extras.py) go with every
+call, read from the environment when the client is made. SDK errors become quotaflow's
+retryable and permanent provider errors here.
 """
 
 import contextlib
@@ -20,6 +23,7 @@ import httpx
 import orjson
 
 from quotaflow.deployments.catalog import Deployment
+from quotaflow.deployments.extras import resolve
 from quotaflow.errors import PermanentProviderError, ProviderError, RetryableProviderError
 from quotaflow.providers.translate.body import request_body
 
@@ -75,6 +79,12 @@ class BatchClient(Protocol):
     def close(self) -> None: ...
 
 
+def extras(deployment: Deployment) -> tuple[dict[str, str], dict[str, str]]:
+    """The deployment's headers and query parameters, environment values read now."""
+    return (resolve(deployment.headers, deployment.name, "header"),
+            resolve(deployment.query, deployment.name, "query parameter"))
+
+
 def make_client(deployment: Deployment) -> BatchClient:
     if deployment.provider == "anthropic-batch":
         return AnthropicBatches(deployment)
@@ -106,9 +116,11 @@ class OpenAIBatches:
         import openai
 
         self.deployment = deployment
+        headers, query = extras(deployment)
         self.client = openai.OpenAI(base_url=deployment.base_url,
                                     api_key=deployment.api_key() or "unused",
-                                    timeout=deployment.timeout_s, max_retries=2)
+                                    timeout=deployment.timeout_s, max_retries=2,
+                                    default_headers=headers, default_query=query)
 
     def request_line(self, line_no: int, url: str, body: dict[str, Any]) -> dict[str, Any]:
         return {"custom_id": custom_id(line_no), "method": "POST", "url": url,
@@ -175,11 +187,13 @@ class AnthropicBatches:
         assert deployment.base_url is not None
         self.deployment = deployment
         self.key = deployment.api_key() or "unused"
+        self.headers, self.query = extras(deployment)
         self.client = anthropic.Anthropic(
             base_url=deployment.base_url.rstrip("/").removesuffix("/v1"), api_key=self.key,
             timeout=deployment.timeout_s, max_retries=2,
             default_headers={"anthropic-version": deployment.anthropic_version,
-                             "x-api-key": self.key})
+                             "x-api-key": self.key, **self.headers},
+            default_query=self.query)
 
     def request_line(self, line_no: int, url: str, body: dict[str, Any]) -> dict[str, Any]:
         return {"custom_id": custom_id(line_no), "params": request_body(body, self.deployment)}
@@ -189,8 +203,13 @@ class AnthropicBatches:
 
     def submit(self, batch_id: str, url: str, lines: bytes) -> tuple[str, str | None]:
         requests = [orjson.loads(line) for line in lines.splitlines() if line]
+        betas: dict[str, None] = {}  # the lines' params.betas: one header for the batch
+        for request in requests:
+            betas.update(dict.fromkeys(request["params"].pop("betas", None) or ()))
+        headers = {"anthropic-beta": ",".join(betas)} if betas else None
         with _translated(self.deployment.name):
-            batch = self.client.messages.batches.create(requests=requests)  # type: ignore[arg-type]
+            batch = self.client.messages.batches.create(
+                requests=requests, extra_headers=headers)  # type: ignore[arg-type]
         return batch.id, None
 
     def retrieve(self, provider_id: str) -> Remote:
@@ -211,9 +230,10 @@ class AnthropicBatches:
     def results(self, remote: Remote) -> Iterator[dict[str, Any]]:
         if not remote.results_url:
             return
-        headers = {"x-api-key": self.key, "anthropic-version": self.deployment.anthropic_version}
+        headers = {"x-api-key": self.key, "anthropic-version": self.deployment.anthropic_version,
+                   **self.headers}
         with _translated(self.deployment.name), httpx.stream(
-                "GET", remote.results_url, headers=headers,
+                "GET", remote.results_url, headers=headers, params=self.query,
                 timeout=self.deployment.timeout_s) as response:
             if response.status_code >= 400:
                 raise RetryableProviderError(

@@ -19,6 +19,18 @@ def make_provider(deployment: Deployment) -> Provider:
         from quotaflow.providers.anthropic import AnthropicProvider
 
         return AnthropicProvider(deployment)
+    if deployment.provider in ("gemini", "vertex"):
+        from quotaflow.providers.gemini import GeminiProvider
+
+        return GeminiProvider(deployment)
+    if deployment.provider == "bedrock":
+        from quotaflow.providers.bedrock import BedrockProvider
+
+        return BedrockProvider(deployment)
+    if deployment.provider == "azure":
+        from quotaflow.providers.azure import AzureProvider
+
+        return AzureProvider(deployment)
     # Imported here: the HTTP client is the workers' business, not the API's or the CLI's.
     from quotaflow.providers.openai_compat import OpenAICompatProvider
 

@@ -13,6 +13,9 @@ the combined -tokens-remaining (an output figure would starve its combined bucke
 Errors come in Anthropic's shape {"type": "error", "error": {"type", "message"}}:
 429 rate_limit_error, 529 overloaded_error, 5xx, 408 and 409 are worth another try
 (as the official SDK retries them), other 4xx are permanent.
+
+A line's `params.betas` (the Anthropic SDK's beta requests carry them so) goes out as the
+`anthropic-beta` header, comma-separated, and is left out of the body.
 """
 
 from collections.abc import Mapping
@@ -45,7 +48,11 @@ class AnthropicProvider:
         self._split = deployment.split_tokens
 
     async def send(self, url: str, body: dict[str, Any]) -> ProviderResponse:
-        response = await self._edge.post(self._path, jsoncodec.dumps(body))
+        head = b""
+        if "betas" in body:  # a line's params.betas: Anthropic's header, not a body field
+            body = dict(body)
+            head = beta_header(body.pop("betas"))
+        response = await self._edge.post(self._path, jsoncodec.dumps(body), head)
         return self._interpret(response.status, response.headers, response.reason or None,
                                response.body)
 
@@ -68,10 +75,12 @@ class AnthropicProvider:
                 retry_after=parse_retry_after(headers) if status != 429
                 else parse_retry_after(headers) or reset_wait(headers),
                 body=payload if isinstance(payload, dict) else None,
-                remaining=(requests, outputs), remaining_input=inputs)
+                remaining=(requests, outputs), remaining_input=inputs,
+                request_id=headers.get("request-id"))
         if not isinstance(payload, dict) or payload.get("type") != "message":
             raise RetryableProviderError(
-                f"{self._name}: malformed response (HTTP {status}, not a Message object)")
+                f"{self._name}: malformed response (HTTP {status}, not a Message object)",
+                request_id=headers.get("request-id"))
         prompt, completion, cached, _ = message_usage(payload)
         return ProviderResponse(
             status_code=status, body=payload, request_id=headers.get("request-id"),
@@ -81,6 +90,11 @@ class AnthropicProvider:
 
     async def aclose(self) -> None:
         await self._edge.aclose()
+
+
+def beta_header(betas: list[str]) -> bytes:
+    """The anthropic-beta header line of a request's betas (none: no line)."""
+    return f"anthropic-beta: {','.join(betas)}\r\n".encode() if betas else b""
 
 
 def remaining(headers: Mapping[str, str], split: bool

@@ -26,6 +26,11 @@ SERVES: Final[dict[str, frozenset[str]]] = {
     "local": frozenset({ENDPOINT_CHAT, ENDPOINT_COMPLETIONS, ENDPOINT_EMBEDDINGS}),
     "anthropic": frozenset({ENDPOINT_CHAT}),
     "anthropic-batch": frozenset({ENDPOINT_CHAT}),
+    "gemini": frozenset({ENDPOINT_CHAT}),
+    "vertex": frozenset({ENDPOINT_CHAT}),
+    "bedrock": frozenset({ENDPOINT_CHAT}),
+    # Azure OpenAI's deployment-name path has no /responses or /moderations of a deployment.
+    "azure": frozenset({ENDPOINT_CHAT, ENDPOINT_COMPLETIONS, ENDPOINT_EMBEDDINGS}),
 }
 
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from quotaflow import jsoncodec
 from quotaflow.deployments.catalog import Deployment
-from quotaflow.errors import PermanentProviderError, RetryableProviderError
+from quotaflow.errors import PermanentProviderError, ProviderError, RetryableProviderError
 from quotaflow.providers.base import ProviderResponse, usage_of
 from quotaflow.providers.edge import ProviderEdge
 
@@ -71,25 +71,17 @@ class OpenAICompatProvider:
         except ValueError:
             payload = None
         if status >= 400:
-            message = _error_message(payload) or reason or f"HTTP {status}"
-            error_cls = (RetryableProviderError
-                         if status in RETRYABLE_STATUS or status >= 500 else PermanentProviderError)
-            raise error_cls(
-                f"{self._name}: HTTP {status}: {message}",
-                status_code=status,
-                retry_after=parse_retry_after(headers),
-                body=payload if isinstance(payload, dict) else None,
-                remaining=(_header_number(headers, "x-ratelimit-remaining-requests"),
-                           _header_number(headers, "x-ratelimit-remaining-tokens")),
-            )
+            raise self._error(status, headers, payload,
+                              _error_message(payload) or reason or f"HTTP {status}")
         if not isinstance(payload, dict):
             raise RetryableProviderError(
-                f"{self._name}: malformed response (HTTP {status}, not a JSON object)")
+                f"{self._name}: malformed response (HTTP {status}, not a JSON object)",
+                request_id=request_id_of(headers))
         prompt_tokens, completion_tokens, cached_tokens = usage_of(payload)
         return ProviderResponse(
             status_code=status,
             body=payload,
-            request_id=headers.get("x-request-id"),
+            request_id=request_id_of(headers),
             prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,
             cached_tokens=cached_tokens,
@@ -98,8 +90,29 @@ class OpenAICompatProvider:
             raw=raw,
         )
 
+    def _error(self, status: int, headers: Mapping[str, str], payload: Any, message: str,
+               retry_after: float | None = None) -> ProviderError:
+        """The failed call as quotaflow's error: 408, 409, 429 and 5xx worth another try."""
+        error_cls = (RetryableProviderError
+                     if status in RETRYABLE_STATUS or status >= 500 else PermanentProviderError)
+        return error_cls(
+            f"{self._name}: HTTP {status}: {message}",
+            status_code=status,
+            retry_after=parse_retry_after(headers) if retry_after is None else retry_after,
+            body=payload if isinstance(payload, dict) else None,
+            remaining=(_header_number(headers, "x-ratelimit-remaining-requests"),
+                       _header_number(headers, "x-ratelimit-remaining-tokens")),
+            request_id=request_id_of(headers),
+        )
+
     async def aclose(self) -> None:
         await self._edge.aclose()
+
+
+def request_id_of(headers: Mapping[str, str]) -> str | None:
+    """The provider's id of the call: x-request-id, or apim-request-id where an Azure API
+    Management gateway (Azure OpenAI's own, or a company's) answered without one."""
+    return headers.get("x-request-id") or headers.get("apim-request-id")
 
 
 def _header_number(headers: Mapping[str, str], name: str) -> float | None:

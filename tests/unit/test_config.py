@@ -31,8 +31,8 @@ def write(tmp_path: Path, text: str) -> Path:
     (("tpm = 1000", 'tpm = "lots"'), "tpm\n  Input should be a valid integer"),
     (("rpm = 60", "rpm = 30\nburst_seconds = 1"), "holds less than one request"),
     (('base_url = "http://127.0.0.1:9/v1"\n', ""), "provider 'openai' needs base_url"),
-    (('provider = "openai"', 'provider = "azure"'),
-     "Input should be 'openai', 'mock', 'local', 'anthropic', 'openai-batch' or 'anthropic-batch'"),
+    (('provider = "openai"', 'provider = "nonesuch"'),
+     "Input should be 'openai', 'mock', 'local', 'anthropic', 'openai-batch'"),
 ])
 def test_bad_limits_are_refused(tmp_path: Path, change: tuple[str, str], message: str) -> None:
     path = write(tmp_path, VALID.replace(*change))

@@ -78,3 +78,30 @@ def test_configure_installs_one_handler_of_its_own(monkeypatch) -> None:
                 root.removeHandler(handler)
         root.setLevel(level)
         logging.captureWarnings(False)
+
+
+def test_a_failed_call_is_one_warning_line_with_the_providers_request_id() -> None:
+    from types import SimpleNamespace
+
+    from quotaflow.errors import RetryableProviderError
+    from quotaflow.execution import attempts
+    from quotaflow.providers.outcomes import Provenance
+
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(logs.formatter("json"))
+    attempts.log.addHandler(handler)
+    run = SimpleNamespace(context={"job_id": "batch_abc", "batch": "1-100"})
+    admitted = SimpleNamespace(item=SimpleNamespace(line_no=7, custom_id="r7"))
+    error = RetryableProviderError("az: HTTP 429: slow down", status_code=429,
+                                   request_id="apim-123")
+    try:
+        attempts._log_error(run, admitted, 2, error,  # type: ignore[arg-type]
+                            Provenance("az", 2, 1.0, 1.0, 1.25), "retrying")
+    finally:
+        attempts.log.removeHandler(handler)
+    line = json.loads(stream.getvalue())
+    assert line["level"] == "WARNING" and line["message"] == (
+        "line 7: az: HTTP 429: slow down (attempt 2, retrying)")
+    assert (line["provider_request_id"], line["status"], line["deployment"], line["custom_id"],
+            line["latency_ms"]) == ("apim-123", 429, "az", "r7", 250.0)

@@ -7,17 +7,25 @@ from typing import Any
 from quotaflow.constants import ANTHROPIC_PARAMS
 from quotaflow.deployments.deployment import Deployment
 from quotaflow.providers.translate.to_anthropic import messages_request
+from quotaflow.providers.translate.to_bedrock import bedrock_request
+from quotaflow.providers.translate.to_gemini import generate_request
 from quotaflow.providers.translate.to_openai import chat_request
 
 # Provider kinds that speak Anthropic's Messages API; every other kind speaks OpenAI's.
 ANTHROPIC_KINDS = frozenset({"anthropic", "anthropic-batch"})
+# Provider kinds that speak Google's generateContent (either family translated).
+GOOGLE_KINDS = frozenset({"gemini", "vertex"})
 
 
 def request_body(body: dict[str, Any], deployment: Deployment) -> dict[str, Any]:
     """The body as `deployment` receives it; Untranslatable names a field it cannot take.
     A same-family line costs one dict copy, as it always did."""
+    if deployment.provider == "bedrock":  # Converse or InvokeModel
+        return bedrock_request(body, deployment)
     if deployment.provider in ANTHROPIC_KINDS:
         return messages_request(body, deployment.model, deployment.default_max_tokens)
+    if deployment.provider in GOOGLE_KINDS:
+        return generate_request(body, deployment.default_max_tokens)
     params = body.get(ANTHROPIC_PARAMS)
     if params is not None:  # an Anthropic line, to an OpenAI-compatible deployment
         return chat_request(params, deployment.model)
