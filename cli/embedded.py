@@ -6,6 +6,8 @@ concurrently, through the same execution code the Celery workers use.
 """
 
 import asyncio
+import signal
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO
@@ -20,6 +22,7 @@ from quotaflow.execution import BatchExecutor
 from quotaflow.ingest import pipeline
 from quotaflow.jobs import service as jobs
 from quotaflow.jobs import view as job_view
+from quotaflow.providers.local import close_engines
 from quotaflow.results.output import iter_output
 from quotaflow.runtime import Runtime
 
@@ -47,10 +50,13 @@ def run_file(settings: Settings, input_path: Path, output: IO[str], errors_path:
     executor = runtime.executor
     with sessions() as session:
         pending = job_view.job_object(session, jobs.get_job(session, job.id))["request_counts"]
-    with request_progress(quiet) as progress:
-        task = progress.add_task(job.id, total=pending["pending"])
-        asyncio.run(_run_batches(executor, dispatcher.batches, concurrency,
-                                 lambda _ok: progress.advance(task)))
+    try:
+        with request_progress(quiet) as progress:
+            task = progress.add_task(job.id, total=pending["pending"])
+            asyncio.run(_run_batches(executor, dispatcher.batches, concurrency,
+                                     lambda _ok: progress.advance(task)))
+    finally:  # done or interrupted: a local model's engine ends now, not at exit
+        _close_engines()
     with sessions() as session:
         for line in iter_output(session, job.id, errors=False):
             output.write(line)
@@ -58,6 +64,20 @@ def run_file(settings: Settings, input_path: Path, output: IO[str], errors_path:
         if error_lines:
             errors_path.write_text("".join(error_lines), encoding="utf-8")
         return job_view.job_object(session, jobs.get_job(session, job.id))
+
+
+def _close_engines() -> None:
+    """close_engines(), which a second Ctrl-C must not cut short: an engine half shut
+    down leaves the interpreter's exit waiting on vLLM's processes. Its waits are bounded
+    (seconds), and the command ends as interrupted either way."""
+    if threading.current_thread() is not threading.main_thread():
+        close_engines()
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        close_engines()
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 async def _run_batches(executor: BatchExecutor, batches: list[BatchRef], concurrency: int,

@@ -7,13 +7,16 @@ batches, a request of the realtime queue ahead of bulk ones already waiting; a
 deployment on vLLM (`engine = "vllm"`) has no batcher of ours: each request
 goes straight into vLLM's continuous batch, with its queue as its priority. The model
 is loaded on first use and stays loaded for the life of
-the process: one engine per deployment per process. A Celery worker is
+the process: one engine per deployment per process, until `close_engines()` shuts
+them all down (the end of `quotaflow run`, a worker's shutdown): a request an
+engine drops as it stops is handed back (EngineStopped), never failed. A Celery worker is
 limited to the deployment it was started for (`serve_only`), so a worker
 without a model never loads one by accident. torch and transformers are
 imported only when an engine is built (quotaflow/providers/local/engine.py).
 """
 
 import asyncio
+import logging
 import sys
 import threading
 import uuid
@@ -22,11 +25,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from quotaflow.deployments.catalog import Deployment
-from quotaflow.errors import ConfigError, RetryableProviderError
+from quotaflow.errors import ConfigError, EngineStopped, RetryableProviderError
 from quotaflow.providers.base import ProviderResponse
 from quotaflow.providers.local.answers import answer_body
 from quotaflow.providers.local.batcher import DynamicBatcher
-from quotaflow.providers.local.requests import Engine, parts_for
+from quotaflow.providers.local.requests import Engine, Part, parts_for
 from quotaflow.providers.local.vllm_options import INSTALL_HINT
 from quotaflow.providers.priority import engine_priority
 
@@ -37,11 +40,35 @@ class Runner:
 
     engine: Engine
     batcher: DynamicBatcher | None  # None: the engine schedules itself (vLLM)
+    closed: bool = False
+
+    @property
+    def stopped(self) -> bool:
+        """Shut down, or its engine found dead (vLLM's processes ended)."""
+        return self.closed or bool(getattr(self.engine, "stopped", False))
+
+    def close(self) -> None:
+        self.closed = True
+        if self.batcher is not None:
+            self.batcher.close(timeout_s=CLOSE_BATCH_S)
+        self.engine.close()
 
 
+log = logging.getLogger(__name__)
+# How long a closing batcher waits for the model batch in hand: the process is ending,
+# and its thread (a daemon) goes with it.
+CLOSE_BATCH_S = 5.0
 _runners: dict[str, Runner] = {}
 _lock = threading.Lock()
 _allowed: frozenset[str] | None = None  # None: any local deployment (embedded runs)
+_shutting_down = False  # a plain flag: set from signal handlers, where no lock may be taken
+
+
+def shutting_down() -> None:
+    """Say the process is ending (a worker told to stop): a request its engine drops from
+    now on is handed back, not retried. Safe in a signal handler: one assignment."""
+    global _shutting_down
+    _shutting_down = True
 
 
 def serve_only(names: Iterable[str] | None) -> None:
@@ -78,6 +105,8 @@ def runner_for(deployment: Deployment) -> Runner:
             raise ConfigError(
                 f"this worker holds no model for local deployment {deployment.name!r}; its "
                 f"requests are run by `quotaflow worker --deployment {deployment.name}`")
+        if _shutting_down:
+            raise EngineStopped(f"{deployment.name}: this process is shutting down")
         runner = _runners.get(deployment.name)
         if runner is None:
             engine = load_engine(deployment)
@@ -90,6 +119,20 @@ def runner_for(deployment: Deployment) -> Runner:
                                      name=f"quotaflow-batcher-{deployment.name}")
             runner = _runners[deployment.name] = Runner(engine, batcher)
         return runner
+
+
+def close_engines() -> None:
+    """Shut down every engine this process loaded (vLLM's processes end with it); a
+    request still in one is handed back. Called once the process is done with them."""
+    shutting_down()
+    with _lock:
+        runners = list(_runners.values())
+        _runners.clear()
+    for runner in runners:
+        try:
+            runner.close()
+        except Exception:  # one engine's failure must not keep the others running
+            log.exception("closing a local engine failed")
 
 
 class LocalProvider:
@@ -109,6 +152,25 @@ class LocalProvider:
         deployment, runner = self._deployment, self.runner
         parts = parts_for(url, body, runner.engine, deployment)
         priority = engine_priority()  # the queue of the batch this call serves
+        try:
+            answers = await self._answers(parts, priority)
+        except EngineStopped as exc:
+            if _shutting_down or runner.closed:
+                raise  # handed back, to run again elsewhere or later
+            # Its processes died on their own: the engine is gone for this process.
+            raise RetryableProviderError(f"{exc}; restart `quotaflow worker --deployment "
+                                         f"{deployment.name}`") from exc
+        answer = answer_body(url, deployment, parts, answers)
+        usage = answer["usage"]
+        return ProviderResponse(status_code=200, body=answer,
+                                request_id=f"req_{uuid.uuid4().hex[:24]}",
+                                prompt_tokens=usage["prompt_tokens"],
+                                completion_tokens=usage.get("completion_tokens", 0))
+
+    async def _answers(self, parts: list[Part], priority: int) -> list[Any]:
+        deployment, runner = self._deployment, self.runner
+        if runner.stopped:
+            raise EngineStopped(f"{deployment.name}: the engine is shut down")
         if runner.batcher is None:  # vLLM: every request straight into its scheduler
             futures = [runner.engine.answer(p, priority) for p in parts]  # type: ignore[attr-defined]
         else:
@@ -117,16 +179,17 @@ class LocalProvider:
                 for p in parts]
         try:
             answers = await asyncio.wait_for(asyncio.gather(*futures), deployment.timeout_s)
+        except asyncio.CancelledError:
+            caller = asyncio.current_task()
+            if runner.closed and caller is not None and not caller.cancelling():
+                # The batcher dropped it as it closed: not this request's failure.
+                raise EngineStopped(f"{deployment.name}: the engine shut down") from None
+            raise
         except TimeoutError as exc:  # gather's cancellation takes them off the batcher
             raise RetryableProviderError(
                 f"{deployment.name}: no answer within timeout_s={deployment.timeout_s:g}; "
                 "raise timeout_s or lower max_batch_size (max_num_seqs for vLLM)") from exc
-        answer = answer_body(url, deployment, parts, answers)
-        usage = answer["usage"]
-        return ProviderResponse(status_code=200, body=answer,
-                                request_id=f"req_{uuid.uuid4().hex[:24]}",
-                                prompt_tokens=usage["prompt_tokens"],
-                                completion_tokens=usage.get("completion_tokens", 0))
+        return answers
 
     async def aclose(self) -> None:
         """The model outlives one batch run: it stays loaded for the next."""

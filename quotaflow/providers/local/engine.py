@@ -125,6 +125,9 @@ class TransformersEngine(PromptIds):
         # threads encode while the batch thread decodes.
         self.tokenizer_lock = threading.Lock()
 
+    def close(self) -> None:
+        """Nothing to end: the model lives in this process, and goes with it."""
+
     def run_batch(self, kind: Hashable, payloads: Sequence[Any]) -> list[Any]:
         """The batcher's callback: errors of the device become retryable provider errors."""
         try:
