@@ -6,6 +6,7 @@ concurrently, through the same execution code the Celery workers use.
 """
 
 import asyncio
+import contextlib
 import signal
 import threading
 from collections.abc import Callable
@@ -22,7 +23,7 @@ from quotaflow.execution import BatchExecutor
 from quotaflow.ingest import pipeline
 from quotaflow.jobs import service as jobs
 from quotaflow.jobs import view as job_view
-from quotaflow.providers.local import close_engines
+from quotaflow.providers.local import close_engines, shutting_down
 from quotaflow.results.output import iter_output
 from quotaflow.runtime import Runtime
 
@@ -55,6 +56,8 @@ def run_file(settings: Settings, input_path: Path, output: IO[str], errors_path:
             task = progress.add_task(job.id, total=pending["pending"])
             asyncio.run(_run_batches(executor, dispatcher.batches, concurrency,
                                      lambda _ok: progress.advance(task)))
+    except asyncio.CancelledError:  # Ctrl-C (_on_ctrl_c): the command ends as interrupted
+        raise KeyboardInterrupt from None
     finally:  # done or interrupted: a local model's engine ends now, not at exit
         _close_engines()
     with sessions() as session:
@@ -89,7 +92,34 @@ async def _run_batches(executor: BatchExecutor, batches: list[BatchRef], concurr
             while (report := await executor.run_async(ref, on_item)).retry_in is not None:
                 await asyncio.sleep(report.retry_in)
 
+    loop = asyncio.get_running_loop()
+    closing = _on_ctrl_c(loop, asyncio.current_task())
     try:
         await asyncio.gather(*(one(ref) for ref in batches))
     finally:
+        if closing:  # the local engines end first: what they held is handed back
+            await closing[0]
         await executor.aclose()
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            loop.remove_signal_handler(signal.SIGINT)
+
+
+def _on_ctrl_c(loop: asyncio.AbstractEventLoop,
+               main: "asyncio.Task[None] | None") -> "list[asyncio.Future[None]]":
+    """Ctrl-C: the local engines are shut down at once (a request one held is handed
+    back, its line left to run again) while the batches end, so the command does not
+    wait for generations under way. Run on the loop, not in the signal handler, so it
+    may start a thread. A second Ctrl-C stops waiting. The list gets the engines' close."""
+    closing: list[asyncio.Future[None]] = []
+
+    def interrupted() -> None:
+        if closing:
+            raise KeyboardInterrupt
+        shutting_down()
+        closing.append(loop.run_in_executor(None, close_engines))
+        if main is not None:
+            main.cancel()
+
+    with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):  # not main thread
+        loop.add_signal_handler(signal.SIGINT, interrupted)
+    return closing

@@ -15,7 +15,13 @@ from quotaflow.dispatch.queues import BatchRef
 from quotaflow.errors import ConfigError, ServiceUnavailable
 from quotaflow.execution import loops
 from quotaflow.execution.loops import PROVIDERS
-from quotaflow.providers.local import close_engines, runner_for, serve_only, shutting_down
+from quotaflow.providers.local import (
+    close_engines,
+    close_when_told,
+    runner_for,
+    serve_only,
+    shutting_down,
+)
 from quotaflow.runtime import Runtime
 from workers import metrics  # its signal handlers serve --metrics-port
 from workers.app import app
@@ -41,13 +47,14 @@ def load_local_model(**_kwargs: object) -> None:
             raise ConfigError(f"QUOTAFLOW_WORKER_DEPLOYMENT={name!r} names no local deployment "
                               "of the deployments file")
         runner_for(deployment)
+        close_when_told()  # the engine ends as soon as the worker is told to stop
 
 
 @worker_shutting_down.connect
 def hand_back_when_engine_stops(**_kwargs: object) -> None:
     """Sent from the worker's signal handler, so it only sets a flag (no lock, no I/O):
-    from now on a request whose local engine ends (its processes got the same signal)
-    is handed back to run again, not failed."""
+    the engine's closer thread (close_when_told) then shuts it down, and the requests it
+    held are handed back to run again, not failed."""
     shutting_down()
 
 

@@ -111,7 +111,7 @@ def test_worker_told_to_stop_ends_with_its_batch(deployments: Path, tmp_path: Pa
     # Given a --deployment worker, running a job of 60 answers in batches of 10
     redis.Redis.from_url(REDIS_URL).flushdb()
     env = {**_env(deployments, QUOTAFLOW_DATABASE_URL=pg_url, QUOTAFLOW_BROKER_URL=REDIS_URL,
-                  QUOTAFLOW_BATCH_SIZE="10"), **new_mark()}
+                  QUOTAFLOW_BATCH_SIZE="10", QUOTAFLOW_LEASE_SECONDS="5"), **new_mark()}
     settings = Settings(database_url=pg_url, broker_url=REDIS_URL, batch_size=10,
                         deployments_file=deployments, _env_file=None)
     sessions = session_factory(pg_url)

@@ -1,6 +1,7 @@
 """The processes an engine started, found and ended by pid.
 
-vLLM runs its engine core in a child process and the model in a grandchild. Its own
+vLLM runs its engine core in a child process (multiprocessing's) and the model in a
+grandchild. Its own
 shutdown ends them, but a core killed by a signal leaves its worker to notice on its
 own, and a core that does not answer in time is only force-killed by vLLM's process
 manager, never its worker. So the engine notes its descendants once loaded and, after
@@ -10,6 +11,7 @@ Linux only (/proc); elsewhere there is nothing to note and nothing is ended.
 """
 
 import contextlib
+import multiprocessing
 import os
 import signal
 import time
@@ -43,13 +45,18 @@ def _start_time(pid: int) -> str | None:
     return fields[19]
 
 
-def note(pid: int | None = None) -> Started:
-    """The live descendants of `pid` (this process by default), with their start times."""
+def note() -> Started:
+    """The processes this one started with multiprocessing (vLLM's engine core) and all
+    below them, with their start times. Not multiprocessing's resource tracker, which is
+    no engine's and ends by itself when this process does."""
     noted: Started = {}
-    for kid in descendants(os.getpid() if pid is None else pid):
-        started = _start_time(kid)
-        if started is not None:
-            noted[kid] = started
+    for child in multiprocessing.active_children():
+        if child.pid is None:
+            continue
+        for pid in [child.pid, *descendants(child.pid)]:
+            started = _start_time(pid)
+            if started is not None:
+                noted[pid] = started
     return noted
 
 
@@ -58,13 +65,21 @@ def alive(noted: Started) -> list[int]:
     return [pid for pid, started in noted.items() if _start_time(pid) == started]
 
 
-def end(noted: Started, grace_s: float) -> list[int]:
+def name(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return "?"
+
+
+def end(noted: Started, grace_s: float) -> list[str]:
     """Wait up to `grace_s` for the noted processes to end, then SIGKILL those left;
-    returns the pids that had to be killed."""
+    returns those that had to be killed, as `name[pid]`."""
     deadline = time.monotonic() + grace_s
     while (left := alive(noted)) and time.monotonic() < deadline:
         time.sleep(0.05)
+    killed = [f"{name(pid)}[{pid}]" for pid in left]
     for pid in left:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
-    return left
+    return killed
