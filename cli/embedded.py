@@ -13,6 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
+from sqlalchemy import select
+
 from cli.progress import request_progress, stderr
 from quotaflow.config import Settings
 from quotaflow.constants import MOCK_PROVIDER
@@ -23,7 +25,8 @@ from quotaflow.execution import BatchExecutor
 from quotaflow.ingest import pipeline
 from quotaflow.jobs import service as jobs
 from quotaflow.jobs import view as job_view
-from quotaflow.providers.local import close_engines, shutting_down
+from quotaflow.models import Item
+from quotaflow.providers.local import close_engines, runner_for, shutting_down
 from quotaflow.results.output import iter_output
 from quotaflow.runtime import Runtime
 
@@ -51,7 +54,13 @@ def run_file(settings: Settings, input_path: Path, output: IO[str], errors_path:
     executor = runtime.executor
     with sessions() as session:
         pending = job_view.job_object(session, jobs.get_job(session, job.id))["request_counts"]
+        routes = session.scalars(select(Item.route).where(Item.job_id == job.id).distinct())
+        local = {d.name: d for d in map(runtime.deployments.local_deployment_for, routes) if d}
     try:
+        for deployment in local.values():  # loaded and warmed before the progress starts
+            if not quiet:
+                stderr.print(f"loading and warming up local model {deployment.name!r}...")
+            runner_for(deployment)
         with request_progress(quiet) as progress:
             task = progress.add_task(job.id, total=pending["pending"])
             asyncio.run(_run_batches(executor, dispatcher.batches, concurrency,

@@ -1,12 +1,12 @@
 """Each local deployment's engine, loaded once per process, and shut down with it.
 
-The model is loaded on first use and stays loaded for the life of the process: one
-engine per deployment per process. A Celery worker is limited to the deployment it
-was started for (`serve_only`), so a worker without a model never loads one by
-accident. When the process is told to end, its engines are shut down at once rather
-than after the work in hand: a request an engine drops then is handed back
-(EngineStopped) to run again, and vLLM's processes end with the engine, so a command
-ends within seconds of being told, however long its requests would have run.
+The model is loaded on first use (and warmed up: warmup.py) and stays loaded for the
+life of the process: one engine per deployment per process. A Celery worker is
+limited to the deployment it was started for (`serve_only`), so a worker without a
+model never loads one by accident. When the process is told to end, its engines are
+shut down at once rather than after the work in hand: a request an engine drops then
+is handed back (EngineStopped) to run again, and vLLM's processes end with the engine,
+so a command ends within seconds of being told, however long its requests would run.
 """
 
 import logging
@@ -21,6 +21,7 @@ from quotaflow.errors import ConfigError, EngineStopped
 from quotaflow.providers.local.batcher import DynamicBatcher
 from quotaflow.providers.local.requests import Engine
 from quotaflow.providers.local.vllm_options import INSTALL_HINT
+from quotaflow.providers.local.warmup import warm_up
 
 log = logging.getLogger(__name__)
 # How long a closing batcher waits for the model batch in hand: the process is ending,
@@ -110,6 +111,7 @@ def runner_for(deployment: Deployment) -> Runner:
         runner = _runners.get(deployment.name)
         if runner is None:
             engine = load_engine(deployment)
+            warm_up(engine, deployment.name)  # its first requests' cost, not a job's
             if deployment.engine == "vllm":
                 runner = _runners[deployment.name] = Runner(engine, None)
                 return runner
