@@ -23,6 +23,9 @@ token a byte, head size 64), written with save_pretrained. Rows:
 `--rounds N` alternates run_batch and the end-to-end job N times and reports the rounds
 of median rate: on a shared or throttled VM one round moves by a fifth either way.
 
+The warm-start table (bench/local_warm.py) loads a fresh engine twice, cold and warmed
+up at load, and compares its first burst of requests with the next.
+
 The priority table floods one in-process engine with bulk requests, sends realtime
 ones in during the flood, and reports the realtime latencies, once with
 scheduling_policy "priority" and once "fcfs". bench/local_stepped.py adds the
@@ -49,6 +52,7 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
 
 from bench.local_batching import messages
+from bench.local_warm import warm_start
 from quotaflow.constants import ENDPOINT_CHAT, QUEUE_BULK, QUEUE_REALTIME
 from quotaflow.deployments.catalog import Deployment
 from quotaflow.ingest import pipeline
@@ -109,10 +113,12 @@ async def _timed(provider: LocalProvider, i: int, max_tokens: int, queue: str) -
     return time.perf_counter() - started, answer.completion_tokens
 
 
-def at_once(provider: LocalProvider, mode: str, count: int, max_tokens: int) -> Row:
+def at_once(provider: LocalProvider, mode: str, count: int, max_tokens: int,
+            first: int = 0) -> Row:
+    """`count` requests sent at once (prompts numbered from `first`), timed to the last."""
     async def go() -> list:
         return await asyncio.gather(*(_timed(provider, i, max_tokens, QUEUE_BULK)
-                                      for i in range(count)))
+                                      for i in range(first, first + count)))
     started = time.perf_counter()
     answers = asyncio.run(go())
     return Row(mode, count, time.perf_counter() - started, sum(t for _, t in answers))
@@ -306,7 +312,9 @@ def main() -> None:
     parser.add_argument("--realtime", type=int, default=20)
     parser.add_argument("--realtime-after-s", type=float, default=0.5)
     parser.add_argument("--realtime-every-s", type=float, default=0.1)
-    parser.add_argument("--only", choices=("throughput", "priority"))
+    parser.add_argument("--only", choices=("throughput", "priority", "warm-start"))
+    parser.add_argument("--first-requests", type=int, default=20,
+                        help="requests of each burst of the warm-start rows")
     parser.add_argument("--engine-nice", type=int, default=19,
                         help="the deployment's engine_nice (0: the engine at the worker's "
                              "priority)")
@@ -323,6 +331,8 @@ def main() -> None:
             throughput(model_dir, args, workdir)
         if args.only in (None, "priority"):
             priorities(model_dir, args)
+        if args.only in (None, "warm-start"):
+            warm_start(deployment(model_dir, args), args, at_once)
 
 
 def throughput(model_dir: Path, args: argparse.Namespace, workdir: Path) -> None:

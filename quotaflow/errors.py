@@ -39,6 +39,11 @@ class ConfigError(QuotaflowError):
     """The settings or the deployments file cannot be used as given."""
 
 
+class EngineStopped(QuotaflowError):
+    """A local engine was shut down (or its processes ended) while it held a request: not
+    the request's fault, so its item is handed back to run again, never failed."""
+
+
 class InvalidRequest(QuotaflowError):
     """The request itself cannot be used as given: sending it again unchanged cannot help."""
 

@@ -5,7 +5,7 @@ from functools import lru_cache
 
 from celery import Task
 from celery.concurrency.thread import TaskPool as ThreadsPool
-from celery.signals import worker_init, worker_ready
+from celery.signals import worker_init, worker_ready, worker_shutdown, worker_shutting_down
 from sqlalchemy import text
 
 from quotaflow.config import get_settings
@@ -15,7 +15,13 @@ from quotaflow.dispatch.queues import BatchRef
 from quotaflow.errors import ConfigError, ServiceUnavailable
 from quotaflow.execution import loops
 from quotaflow.execution.loops import PROVIDERS
-from quotaflow.providers.local import runner_for, serve_only
+from quotaflow.providers.local import (
+    close_engines,
+    close_when_told,
+    runner_for,
+    serve_only,
+    shutting_down,
+)
 from quotaflow.runtime import Runtime
 from workers import metrics  # its signal handlers serve --metrics-port
 from workers.app import app
@@ -41,6 +47,22 @@ def load_local_model(**_kwargs: object) -> None:
             raise ConfigError(f"QUOTAFLOW_WORKER_DEPLOYMENT={name!r} names no local deployment "
                               "of the deployments file")
         runner_for(deployment)
+        close_when_told()  # the engine ends as soon as the worker is told to stop
+
+
+@worker_shutting_down.connect
+def hand_back_when_engine_stops(**_kwargs: object) -> None:
+    """Sent from the worker's signal handler, so it only sets a flag (no lock, no I/O):
+    the engine's closer thread (close_when_told) then shuts it down, and the requests it
+    held are handed back to run again, not failed."""
+    shutting_down()
+
+
+@worker_shutdown.connect
+def close_local_engines(**_kwargs: object) -> None:
+    """Once the pool has stopped (its batches finished or handed back): shut this worker's
+    engine down, vLLM's processes with it, so the worker can exit."""
+    close_engines()
 
 
 def warm() -> None:

@@ -12,7 +12,12 @@ import time
 from quotaflow.budget.limiter import Limiter, sleep_time
 from quotaflow.budget.routing import Router
 from quotaflow.deployments.catalog import Route
-from quotaflow.errors import PermanentProviderError, ProviderError, ServiceUnavailable
+from quotaflow.errors import (
+    EngineStopped,
+    PermanentProviderError,
+    ProviderError,
+    ServiceUnavailable,
+)
 from quotaflow.execution.abortable import CallStopped, aborts_when_stopped, until_stopped
 from quotaflow.execution.admitted import Admitted
 from quotaflow.execution.batch import BatchRun
@@ -88,6 +93,11 @@ class Caller:
             except CallStopped as exc:  # the job ended while a local engine had it
                 run.feedback.answered(admitted, None)
                 return exc.failure, provenance
+            except EngineStopped as exc:  # the local engine shut down: the item goes back
+                log.info("line %d handed back: %s", admitted.item.line_no, exc,
+                         extra=run.context)
+                run.feedback.unsent(admitted)
+                return None, None  # still leased: it runs again once the lease lapses
             except PermanentProviderError as exc:
                 provenance = _provenance(run, admitted, attempt, admitted_at, sent, exc.status_code)
                 _log_error(run, admitted, attempt, exc, provenance, "not retried")

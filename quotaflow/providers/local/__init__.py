@@ -5,91 +5,32 @@ provider; the requests of every batch run in the process meet in the
 deployment's one DynamicBatcher, whose thread runs them on the model in
 batches, a request of the realtime queue ahead of bulk ones already waiting; a
 deployment on vLLM (`engine = "vllm"`) has no batcher of ours: each request
-goes straight into vLLM's continuous batch, with its queue as its priority. The model
-is loaded on first use and stays loaded for the life of
-the process: one engine per deployment per process. A Celery worker is
-limited to the deployment it was started for (`serve_only`), so a worker
-without a model never loads one by accident. torch and transformers are
-imported only when an engine is built (quotaflow/providers/local/engine.py).
+goes straight into vLLM's continuous batch, with its queue as its priority.
+Engines are loaded once per process and shut down with it (runners.py). torch and
+transformers are imported only when an engine is built (engine.py).
 """
 
 import asyncio
-import sys
-import threading
 import uuid
-from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any
 
 from quotaflow.deployments.catalog import Deployment
-from quotaflow.errors import ConfigError, RetryableProviderError
+from quotaflow.errors import EngineStopped, RetryableProviderError
 from quotaflow.providers.base import ProviderResponse
+from quotaflow.providers.local import runners
 from quotaflow.providers.local.answers import answer_body
-from quotaflow.providers.local.batcher import DynamicBatcher
-from quotaflow.providers.local.requests import Engine, parts_for
-from quotaflow.providers.local.vllm_options import INSTALL_HINT
+from quotaflow.providers.local.requests import Part, parts_for
+from quotaflow.providers.local.runners import (  # noqa: F401  (the package's API)
+    Runner,
+    _runners,
+    close_engines,
+    close_when_told,
+    load_engine,
+    runner_for,
+    serve_only,
+    shutting_down,
+)
 from quotaflow.providers.priority import engine_priority
-
-
-@dataclass
-class Runner:
-    """A loaded engine and the batcher in front of it."""
-
-    engine: Engine
-    batcher: DynamicBatcher | None  # None: the engine schedules itself (vLLM)
-
-
-_runners: dict[str, Runner] = {}
-_lock = threading.Lock()
-_allowed: frozenset[str] | None = None  # None: any local deployment (embedded runs)
-
-
-def serve_only(names: Iterable[str] | None) -> None:
-    """Celery workers call this at start: load only these deployments' models (or none).
-    None lifts the restriction (the embedded runner loads whatever it needs)."""
-    global _allowed
-    _allowed = None if names is None else frozenset(names)
-
-
-def load_engine(deployment: Deployment) -> Engine:
-    if deployment.engine == "transformers":
-        try:
-            from quotaflow.providers.local.engine import TransformersEngine
-        except ImportError as exc:
-            raise ConfigError(
-                f"deployment {deployment.name!r} runs on transformers, which is not "
-                "installed; pip install 'quotaflow[local]'") from exc
-        return TransformersEngine(deployment)
-    if deployment.engine == "vllm":
-        try:
-            from quotaflow.providers.local.vllm_engine import VllmEngine
-        except ImportError as exc:
-            raise ConfigError(f"deployment {deployment.name!r} runs on vLLM, which this "
-                              f"interpreter ({sys.executable}) cannot import ({exc}); "
-                              f"{INSTALL_HINT}") from exc
-        return VllmEngine(deployment)
-    raise ConfigError(f"deployment {deployment.name!r}: unknown engine {deployment.engine!r}")
-
-
-def runner_for(deployment: Deployment) -> Runner:
-    """The deployment's engine and batcher, loaded once per process."""
-    with _lock:
-        if _allowed is not None and deployment.name not in _allowed:
-            raise ConfigError(
-                f"this worker holds no model for local deployment {deployment.name!r}; its "
-                f"requests are run by `quotaflow worker --deployment {deployment.name}`")
-        runner = _runners.get(deployment.name)
-        if runner is None:
-            engine = load_engine(deployment)
-            if deployment.engine == "vllm":
-                runner = _runners[deployment.name] = Runner(engine, None)
-                return runner
-            batcher = DynamicBatcher(engine.run_batch, deployment.max_batch_size,
-                                     deployment.max_batch_tokens,
-                                     deployment.max_wait_ms / 1000,
-                                     name=f"quotaflow-batcher-{deployment.name}")
-            runner = _runners[deployment.name] = Runner(engine, batcher)
-        return runner
 
 
 class LocalProvider:
@@ -109,6 +50,25 @@ class LocalProvider:
         deployment, runner = self._deployment, self.runner
         parts = parts_for(url, body, runner.engine, deployment)
         priority = engine_priority()  # the queue of the batch this call serves
+        try:
+            answers = await self._answers(parts, priority)
+        except EngineStopped as exc:
+            if runners.ending() or runner.closed:
+                raise  # handed back, to run again elsewhere or later
+            # Its processes died on their own: the engine is gone for this process.
+            raise RetryableProviderError(f"{exc}; restart `quotaflow worker --deployment "
+                                         f"{deployment.name}`") from exc
+        answer = answer_body(url, deployment, parts, answers)
+        usage = answer["usage"]
+        return ProviderResponse(status_code=200, body=answer,
+                                request_id=f"req_{uuid.uuid4().hex[:24]}",
+                                prompt_tokens=usage["prompt_tokens"],
+                                completion_tokens=usage.get("completion_tokens", 0))
+
+    async def _answers(self, parts: list[Part], priority: int) -> list[Any]:
+        deployment, runner = self._deployment, self.runner
+        if runner.stopped:
+            raise EngineStopped(f"{deployment.name}: the engine is shut down")
         if runner.batcher is None:  # vLLM: every request straight into its scheduler
             futures = [runner.engine.answer(p, priority) for p in parts]  # type: ignore[attr-defined]
         else:
@@ -117,16 +77,17 @@ class LocalProvider:
                 for p in parts]
         try:
             answers = await asyncio.wait_for(asyncio.gather(*futures), deployment.timeout_s)
+        except asyncio.CancelledError:
+            caller = asyncio.current_task()
+            if runner.closed and caller is not None and not caller.cancelling():
+                # The batcher dropped it as it closed: not this request's failure.
+                raise EngineStopped(f"{deployment.name}: the engine shut down") from None
+            raise
         except TimeoutError as exc:  # gather's cancellation takes them off the batcher
             raise RetryableProviderError(
                 f"{deployment.name}: no answer within timeout_s={deployment.timeout_s:g}; "
                 "raise timeout_s or lower max_batch_size (max_num_seqs for vLLM)") from exc
-        answer = answer_body(url, deployment, parts, answers)
-        usage = answer["usage"]
-        return ProviderResponse(status_code=200, body=answer,
-                                request_id=f"req_{uuid.uuid4().hex[:24]}",
-                                prompt_tokens=usage["prompt_tokens"],
-                                completion_tokens=usage.get("completion_tokens", 0))
+        return answers
 
     async def aclose(self) -> None:
         """The model outlives one batch run: it stays loaded for the next."""

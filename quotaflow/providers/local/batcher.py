@@ -131,12 +131,13 @@ class DynamicBatcher:
             self._changed.notify()
         return entry.future
 
-    def close(self) -> None:
-        """Stop after the batch in hand; requests still waiting are cancelled."""
+    def close(self, timeout_s: float = 60.0) -> None:
+        """Stop after the batch in hand (waiting for it up to `timeout_s`); requests still
+        waiting are cancelled."""
         with self._changed:
             self._closed = True
             self._changed.notify()
-        self._thread.join(timeout=60)
+        self._thread.join(timeout=timeout_s)
         for entry in self._waiting:
             entry.future.cancel()
 

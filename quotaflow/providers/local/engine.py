@@ -19,7 +19,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
 from quotaflow.deployments.catalog import Deployment
-from quotaflow.errors import ConfigError, RetryableProviderError
+from quotaflow.errors import ConfigError, EngineStopped, RetryableProviderError
 from quotaflow.providers.local.prompt_ids import PromptIds
 from quotaflow.providers.local.requests import EMBED, Generated, GenerationRequest
 
@@ -88,6 +88,7 @@ class TransformersEngine(PromptIds):
     applies: frozenset[str] = frozenset()  # no sampling field beyond temperature, top_p
     # A causal LM takes no image parts: a line with one fails naming it (content.py).
     takes_images = False
+    stopped = False  # set by close(): the batch in hand ends at its next step
 
     def __init__(self, deployment: Deployment) -> None:
         self.name = deployment.name
@@ -124,6 +125,12 @@ class TransformersEngine(PromptIds):
         # The Rust tokenizer refuses concurrent use ("Already borrowed"): callers'
         # threads encode while the batch thread decodes.
         self.tokenizer_lock = threading.Lock()
+
+    def close(self) -> None:
+        """Stop the batch in hand at its next step (its requests are handed back): the
+        model lives in this process, but a thread still inside torch when the
+        interpreter exits aborts it ("terminate called without an active exception")."""
+        self.stopped = True
 
     def run_batch(self, kind: Hashable, payloads: Sequence[Any]) -> list[Any]:
         """The batcher's callback: errors of the device become retryable provider errors."""
@@ -163,6 +170,8 @@ class TransformersEngine(PromptIds):
                          use_cache=True, **{self._cache_arg: cache}, **self._last_logits_only)
         last = positions[:, -1:]
         while True:
+            if self.stopped:
+                raise EngineStopped(f"{self.name}: the engine is shutting down")
             chosen = next_tokens(out.logits[:, -1, :], temperatures, top_ps)
             going = []
             for row, token in enumerate(chosen.tolist()):

@@ -40,6 +40,9 @@ class Engine(Tokenizer, Protocol):
 
     def run_batch(self, kind: Hashable, payloads: Sequence[Any]) -> list[Any]: ...
 
+    def close(self) -> None:
+        """End what the engine started (processes, threads); it takes no request after."""
+
 
 @dataclass(frozen=True)
 class GenerationRequest:

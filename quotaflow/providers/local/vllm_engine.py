@@ -27,7 +27,13 @@ from concurrent.futures import Future
 from typing import Any
 
 from quotaflow.deployments.catalog import Deployment
-from quotaflow.errors import ConfigError, PermanentProviderError, RetryableProviderError
+from quotaflow.errors import (
+    ConfigError,
+    EngineStopped,
+    PermanentProviderError,
+    RetryableProviderError,
+)
+from quotaflow.providers.local import children
 from quotaflow.providers.local.images import load_image
 from quotaflow.providers.local.prompt_ids import PromptIds
 from quotaflow.providers.local.requests import (
@@ -61,11 +67,15 @@ try:
     from vllm.sampling_params import RequestOutputKind
     from vllm.utils.gc_utils import freeze_gc_heap
     from vllm.v1.engine.async_llm import AsyncLLM
+    from vllm.v1.engine.exceptions import EngineDeadError
 except ImportError as exc:  # the provider turns this into a ConfigError naming the fix
     raise ImportError(f"vLLM is not importable: {exc}") from exc
 
 log = logging.getLogger(__name__)
 LOAD_TIMEOUT_S = 900.0
+# How long vLLM's processes get to end after its shutdown asks them (they are killed
+# after that): a command must end within seconds of its job, or of a signal.
+CLOSE_TIMEOUT_S = 4.0
 STRUCTURED = structured_option(vllm.sampling_params)
 
 
@@ -93,6 +103,9 @@ class VllmEngine(PromptIds):
             self._loop.call_soon_threadsafe(self._loop.stop)
             raise ConfigError(f"deployment {self.name!r}: vLLM could not load "
                               f"{deployment.model_path}: {exc}") from exc
+        # Its processes, ended with it whatever state they are left in (children.py).
+        self._children = children.note()
+        self.stopped = False  # set once it is shut down, or found dead
         threads = lower_children_priority(deployment.engine_nice)
         # What loading made (torch's, transformers' and vLLM's objects) out of the collector's
         # sight, as vLLM's own servers do once started: each full collection walked them
@@ -130,8 +143,17 @@ class VllmEngine(PromptIds):
         return [f.result() for f in futures]
 
     async def answer(self, part: Part, priority: int) -> Any:
-        """One request's answer, run on the engine's loop; cancelling the caller aborts it."""
-        return await asyncio.wrap_future(self._call(self._one(part, priority)))
+        """One request's answer, run on the engine's loop; cancelling the caller aborts it.
+        A request the engine drops as it shuts down is handed back (EngineStopped)."""
+        if self.stopped:
+            raise EngineStopped(f"{self.name}: vLLM's engine is shut down")
+        try:
+            return await asyncio.wrap_future(self._call(self._one(part, priority)))
+        except asyncio.CancelledError:
+            caller = asyncio.current_task()
+            if self.stopped and caller is not None and not caller.cancelling():
+                raise EngineStopped(f"{self.name}: vLLM's engine shut down") from None
+            raise
 
     async def _one(self, part: Part, priority: int) -> Any:
         request_id = uuid.uuid4().hex
@@ -153,7 +175,12 @@ class VllmEngine(PromptIds):
             raise
         except (ValueError, VLLMClientError) as exc:  # vLLM refused the request itself
                 raise bad_request(f"{self.name}: {exc}") from exc
-        except Exception as exc:  # the engine died or failed a step: try again later
+        except EngineDeadError as exc:  # its processes ended (a signal to the group?)
+            self.stopped = True
+            raise EngineStopped(f"{self.name}: vLLM's engine has ended") from exc
+        except Exception as exc:  # the engine failed a step: try again later
+            if self.stopped:
+                raise EngineStopped(f"{self.name}: vLLM's engine shut down") from exc
             raise RetryableProviderError(f"{self.name}: vLLM failed: {exc}") from exc
 
     async def _generate(self, prompt: "TokensPrompt", request: GenerationRequest,
@@ -180,8 +207,34 @@ class VllmEngine(PromptIds):
         assert final is not None
         return [float(x) for x in final.outputs.data.tolist()]
 
-    def close(self) -> None:
-        """Stop the engine (its core process) and the loop's thread."""
-        self.llm.shutdown()
-        self._loop.call_soon_threadsafe(self._loop.stop)
+    def close(self, timeout_s: float = CLOSE_TIMEOUT_S) -> None:
+        """Shut the engine down: its requests still running are handed back, vLLM's
+        processes end (or are killed after `timeout_s`), and the loop's thread stops.
+        Without this the process could not exit: the interpreter's exit handler waits on
+        vLLM's engine process, which waits on the loop this thread still runs."""
+        self.stopped = True
+        noted = {**self._children, **children.note()}
+        if self._thread.is_alive():
+            stopping = self._call(self._stop(timeout_s))
+            try:
+                stopping.result(timeout_s + 2)
+            except Exception as exc:  # ending it is all that matters now
+                log.warning("%s: vLLM's shutdown: %s", self.name, exc)
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(2)
+        killed = children.end(noted, grace_s=1.0)
+        if killed:
+            log.warning("%s: vLLM's processes %s outlived its shutdown: killed", self.name,
+                        killed)
+        log.info("%s: vLLM's engine is shut down", self.name)
 
+    async def _stop(self, timeout_s: float) -> None:
+        """On the engine's loop: cancel the requests on it (their callers hand them back),
+        then vLLM's own shutdown, which ends its processes and its output task."""
+        me = asyncio.current_task()
+        requests = [t for t in asyncio.all_tasks() if t is not me]
+        for task in requests:
+            task.cancel()
+        if requests:
+            await asyncio.wait(requests, timeout=1.0)
+        self.llm.shutdown(timeout=timeout_s)

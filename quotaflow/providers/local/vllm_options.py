@@ -11,6 +11,7 @@ from typing import Any
 
 from quotaflow.deployments.catalog import Deployment
 from quotaflow.errors import ConfigError
+from quotaflow.providers.local.children import descendants
 
 INSTALL_HINT = (
     "install it in the worker's interpreter (GPU hosts: pip install vllm; CPU: pip install "
@@ -81,7 +82,7 @@ def lower_children_priority(nice: int) -> int:
     if not nice or not Path("/proc/self/task").is_dir():
         return 0
     lowered = 0
-    for pid in _descendants(os.getpid()):
+    for pid in descendants(os.getpid()):
         for task in Path(f"/proc/{pid}/task").glob("*"):
             try:
                 tid = int(task.name)
@@ -92,14 +93,3 @@ def lower_children_priority(nice: int) -> int:
                 continue
     return lowered
 
-
-def _descendants(pid: int) -> list[int]:
-    found: list[int] = []
-    for children in Path(f"/proc/{pid}/task").glob("*/children"):
-        try:
-            kids = [int(c) for c in children.read_text().split()]
-        except OSError:
-            continue
-        for kid in kids:
-            found += [kid, *_descendants(kid)]
-    return found
