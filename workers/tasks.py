@@ -5,7 +5,7 @@ from functools import lru_cache
 
 from celery import Task
 from celery.concurrency.thread import TaskPool as ThreadsPool
-from celery.signals import worker_init, worker_ready, worker_shutdown, worker_shutting_down
+from celery.signals import worker_init, worker_ready, worker_shutdown
 from sqlalchemy import text
 
 from quotaflow.config import get_settings
@@ -20,10 +20,9 @@ from quotaflow.providers.local import (
     close_when_told,
     runner_for,
     serve_only,
-    shutting_down,
 )
 from quotaflow.runtime import Runtime
-from workers import metrics  # its signal handlers serve --metrics-port
+from workers import metrics, rounds  # metrics: its signal handlers serve --metrics-port
 from workers.app import app
 from workers.dispatch import CeleryDispatcher
 
@@ -47,15 +46,9 @@ def load_local_model(**_kwargs: object) -> None:
             raise ConfigError(f"QUOTAFLOW_WORKER_DEPLOYMENT={name!r} names no local deployment "
                               "of the deployments file")
         runner_for(deployment)
-        close_when_told()  # the engine ends as soon as the worker is told to stop
-
-
-@worker_shutting_down.connect
-def hand_back_when_engine_stops(**_kwargs: object) -> None:
-    """Sent from the worker's signal handler, so it only sets a flag (no lock, no I/O):
-    the engine's closer thread (close_when_told) then shuts it down, and the requests it
-    held are handed back to run again, not failed."""
-    shutting_down()
+        # The engine ends as soon as the worker is told to stop: its closer thread reads
+        # Celery's stop flag (no receiver of worker_shutting_down: workers/rounds.py).
+        close_when_told(rounds.stopping)
 
 
 @worker_shutdown.connect

@@ -251,11 +251,13 @@ def test_a_crowd_of_long_polls_costs_one_read_per_interval(served, pg_sessions, 
         time.sleep(0.05)
     watchers = app.state.job_watchers
     reads_before, waited_at = watchers.reads, time.monotonic()
-    # While they wait, the database pool is free: plain reads answer at once
+    # While they wait, the database pool is free: plain reads answer at once (not after
+    # a pool's 30 s wait; the bound leaves room for this process's own 200 clients on a
+    # machine busy with other tests)
     for _ in range(5):
         began = time.monotonic()
         assert httpx.get(f"{url}/jobs/{job_id}", timeout=10).status_code == 200
-        assert time.monotonic() - began < 1.0
+        assert time.monotonic() - began < 3.0
     time.sleep(2.0)
     reads = watchers.reads - reads_before
     intervals = (time.monotonic() - waited_at) / settings.watch_interval_s

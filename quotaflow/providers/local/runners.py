@@ -13,7 +13,7 @@ import logging
 import sys
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from quotaflow.deployments.catalog import Deployment
@@ -139,13 +139,14 @@ def close_engines() -> None:
                 log.exception("closing a local engine failed")
 
 
-def close_when_told() -> threading.Thread:
-    """A thread that shuts the engines down as soon as `shutting_down()` is called: a
-    signal handler may only set the flag, and a worker's pool would otherwise wait for
-    its batches, however long their generations, before its shutdown hook runs."""
+def close_when_told(told: Callable[[], bool] = lambda: False) -> threading.Thread:
+    """A thread that shuts the engines down as soon as `shutting_down()` is called or
+    `told()` says so (a worker's stop flag, read here because a signal handler may take
+    no lock): a worker's pool would otherwise wait for its batches, however long their
+    generations, before its shutdown hook runs."""
 
     def watch() -> None:
-        while not _shutting_down:
+        while not (_shutting_down or told()):
             time.sleep(TOLD_POLL_S)
         close_engines()
 
