@@ -35,7 +35,7 @@ os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 import torch
 
 from quotaflow.constants import ENDPOINT_CHAT
-from quotaflow.deployments.catalog import Deployment
+from quotaflow.deployments.deployment import Deployment
 from quotaflow.providers.local import LocalProvider, runner_for
 from quotaflow.providers.local.requests import GenerationRequest
 from tests.harness.tiny_model import SENTENCES, save_tiny_model

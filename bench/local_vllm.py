@@ -54,7 +54,7 @@ os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
 from bench.local_batching import messages
 from bench.local_warm import warm_start
 from quotaflow.constants import ENDPOINT_CHAT, QUEUE_BULK, QUEUE_REALTIME
-from quotaflow.deployments.catalog import Deployment
+from quotaflow.deployments.deployment import Deployment
 from quotaflow.ingest import pipeline
 from quotaflow.providers.local import LocalProvider
 from quotaflow.providers.priority import current_queue

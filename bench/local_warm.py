@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from quotaflow.deployments.catalog import Deployment
+from quotaflow.deployments.deployment import Deployment
 from quotaflow.providers import local
 from quotaflow.providers.local import LocalProvider, Runner, load_engine
 from quotaflow.providers.local.warmup import warm_up

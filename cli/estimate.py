@@ -25,39 +25,43 @@ COLUMNS = ("route", "deployments", "requests", "tokenizer", "prompt tokens",
            "max completion", "cost", "time", "binds")
 
 
+@click.command()
+@click.argument("input_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--queue", type=click.Choice(QUEUES), default=DEFAULT_QUEUE,
+              show_default=True, help="The queue it would run on (its floor slows it).")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the estimate object (docs/formats/estimate.md).")
+@click.option("--offline", is_flag=True,
+              help="Count here from the deployments file even when QUOTAFLOW_API_URL is "
+                   "set (tenant limits not checked).")
+@click.option("-q", "--quiet", is_flag=True,
+              help="Print nothing: the exit status says whether submit would take it.")
+def estimate(input_file: Path, queue: str, as_json: bool, offline: bool,
+             quiet: bool) -> None:
+    """Estimate INPUT_FILE's tokens, cost and time at the deployments' budgets, and
+    its share of the tenant's limits, without submitting it (nothing is stored).
+
+    Asks the API when QUOTAFLOW_API_URL is set; without one (or with --offline) it
+    counts from the deployments file, as `quotaflow run` would run the file. Exits 2
+    when submit would refuse the file."""
+    settings = get_settings()
+    if offline or not api_configured(settings):
+        found = local_estimate(settings, input_file, queue)
+    else:
+        from cli.common import client
+
+        found = client(settings.submit_timeout_s).estimate(input_file, queue)
+    if as_json:
+        click.echo(json.dumps(found, indent=2))
+    elif not quiet:
+        click.echo(render(found))
+    sys.exit(exit_codes.INVALID_INPUT if found["submit_would_refuse"] else exit_codes.OK)
+
+
 def register(cli: click.Group) -> None:
-    @cli.command()
-    @click.argument("input_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-    @click.option("--queue", type=click.Choice(QUEUES), default=DEFAULT_QUEUE,
-                  show_default=True, help="The queue it would run on (its floor slows it).")
-    @click.option("--json", "as_json", is_flag=True,
-                  help="Print the estimate object (docs/formats/estimate.md).")
-    @click.option("--offline", is_flag=True,
-                  help="Count here from the deployments file even when QUOTAFLOW_API_URL is "
-                       "set (tenant limits not checked).")
-    @click.option("-q", "--quiet", is_flag=True,
-                  help="Print nothing: the exit status says whether submit would take it.")
-    def estimate(input_file: Path, queue: str, as_json: bool, offline: bool,
-                 quiet: bool) -> None:
-        """Estimate INPUT_FILE's tokens, cost and time at the deployments' budgets, and
-        its share of the tenant's limits, without submitting it (nothing is stored).
-
-        Asks the API when QUOTAFLOW_API_URL is set; without one (or with --offline) it
-        counts from the deployments file, as `quotaflow run` would run the file. Exits 2
-        when submit would refuse the file."""
-        settings = get_settings()
-        if offline or not api_configured(settings):
-            found = local_estimate(settings, input_file, queue)
-        else:
-            from cli.main import client
-
-            found = client(settings.submit_timeout_s).estimate(input_file, queue)
-        if as_json:
-            click.echo(json.dumps(found, indent=2))
-        elif not quiet:
-            click.echo(render(found))
-        sys.exit(exit_codes.INVALID_INPUT if found["submit_would_refuse"] else exit_codes.OK)
-
+    """Add this module's commands to the `quotaflow` group."""
+    for command in (estimate,):
+        cli.add_command(command)
 
 def api_configured(settings: Settings) -> bool:
     """Whether QUOTAFLOW_API_URL (or .env) names an API: the default URL is where `quotaflow

@@ -12,26 +12,30 @@ LIMIT_COLUMNS = ("deployment", "model", "rpm", "tpm", "burst s", "refunds", "req
                  "tokens left", "blocked s", "utilisation")
 
 
-def register(cli: click.Group) -> None:
-    @cli.command()
-    @click.option("--deployment", default=None, help="Only this deployment.")
-    @click.option("--watch", is_flag=True, help="Refresh every second until interrupted.")
-    @click.option("--json", "as_json", is_flag=True,
-                  help="Print the API's limit objects as a JSON list (no --watch).")
-    def limits(deployment: str | None, watch: bool, as_json: bool) -> None:
-        """Show each deployment's limits, current level and utilisation."""
-        api = client()
-        if as_json:
-            print_json(api.limits(deployment))
-        elif not watch:
-            print_limits(limit_rows(api.limits(deployment)))
-        else:
-            with Live(limits_table(limit_rows(api.limits(deployment))), console=stdout,
-                      auto_refresh=False) as live:
-                while True:
-                    time.sleep(1.0)
-                    live.update(limits_table(limit_rows(api.limits(deployment))), refresh=True)
+@click.command()
+@click.option("--deployment", default=None, help="Only this deployment.")
+@click.option("--watch", is_flag=True, help="Refresh every second until interrupted.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the API's limit objects as a JSON list (no --watch).")
+def limits(deployment: str | None, watch: bool, as_json: bool) -> None:
+    """Show each deployment's limits, current level and utilisation."""
+    api = client()
+    if as_json:
+        print_json(api.limits(deployment))
+    elif not watch:
+        print_limits(limit_rows(api.limits(deployment)))
+    else:
+        with Live(limits_table(limit_rows(api.limits(deployment))), console=stdout,
+                  auto_refresh=False) as live:
+            while True:
+                time.sleep(1.0)
+                live.update(limits_table(limit_rows(api.limits(deployment))), refresh=True)
 
+
+def register(cli: click.Group) -> None:
+    """Add this module's commands to the `quotaflow` group."""
+    for command in (limits,):
+        cli.add_command(command)
 
 def print_limits(rows: list[tuple[str, ...]]) -> None:
     """A table on a terminal; piped, plain columns nothing gets cut from."""

@@ -124,163 +124,167 @@ def metrics_env(port: int | None) -> dict[str, str]:
     return {"QUOTAFLOW_WORKER_METRICS_PORT": str(port), "PROMETHEUS_MULTIPROC_DIR": directory}
 
 
+@click.command()
+@click.option("--host", default=None, help="Default: QUOTAFLOW_API_HOST (127.0.0.1).")
+@click.option("--port", default=None, type=int, help="Default: QUOTAFLOW_API_PORT (8000).")
+@click.option("--workers", default=None, type=click.IntRange(1, 64),
+              help="Processes serving the API, each listening on the one port (a "
+                   "supervisor restarts any that dies). Default: QUOTAFLOW_API_WORKERS (1).")
+def api(host: str | None, port: int | None, workers: int | None) -> None:
+    """Serve the REST API (OpenAPI docs at /docs)."""
+    from quotaflow import preflight  # the checks pull in the whole domain
+
+    settings = get_settings()
+    preflight.ensure_ready(settings, "quotaflow api")
+    logs.configure(settings, logging.INFO)
+    # log_config=None: uvicorn's records reach the root logger, in quotaflow's format
+    # (api/process.py sets it up in each worker process). A stop waits at most
+    # API_GRACEFUL_S for requests in flight (a long-poll, a download), then closes them.
+    options: dict[str, Any] = {"app": "api.process:app", "log_level": "info",
+                               "log_config": None,
+                               "timeout_graceful_shutdown": API_GRACEFUL_S}
+    sys.exit(api_processes.serve(options, host or settings.api_host,
+                                 port or settings.api_port,
+                                 workers or settings.api_workers, API_GRACEFUL_S))
+
+@click.command()
+@click.option("--queues", default=",".join(QUEUES), show_default=True,
+              help="Comma-separated queues (priority classes) this worker consumes.")
+@click.option("--concurrency", default=2, show_default=True, type=click.IntRange(1, 512))
+@click.option("--name", default=None, help="Worker node name (default: quotaflow-PID@host).")
+@click.option("--loglevel", default="info", show_default=True)
+@click.option("--deployment", default=None, metavar="NAME",
+              help="Serve the local deployment NAME: load its model once, run batches "
+                   "in threads that share it, consume only its queues "
+                   "(local.NAME.PRIORITY). Pin to a GPU with CUDA_VISIBLE_DEVICES.")
+@click.option("--autoscale", default=None, metavar="MAX,MIN", callback=_autoscale,
+              help="Let Celery grow the pool up to MAX processes while batches wait and "
+                   "shrink it to MIN when idle (overrides --concurrency).")
+@click.option("--metrics-port", default=None, type=click.IntRange(1, 65535),
+              help="Serve this worker's Prometheus metrics (all its pool processes) at "
+                   "http://HOST:PORT/metrics. Default: QUOTAFLOW_WORKER_METRICS_PORT; "
+                   "unset: no metrics server.")
+@click.option("--realtime-slots", default=None, type=click.IntRange(0, 64),
+              help="When this worker consumes realtime beside other queues: threads kept "
+                   "for realtime batches alone, so a realtime job never waits behind a "
+                   "bulk flood for a pool slot (a second Celery worker, named NAME with "
+                   "-realtime). 0: none, every slot takes any queue. Default: "
+                   "QUOTAFLOW_WORKER_REALTIME_SLOTS (1).")
+def worker(queues: str, concurrency: int, name: str | None, loglevel: str,
+           deployment: str | None, autoscale: str | None, metrics_port: int | None,
+           realtime_slots: int | None) -> None:
+    """Start a Celery worker for the given queues (with a slot kept for realtime when it
+    consumes realtime and other queues: docs/concepts/queues.md)."""
+    chosen = [q.strip() for q in queues.split(",") if q.strip()]
+    unknown = [q for q in chosen if q not in QUEUES]
+    if unknown or not chosen:
+        raise ConfigError(f"unknown queue(s) {unknown}; choose from {', '.join(QUEUES)}")
+    node = name or f"quotaflow-{os.getpid()}@{socket.gethostname()}"
+    # Celery's autoscaler grows and shrinks the process pool; the threads pool cannot.
+    pool = [f"--autoscale={autoscale}"] if autoscale else []
+    env: dict[str, str] = {}
+    if deployment is not None:
+        if autoscale:
+            raise click.UsageError("--autoscale needs the process pool; a --deployment "
+                                   "worker runs threads sharing one model")
+        _check_local(deployment)
+        chosen = [local_queue(deployment, q) for q in chosen]
+        # Threads, not processes: one model per worker process (per GPU), shared by
+        # every batch it runs, so their requests meet in one dynamic batcher.
+        pool = ["--pool", "threads"]
+        env["QUOTAFLOW_WORKER_DEPLOYMENT"] = deployment
+    env |= metrics_env(metrics_port or get_settings().worker_metrics_port)
+    # JSON logs: no banner, so that every line of the worker's output parses.
+    quiet = ["--quiet"] if get_settings().log_format == "json" else []
+    # The options are checked first (above), then what the worker depends on.
+    from quotaflow import preflight  # the checks pull in the whole domain
+
+    preflight.ensure_ready(get_settings(), "quotaflow worker", only=deployment)
+    main = [*quiet, "worker", "-Q", ",".join(chosen), "--concurrency", str(concurrency),
+            *pool, "-n", node, "-l", loglevel, "-E"]
+    _start_worker(main, env, realtime_slots, deployment is None, chosen, node, quiet,
+                  loglevel)
+
+@click.command()
+@click.option("--port", default=None, type=int, help="Default: QUOTAFLOW_FLOWER_PORT (5555).")
+@click.option("--address", default="127.0.0.1", show_default=True)
+@click.option("--no-auth", is_flag=True,
+              help="Serve Flower's pages without a password (development only; its API "
+                   "stays closed). Without this flag Flower needs "
+                   "QUOTAFLOW_FLOWER_BASIC_AUTH.")
+def flower(port: int | None, address: str, no_auth: bool) -> None:
+    """Start Flower to watch the workers (basic auth from QUOTAFLOW_FLOWER_BASIC_AUTH)."""
+    # Flower's own variable counts too, for a set-up that already sets it.
+    basic_auth = get_settings().flower_basic_auth or os.environ.get("FLOWER_BASIC_AUTH")
+    env = flower_env(basic_auth, no_auth)
+    _exec_celery("flower", f"--port={port or get_settings().flower_port}",
+                 f"--address={address}", env=env)
+
+@click.group()
+def db() -> None:
+    """Database schema commands."""
+
+@db.command("upgrade")
+def db_upgrade() -> None:
+    """Apply every Alembic migration to QUOTAFLOW_DATABASE_URL."""
+    from quotaflow.db import upgrade
+
+    upgrade(get_settings().database_url)
+    click.echo("database is at the newest migration")
+
+@click.command("mock-provider")
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=9000, show_default=True, type=int)
+@click.option("--rpm", default=600, show_default=True, type=click.IntRange(1))
+@click.option("--tpm", default=200_000, show_default=True, type=click.IntRange(1))
+@click.option("--itpm", type=click.IntRange(1),
+              help="Input tokens per minute of /v1/messages (Anthropic's ITPM; default: "
+                   "--tpm).")
+@click.option("--otpm", type=click.IntRange(1),
+              help="Output tokens per minute of /v1/messages (Anthropic's OTPM; default: "
+                   "--tpm).")
+@click.option("--latency-ms", default=50.0, show_default=True, type=click.FloatRange(0))
+@click.option("--burst-seconds", default=60.0, show_default=True,
+              type=click.FloatRange(0, min_open=True),
+              help="Window the limits are enforced over (OpenAI may use 1 s).")
+@click.option("--default-max-tokens", default=256, show_default=True, type=click.IntRange(1))
+@click.option("--api-key-env", default=None, help="Env var holding the key clients must send.")
+@click.option("--reconcile/--no-reconcile", default=True, show_default=True,
+              help="Bill real usage after each answer (refund unused max_tokens).")
+@click.option("--fault", "faults", multiple=True, metavar="KIND=FRACTION",
+              help="Inject failures: 429, 500, 529, reset, hang, malformed (e.g. --fault "
+                   "500=0.05).")
+@click.option("--record", default=None, metavar="PATH",
+              help="Test-only: append every model request's body to this JSONL file.")
+@click.option("--unlimited", is_flag=True,
+              help="Admit everything, as cheaply as possible (a raw ASGI app, no buckets, "
+                   "no x-ratelimit headers): for throughput benchmarks. --rpm, --tpm, "
+                   "--burst-seconds and --reconcile do not apply.")
+def mock_provider(host: str, port: int, rpm: int, tpm: int, itpm: int | None,
+                  otpm: int | None, latency_ms: float,
+                  burst_seconds: float, default_max_tokens: int,
+                  api_key_env: str | None, reconcile: bool, faults: tuple[str, ...],
+                  record: str | None, unlimited: bool) -> None:
+    """Serve a simulated OpenAI-compatible API that enforces RPM/TPM strictly (429s), or,
+    with --unlimited, one that admits everything at the least CPU per request."""
+    given: dict[str, Any] = {"unlimited": unlimited, "latency_ms": latency_ms}
+    if api_key_env:
+        given["api_key_env"] = api_key_env
+    if unlimited:
+        if faults:
+            raise ConfigError("--fault needs the strict provider; leave out --unlimited")
+    else:
+        given |= {"rpm": rpm, "tpm": tpm, "itpm": itpm, "otpm": otpm,
+                  "burst_seconds": burst_seconds,
+                  "default_max_tokens": default_max_tokens, "reconcile": reconcile,
+                  "record": record, **_fault_fractions(faults)}
+    _serve_mock(host, port, given)
+
+
 def register(cli: click.Group) -> None:
-    @cli.command()
-    @click.option("--host", default=None, help="Default: QUOTAFLOW_API_HOST (127.0.0.1).")
-    @click.option("--port", default=None, type=int, help="Default: QUOTAFLOW_API_PORT (8000).")
-    @click.option("--workers", default=None, type=click.IntRange(1, 64),
-                  help="Processes serving the API, each listening on the one port (a "
-                       "supervisor restarts any that dies). Default: QUOTAFLOW_API_WORKERS (1).")
-    def api(host: str | None, port: int | None, workers: int | None) -> None:
-        """Serve the REST API (OpenAPI docs at /docs)."""
-        from quotaflow import preflight  # the checks pull in the whole domain
-
-        settings = get_settings()
-        preflight.ensure_ready(settings, "quotaflow api")
-        logs.configure(settings, logging.INFO)
-        # log_config=None: uvicorn's records reach the root logger, in quotaflow's format
-        # (api/process.py sets it up in each worker process). A stop waits at most
-        # API_GRACEFUL_S for requests in flight (a long-poll, a download), then closes them.
-        options: dict[str, Any] = {"app": "api.process:app", "log_level": "info",
-                                   "log_config": None,
-                                   "timeout_graceful_shutdown": API_GRACEFUL_S}
-        sys.exit(api_processes.serve(options, host or settings.api_host,
-                                     port or settings.api_port,
-                                     workers or settings.api_workers, API_GRACEFUL_S))
-
-    @cli.command()
-    @click.option("--queues", default=",".join(QUEUES), show_default=True,
-                  help="Comma-separated queues (priority classes) this worker consumes.")
-    @click.option("--concurrency", default=2, show_default=True, type=click.IntRange(1, 512))
-    @click.option("--name", default=None, help="Worker node name (default: quotaflow-PID@host).")
-    @click.option("--loglevel", default="info", show_default=True)
-    @click.option("--deployment", default=None, metavar="NAME",
-                  help="Serve the local deployment NAME: load its model once, run batches "
-                       "in threads that share it, consume only its queues "
-                       "(local.NAME.PRIORITY). Pin to a GPU with CUDA_VISIBLE_DEVICES.")
-    @click.option("--autoscale", default=None, metavar="MAX,MIN", callback=_autoscale,
-                  help="Let Celery grow the pool up to MAX processes while batches wait and "
-                       "shrink it to MIN when idle (overrides --concurrency).")
-    @click.option("--metrics-port", default=None, type=click.IntRange(1, 65535),
-                  help="Serve this worker's Prometheus metrics (all its pool processes) at "
-                       "http://HOST:PORT/metrics. Default: QUOTAFLOW_WORKER_METRICS_PORT; "
-                       "unset: no metrics server.")
-    @click.option("--realtime-slots", default=None, type=click.IntRange(0, 64),
-                  help="When this worker consumes realtime beside other queues: threads kept "
-                       "for realtime batches alone, so a realtime job never waits behind a "
-                       "bulk flood for a pool slot (a second Celery worker, named NAME with "
-                       "-realtime). 0: none, every slot takes any queue. Default: "
-                       "QUOTAFLOW_WORKER_REALTIME_SLOTS (1).")
-    def worker(queues: str, concurrency: int, name: str | None, loglevel: str,
-               deployment: str | None, autoscale: str | None, metrics_port: int | None,
-               realtime_slots: int | None) -> None:
-        """Start a Celery worker for the given queues (with a slot kept for realtime when it
-        consumes realtime and other queues: docs/concepts/queues.md)."""
-        chosen = [q.strip() for q in queues.split(",") if q.strip()]
-        unknown = [q for q in chosen if q not in QUEUES]
-        if unknown or not chosen:
-            raise ConfigError(f"unknown queue(s) {unknown}; choose from {', '.join(QUEUES)}")
-        node = name or f"quotaflow-{os.getpid()}@{socket.gethostname()}"
-        # Celery's autoscaler grows and shrinks the process pool; the threads pool cannot.
-        pool = [f"--autoscale={autoscale}"] if autoscale else []
-        env: dict[str, str] = {}
-        if deployment is not None:
-            if autoscale:
-                raise click.UsageError("--autoscale needs the process pool; a --deployment "
-                                       "worker runs threads sharing one model")
-            _check_local(deployment)
-            chosen = [local_queue(deployment, q) for q in chosen]
-            # Threads, not processes: one model per worker process (per GPU), shared by
-            # every batch it runs, so their requests meet in one dynamic batcher.
-            pool = ["--pool", "threads"]
-            env["QUOTAFLOW_WORKER_DEPLOYMENT"] = deployment
-        env |= metrics_env(metrics_port or get_settings().worker_metrics_port)
-        # JSON logs: no banner, so that every line of the worker's output parses.
-        quiet = ["--quiet"] if get_settings().log_format == "json" else []
-        # The options are checked first (above), then what the worker depends on.
-        from quotaflow import preflight  # the checks pull in the whole domain
-
-        preflight.ensure_ready(get_settings(), "quotaflow worker", only=deployment)
-        main = [*quiet, "worker", "-Q", ",".join(chosen), "--concurrency", str(concurrency),
-                *pool, "-n", node, "-l", loglevel, "-E"]
-        _start_worker(main, env, realtime_slots, deployment is None, chosen, node, quiet,
-                      loglevel)
-
-    @cli.command()
-    @click.option("--port", default=None, type=int, help="Default: QUOTAFLOW_FLOWER_PORT (5555).")
-    @click.option("--address", default="127.0.0.1", show_default=True)
-    @click.option("--no-auth", is_flag=True,
-                  help="Serve Flower's pages without a password (development only; its API "
-                       "stays closed). Without this flag Flower needs "
-                       "QUOTAFLOW_FLOWER_BASIC_AUTH.")
-    def flower(port: int | None, address: str, no_auth: bool) -> None:
-        """Start Flower to watch the workers (basic auth from QUOTAFLOW_FLOWER_BASIC_AUTH)."""
-        # Flower's own variable counts too, for a set-up that already sets it.
-        basic_auth = get_settings().flower_basic_auth or os.environ.get("FLOWER_BASIC_AUTH")
-        env = flower_env(basic_auth, no_auth)
-        _exec_celery("flower", f"--port={port or get_settings().flower_port}",
-                     f"--address={address}", env=env)
-
-    @cli.group()
-    def db() -> None:
-        """Database schema commands."""
-
-    @db.command("upgrade")
-    def db_upgrade() -> None:
-        """Apply every Alembic migration to QUOTAFLOW_DATABASE_URL."""
-        from quotaflow.db import upgrade
-
-        upgrade(get_settings().database_url)
-        click.echo("database is at the newest migration")
-
-    @cli.command("mock-provider")
-    @click.option("--host", default="127.0.0.1", show_default=True)
-    @click.option("--port", default=9000, show_default=True, type=int)
-    @click.option("--rpm", default=600, show_default=True, type=click.IntRange(1))
-    @click.option("--tpm", default=200_000, show_default=True, type=click.IntRange(1))
-    @click.option("--itpm", type=click.IntRange(1),
-                  help="Input tokens per minute of /v1/messages (Anthropic's ITPM; default: "
-                       "--tpm).")
-    @click.option("--otpm", type=click.IntRange(1),
-                  help="Output tokens per minute of /v1/messages (Anthropic's OTPM; default: "
-                       "--tpm).")
-    @click.option("--latency-ms", default=50.0, show_default=True, type=click.FloatRange(0))
-    @click.option("--burst-seconds", default=60.0, show_default=True,
-                  type=click.FloatRange(0, min_open=True),
-                  help="Window the limits are enforced over (OpenAI may use 1 s).")
-    @click.option("--default-max-tokens", default=256, show_default=True, type=click.IntRange(1))
-    @click.option("--api-key-env", default=None, help="Env var holding the key clients must send.")
-    @click.option("--reconcile/--no-reconcile", default=True, show_default=True,
-                  help="Bill real usage after each answer (refund unused max_tokens).")
-    @click.option("--fault", "faults", multiple=True, metavar="KIND=FRACTION",
-                  help="Inject failures: 429, 500, 529, reset, hang, malformed (e.g. --fault "
-                       "500=0.05).")
-    @click.option("--record", default=None, metavar="PATH",
-                  help="Test-only: append every model request's body to this JSONL file.")
-    @click.option("--unlimited", is_flag=True,
-                  help="Admit everything, as cheaply as possible (a raw ASGI app, no buckets, "
-                       "no x-ratelimit headers): for throughput benchmarks. --rpm, --tpm, "
-                       "--burst-seconds and --reconcile do not apply.")
-    def mock_provider(host: str, port: int, rpm: int, tpm: int, itpm: int | None,
-                      otpm: int | None, latency_ms: float,
-                      burst_seconds: float, default_max_tokens: int,
-                      api_key_env: str | None, reconcile: bool, faults: tuple[str, ...],
-                      record: str | None, unlimited: bool) -> None:
-        """Serve a simulated OpenAI-compatible API that enforces RPM/TPM strictly (429s), or,
-        with --unlimited, one that admits everything at the least CPU per request."""
-        given: dict[str, Any] = {"unlimited": unlimited, "latency_ms": latency_ms}
-        if api_key_env:
-            given["api_key_env"] = api_key_env
-        if unlimited:
-            if faults:
-                raise ConfigError("--fault needs the strict provider; leave out --unlimited")
-        else:
-            given |= {"rpm": rpm, "tpm": tpm, "itpm": itpm, "otpm": otpm,
-                      "burst_seconds": burst_seconds,
-                      "default_max_tokens": default_max_tokens, "reconcile": reconcile,
-                      "record": record, **_fault_fractions(faults)}
-        _serve_mock(host, port, given)
-
+    """Add this module's commands to the `quotaflow` group."""
+    for command in (api, worker, flower, db, mock_provider):
+        cli.add_command(command)
 
 def _fault_fractions(faults: tuple[str, ...]) -> dict[str, float]:
     """`--fault KIND=FRACTION` options as MockProviderSettings fields (fault_KIND)."""

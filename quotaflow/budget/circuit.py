@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Protocol
 
 from quotaflow.constants import REDIS_PREFIX
-from quotaflow.deployments.catalog import Deployment
+from quotaflow.deployments.deployment import Deployment
 from quotaflow.errors import ServiceUnavailable
 from quotaflow.redis_clients import UNREACHABLE, connect
 from quotaflow.redis_scripts import load_script

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 
 from quotaflow.budget.circuit import Circuit, CircuitBreaker, CircuitState
 from quotaflow.budget.limiter import Limiter
-from quotaflow.deployments.catalog import Deployment, Deployments, Route
+from quotaflow.deployments.catalog import Deployments, Route
+from quotaflow.deployments.deployment import Deployment
 from quotaflow.errors import ServiceUnavailable
 
 # Utilisations this close count as equal, so the weights decide among them.

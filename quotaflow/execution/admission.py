@@ -21,7 +21,8 @@ from sqlalchemy.orm import Session, sessionmaker
 from quotaflow.budget.limiter import Admission, Limiter
 from quotaflow.budget.routing import Choice, Router
 from quotaflow.config import Settings
-from quotaflow.deployments.catalog import Deployment, Deployments, Route
+from quotaflow.deployments.catalog import Deployments, Route
+from quotaflow.deployments.deployment import Deployment
 from quotaflow.errors import ServiceUnavailable
 from quotaflow.execution.admitted import Admitted
 from quotaflow.execution.attempts import LIMITER_DOWN_BACKOFF_S, MAX_ROUTE_WAIT_S, Caller, poll_time

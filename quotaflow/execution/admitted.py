@@ -5,7 +5,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from quotaflow.budget.limiter import Admission, Dating
-from quotaflow.deployments.catalog import Deployment
+from quotaflow.deployments.deployment import Deployment
 from quotaflow.deployments.limits import Budget
 from quotaflow.providers import Provider
 from quotaflow.results.leases import ClaimedItem

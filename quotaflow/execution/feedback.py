@@ -23,7 +23,7 @@ from typing import Any
 
 from quotaflow.budget.circuit import CircuitBreaker
 from quotaflow.budget.limiter import Dating, Limiter, Settlement
-from quotaflow.deployments.catalog import Deployment
+from quotaflow.deployments.deployment import Deployment
 from quotaflow.deployments.limits import Budget
 from quotaflow.errors import ProviderError, ServiceUnavailable
 from quotaflow.execution.admitted import Admitted

@@ -15,7 +15,7 @@ import weakref
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
-from quotaflow.deployments.catalog import Deployment
+from quotaflow.deployments.deployment import Deployment
 from quotaflow.providers import Provider, make_provider
 
 T = TypeVar("T")

@@ -6,7 +6,8 @@ equivalent there fails the line here, naming it.
 """
 
 from quotaflow.budget.tokens import admission_tokens, max_output_tokens, prompt_tokens
-from quotaflow.deployments.catalog import Deployment, Deployments
+from quotaflow.deployments.catalog import Deployments
+from quotaflow.deployments.deployment import Deployment
 from quotaflow.errors import ConfigError, RequestTooLarge, Untranslatable
 from quotaflow.execution.admitted import Admitted
 from quotaflow.execution.loops import ProviderPool

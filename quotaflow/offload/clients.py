@@ -22,7 +22,7 @@ from typing import Any, Protocol
 import httpx
 import orjson
 
-from quotaflow.deployments.catalog import Deployment
+from quotaflow.deployments.deployment import Deployment
 from quotaflow.deployments.extras import resolve
 from quotaflow.errors import PermanentProviderError, ProviderError, RetryableProviderError
 from quotaflow.providers.translate.body import request_body

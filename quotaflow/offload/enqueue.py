@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from quotaflow.budget.tokens import prompt_tokens
 from quotaflow.db import insert_ignore
-from quotaflow.deployments.catalog import Deployment
+from quotaflow.deployments.deployment import Deployment
 from quotaflow.models import ItemStatus, utcnow
 from quotaflow.offload import OWNER
 from quotaflow.offload.batch_tables import LineState, ProviderBatchLine

@@ -17,7 +17,8 @@ from typing import Any
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from quotaflow.deployments.catalog import Deployment, Deployments
+from quotaflow.deployments.catalog import Deployments
+from quotaflow.deployments.deployment import Deployment
 from quotaflow.models import utcnow
 from quotaflow.offload import aware
 from quotaflow.offload.batch_tables import BatchState, LineState, ProviderBatch, ProviderBatchLine

@@ -19,7 +19,8 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from quotaflow.config import Settings
-from quotaflow.deployments.catalog import Deployment, Deployments
+from quotaflow.deployments.catalog import Deployments
+from quotaflow.deployments.deployment import Deployment
 from quotaflow.dispatch.queues import Dispatcher
 from quotaflow.errors import PermanentProviderError, ProviderError, Untranslatable
 from quotaflow.models import Job, utcnow

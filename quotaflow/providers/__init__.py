@@ -1,6 +1,6 @@
 """Providers: where a deployment's requests go."""
 
-from quotaflow.deployments.catalog import Deployment
+from quotaflow.deployments.deployment import Deployment
 from quotaflow.providers.base import Provider, ProviderResponse
 from quotaflow.providers.mock import MockProvider
 

@@ -24,7 +24,7 @@ from typing import Any
 
 from quotaflow import jsoncodec
 from quotaflow.constants import ENDPOINT_MESSAGES, OUTPUT_ANTHROPIC
-from quotaflow.deployments.catalog import Deployment
+from quotaflow.deployments.deployment import Deployment
 from quotaflow.errors import PermanentProviderError, RetryableProviderError
 from quotaflow.providers.anthropic_answers import message_usage
 from quotaflow.providers.base import ProviderResponse

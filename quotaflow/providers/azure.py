@@ -22,7 +22,7 @@ from urllib.parse import quote
 
 from quotaflow import jsoncodec
 from quotaflow.constants import ENDPOINT_CHAT, ENDPOINT_COMPLETIONS, ENDPOINT_EMBEDDINGS
-from quotaflow.deployments.catalog import Deployment
+from quotaflow.deployments.deployment import Deployment
 from quotaflow.deployments.extras import query_string
 from quotaflow.errors import ProviderError
 from quotaflow.providers.base import ProviderResponse

@@ -15,7 +15,8 @@ from quotaflow.constants import (
     ENDPOINT_EMBEDDINGS,
     ENDPOINTS,
 )
-from quotaflow.deployments.catalog import Deployment, Deployments, Route
+from quotaflow.deployments.catalog import Deployments, Route
+from quotaflow.deployments.deployment import Deployment
 from quotaflow.providers.outcomes import Failure, FailureCode
 
 _ALL = frozenset(ENDPOINTS)

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from quotaflow import jsoncodec
-from quotaflow.deployments.catalog import Deployment
+from quotaflow.deployments.deployment import Deployment
 from quotaflow.errors import PermanentProviderError, ProviderError, RetryableProviderError
 from quotaflow.providers.base import ProviderResponse, usage_of
 from quotaflow.providers.edge import ProviderEdge

@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from quotaflow.config import Settings
 from quotaflow.constants import OUTPUT_ANTHROPIC
-from quotaflow.deployments.catalog import Deployment
+from quotaflow.deployments.deployment import Deployment
 from quotaflow.errors import RetryableProviderError
 from quotaflow.ingest import pipeline
 from quotaflow.jobs import service as jobs

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from quotaflow.constants import ENDPOINT_CHAT, ENDPOINT_COMPLETIONS, ENDPOINT_EMBEDDINGS
-from quotaflow.deployments.catalog import Deployment
+from quotaflow.deployments.deployment import Deployment
 from quotaflow.errors import ConfigError, PermanentProviderError, UnservedContent
 from quotaflow.providers import local, make_provider
 from quotaflow.providers.local.engine import TransformersEngine, next_tokens
@@ -267,7 +267,7 @@ def test_quotaflow_runs_without_the_local_extra(model_dir: Path) -> None:
 import sys
 sys.modules["torch"] = None  # import torch now raises ImportError
 import quotaflow.execution, quotaflow.dispatch.queues, quotaflow.runtime, api.app, cli.main
-from quotaflow.deployments.catalog import Deployment
+from quotaflow.deployments.deployment import Deployment
 from quotaflow.errors import ConfigError
 from quotaflow.providers import make_provider
 deployment = Deployment(name="gpu", provider="local", model="m", model_path={str(model_dir)!r},

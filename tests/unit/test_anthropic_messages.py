@@ -6,7 +6,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from quotaflow.deployments.catalog import Deployment
+from quotaflow.deployments.deployment import Deployment
 from quotaflow.errors import PermanentProviderError, RetryableProviderError
 from quotaflow.ingest.formats import parse_line
 from quotaflow.providers.anthropic import AnthropicProvider

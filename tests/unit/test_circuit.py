@@ -7,7 +7,7 @@ import uuid
 import pytest
 
 from quotaflow.budget.circuit import RedisCircuitBreaker
-from quotaflow.deployments.catalog import Deployment
+from quotaflow.deployments.deployment import Deployment
 from quotaflow.errors import ServiceUnavailable
 
 COOLDOWN_S = 0.4

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from quotaflow.deployments.catalog import Deployment
+from quotaflow.deployments.deployment import Deployment
 from quotaflow.errors import Untranslatable
 from quotaflow.ingest.formats import to_request
 from quotaflow.providers.capabilities import unserved

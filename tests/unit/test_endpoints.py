@@ -15,7 +15,8 @@ from quotaflow.budget.image_tokens import UNKNOWN_IMAGE_TOKENS, data_url_size, h
 from quotaflow.budget.tokens import admission_tokens, max_output_tokens, prompt_parts, prompt_tokens
 from quotaflow.config import Settings
 from quotaflow.constants import ENDPOINTS
-from quotaflow.deployments.catalog import Deployment, Deployments, Route
+from quotaflow.deployments.catalog import Deployments, Route
+from quotaflow.deployments.deployment import Deployment
 from quotaflow.execution.loops import ProviderPool
 from quotaflow.execution.prepare import Preparer
 from quotaflow.ingest.estimate import scan_file

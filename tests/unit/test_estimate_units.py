@@ -5,7 +5,8 @@ import pytest
 
 from cli.estimate import duration as shown_duration
 from quotaflow.budget.job_time import duration, job_duration, route_budgets
-from quotaflow.deployments.catalog import Deployment, Deployments, Route
+from quotaflow.deployments.catalog import Deployments, Route
+from quotaflow.deployments.deployment import Deployment
 from quotaflow.ingest.tokenizers import CHARS_PER_4, counter_for, encoding_name
 
 

@@ -8,7 +8,7 @@ import pytest
 from pydantic import ValidationError
 
 from quotaflow.constants import ANTHROPIC_PARAMS, OUTPUT_ANTHROPIC
-from quotaflow.deployments.catalog import Deployment
+from quotaflow.deployments.deployment import Deployment
 from quotaflow.errors import PermanentProviderError, RetryableProviderError, Untranslatable
 from quotaflow.providers.anthropic_answers import reshape
 from quotaflow.providers.gemini import GeminiProvider, google_base_url, model_path

@@ -10,7 +10,7 @@ import pytest
 from PIL import Image
 
 from quotaflow.constants import ANTHROPIC_PARAMS, ENDPOINT_CHAT
-from quotaflow.deployments.catalog import Deployment
+from quotaflow.deployments.deployment import Deployment
 from quotaflow.errors import PermanentProviderError, RetryableProviderError, UnservedContent
 from quotaflow.providers.local.content import ImageRef
 from quotaflow.providers.local.images import load_image

@@ -6,7 +6,7 @@ from typing import Any
 import pytest
 
 from quotaflow.constants import ENDPOINT_CHAT, ENDPOINT_COMPLETIONS
-from quotaflow.deployments.catalog import Deployment
+from quotaflow.deployments.deployment import Deployment
 from quotaflow.errors import PermanentProviderError
 from quotaflow.providers.local.requests import GenerationRequest, parts_for
 from quotaflow.providers.local.sampling import VLLM_APPLIES

@@ -5,7 +5,7 @@ what is not JSON (NaN, Infinity) is refused wherever quotaflow parses it."""
 import pytest
 
 from quotaflow import jsoncodec
-from quotaflow.deployments.catalog import Deployment
+from quotaflow.deployments.deployment import Deployment
 from quotaflow.errors import RetryableProviderError
 from quotaflow.ingest.jsonlines import load_object
 from quotaflow.providers.openai_compat import OpenAICompatProvider

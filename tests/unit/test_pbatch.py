@@ -15,7 +15,8 @@ from sqlalchemy.orm import Session, sessionmaker
 from quotaflow.budget.buckets import LocalLimiter
 from quotaflow.config import Settings
 from quotaflow.db import session_factory, upgrade
-from quotaflow.deployments.catalog import Deployment, load_deployments
+from quotaflow.deployments.catalog import load_deployments
+from quotaflow.deployments.deployment import Deployment
 from quotaflow.dispatch.queues import BatchRef, CollectingDispatcher
 from quotaflow.execution.executor import BatchExecutor
 from quotaflow.ingest import pipeline

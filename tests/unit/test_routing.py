@@ -8,7 +8,8 @@ import pytest
 from quotaflow.budget.buckets import LocalLimiter
 from quotaflow.budget.circuit import LocalCircuitBreaker
 from quotaflow.budget.routing import Router
-from quotaflow.deployments.catalog import Deployment, Deployments, Route, load_deployments
+from quotaflow.deployments.catalog import Deployments, Route, load_deployments
+from quotaflow.deployments.deployment import Deployment
 from quotaflow.errors import ConfigError
 
 

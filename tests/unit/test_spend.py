@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from quotaflow.config import Settings
-from quotaflow.deployments.catalog import Deployment
+from quotaflow.deployments.deployment import Deployment
 from quotaflow.deployments.pricing import Prices, cost_range, money
 from quotaflow.errors import ConfigError
 

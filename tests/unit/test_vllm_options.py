@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from quotaflow.constants import QUEUE_BULK, QUEUE_REALTIME, QUEUE_STANDARD
-from quotaflow.deployments.catalog import Deployment
+from quotaflow.deployments.deployment import Deployment
 from quotaflow.errors import ConfigError
 from quotaflow.providers.local.vllm_options import (
     check_device,

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from quotaflow.constants import ENDPOINT_CHAT, ENDPOINT_COMPLETIONS
-from quotaflow.deployments.catalog import Deployment
+from quotaflow.deployments.deployment import Deployment
 from quotaflow.providers.local.answers import answer_body
 from quotaflow.providers.local.content import ImageRef
 from quotaflow.providers.local.requests import GENERATE, GenerationRequest, Part

@@ -14,7 +14,7 @@ import asyncio
 import uuid
 from typing import Any
 
-from quotaflow.deployments.catalog import Deployment
+from quotaflow.deployments.deployment import Deployment
 from quotaflow.errors import EngineStopped, RetryableProviderError
 from quotaflow.providers.base import ProviderResponse
 from quotaflow.providers.local import runners

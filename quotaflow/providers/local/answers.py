@@ -11,7 +11,7 @@ import uuid
 from typing import Any
 
 from quotaflow.constants import ENDPOINT_COMPLETIONS, ENDPOINT_EMBEDDINGS
-from quotaflow.deployments.catalog import Deployment
+from quotaflow.deployments.deployment import Deployment
 from quotaflow.providers.local.requests import Generated, Part, TokenLogprob
 
 FINGERPRINT = "quotaflow-local"

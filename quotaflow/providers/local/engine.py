@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
-from quotaflow.deployments.catalog import Deployment
+from quotaflow.deployments.deployment import Deployment
 from quotaflow.errors import ConfigError, EngineStopped, RetryableProviderError
 from quotaflow.providers.local.prompt_ids import PromptIds
 from quotaflow.providers.local.requests import EMBED, Generated, GenerationRequest

@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 from quotaflow.budget.tokens import max_output_tokens
 from quotaflow.constants import ENDPOINT_CHAT, ENDPOINT_COMPLETIONS, ENDPOINT_EMBEDDINGS
-from quotaflow.deployments.catalog import Deployment
+from quotaflow.deployments.deployment import Deployment
 from quotaflow.providers.local.content import ImageRef, template_messages
 from quotaflow.providers.local.sampling import bad_request, extra_sampling
 

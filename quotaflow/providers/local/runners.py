@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from quotaflow.deployments.catalog import Deployment
+from quotaflow.deployments.deployment import Deployment
 from quotaflow.errors import ConfigError, EngineStopped
 from quotaflow.providers.local.batcher import DynamicBatcher
 from quotaflow.providers.local.requests import Engine

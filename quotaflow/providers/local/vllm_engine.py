@@ -26,7 +26,7 @@ from collections.abc import Coroutine, Hashable, Sequence
 from concurrent.futures import Future
 from typing import Any
 
-from quotaflow.deployments.catalog import Deployment
+from quotaflow.deployments.deployment import Deployment
 from quotaflow.errors import (
     ConfigError,
     EngineStopped,

@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from quotaflow.deployments.catalog import Deployment
+from quotaflow.deployments.deployment import Deployment
 from quotaflow.errors import ConfigError
 from quotaflow.providers.local.children import descendants
 
