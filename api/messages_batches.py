@@ -52,7 +52,8 @@ router = APIRouter(prefix="/v1/messages/batches", tags=["Anthropic-compatible"],
 CursorQuery = Annotated[str | None, Query(
     pattern=ID_PATTERN, description="Give `before_id` or `after_id`, not both")]
 # A content block or a list of them; a request's params as quotaflow.ingest.formats checks
-# them (the rest of a Messages API body is passed on as written).
+# them (the rest of a Messages API body is passed on as written). A batch needs one
+# request whose params pass (`contains`); the others are answered `errored`.
 CONTENT = {"anyOf": [{"type": "string"}, {"type": "array", "items": {
     "type": "object", "required": ["type"], "properties": {"type": {"type": "string"}}}}]}
 PARAMS = {"type": "object", "description": "A Messages API request body",
@@ -68,11 +69,13 @@ PARAMS = {"type": "object", "description": "A Messages API request body",
 # (quotaflow/compat/anthropic_batch_body.py), so a 256 MB body is never Python objects at once.
 CREATE_BODY = {"requestBody": {"required": True, "content": {"application/json": {"schema": {
     "type": "object", "required": ["requests"], "additionalProperties": False,
-    "properties": {"requests": {"type": "array", "minItems": 1, "items": {
-        "type": "object", "required": ["custom_id", "params"],
-        "additionalProperties": False,
-        "properties": {"custom_id": {"type": "string", "pattern": "^[a-zA-Z0-9_-]{1,64}$"},
-                       "params": PARAMS}}}}}}}}}
+    "properties": {"requests": {
+        "type": "array", "minItems": 1, "contains": {"properties": {"params": PARAMS}},
+        "items": {"type": "object", "required": ["custom_id", "params"],
+                  "additionalProperties": False,
+                  "properties": {"custom_id": {"type": "string",
+                                               "pattern": "^[a-zA-Z0-9_-]{1,64}$"},
+                                 "params": {"type": "object"}}}}}}}}}}
 
 
 async def raw_body(request: Request, settings: SettingsDep) -> bytes:
@@ -114,8 +117,8 @@ def create_message_batch(
     sessions: SessionsDep, settings: SettingsDep, deployments: DeploymentsDep,
     dispatcher: DispatcherDep, idempotency_key: IdempotencyKey = None,
     x_quotaflow_queue: Annotated[str | None, Header(
-        description="quotaflow extension: realtime, standard (default) or bulk",
-        json_schema_extra={"enum": list(QUEUES)})] = None,
+        description="quotaflow extension: realtime, standard (default; also when empty) "
+                    "or bulk", json_schema_extra={"enum": [*QUEUES, ""]})] = None,
 ) -> dict[str, Any]:
     """Store the requests as a job and queue them, or refuse the batch whole (400)."""
     created = message_batches.create_batch(

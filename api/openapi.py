@@ -7,7 +7,10 @@ states rules across its form's fields (both or neither) as FORM_RULES in its
 `openapi_extra`, put into the form's schema here. A query,
 header or form parameter is left out rather than sent as null, so its schema does not
 offer null (a generated client or fuzzer would send the text "null"). A form's file is
-also spelled `format: binary`, which client generators read as a file upload.
+also spelled `format: binary`, which client generators read as a file upload. A boolean
+sent as text takes the words pydantic reads as one (`true`, `0`, `yes`, `off`, ... in
+any case), and the schema says so. An optional form field sent empty is one left out
+(FastAPI reads it so), which its schema allows, unless a rule pairs it with another.
 """
 
 from typing import Any
@@ -21,6 +24,11 @@ V1_PREFIX = "/v1/"
 NULL = {"type": "null"}
 FORMS = ("multipart/form-data", "application/x-www-form-urlencoded")
 FORM_RULES = "x-form-rules"
+# The texts pydantic reads as a boolean, in any case.
+BOOL_WORDS = ("true", "false", "t", "f", "yes", "no", "y", "n", "on", "off", "1", "0")
+BOOL_TEXT = {"type": "string", "pattern": "^(" + "|".join(
+    "".join(f"[{c}{c.upper()}]" if c.isalpha() else c for c in word)
+    for word in BOOL_WORDS) + ")$"}
 
 
 def install(app: FastAPI) -> None:
@@ -55,16 +63,33 @@ def _never_null(document: dict[str, Any]) -> dict[str, Any]:
         for operation in operations.values():
             for parameter in operation.get("parameters", []):
                 if "schema" in parameter:
-                    parameter["schema"] = without_null(parameter["schema"])
+                    parameter["schema"] = _bool_text(without_null(parameter["schema"]))
             rules = operation.pop(FORM_RULES, {})
             for media_type in FORMS:
                 form = operation.get("requestBody", {}).get("content", {}).get(media_type)
                 ref = (form or {}).get("schema", {}).get("$ref", "")
                 body = schemas.get(ref.rpartition("/")[2], {})
                 for name, field in body.get("properties", {}).items():
-                    body["properties"][name] = _as_file(without_null(field))
+                    field = _bool_text(_as_file(without_null(field)))
+                    optional = name not in [*body.get("required", []),
+                                            *rules.get("dependentRequired", {})]
+                    body["properties"][name] = _or_empty(field) if optional else field
                 body.update(rules)
     return document
+
+
+def _bool_text(field: dict[str, Any]) -> dict[str, Any]:
+    if field.get("type") != "boolean":
+        return field
+    rest = {key: value for key, value in field.items() if key != "type"}
+    return {**rest, "anyOf": [{"type": "boolean"}, BOOL_TEXT]}
+
+
+def _or_empty(field: dict[str, Any]) -> dict[str, Any]:
+    keywords = ("title", "description", "default")
+    core = {key: value for key, value in field.items() if key not in keywords}
+    return {**{key: field[key] for key in keywords if key in field},
+            "anyOf": [core, {"const": ""}]}
 
 
 def _as_file(field: dict[str, Any]) -> dict[str, Any]:

@@ -46,11 +46,16 @@ FORM_OVERHEAD_BYTES = 64 * 1024
 # The rules quotaflow.compat checks, stated in the schema (their errors stay the domain's,
 # naming the parameter and the reason).
 QUEUE_RULE = {"enum": list(QUEUES)}
+QUEUE_HEADER = {"enum": [*QUEUES, ""], "description": "quotaflow extension: realtime, "
+                "standard or bulk (empty or left out: the default, or metadata's)"}
 # 1 to 99999 hours, minutes or seconds (openai_batches.window_seconds).
 WINDOW_PATTERN = (r"^(0{0,4}[1-9]|0{0,3}[1-9][0-9]|0{0,2}[1-9][0-9]{2}|0?[1-9][0-9]{3}"
                   r"|[1-9][0-9]{4})[hms]$")
 EXPIRY_SECONDS = {"type": "integer", "minimum": retention.MIN_EXPIRY_S,
                   "maximum": retention.MAX_EXPIRY_S}
+# expires_after's two form fields: both given or neither.
+EXPIRES_PAIRED = {"dependentRequired": {"expires_after[anchor]": ["expires_after[seconds]"],
+                                        "expires_after[seconds]": ["expires_after[anchor]"]}}
 EXPIRES_AFTER = {"type": "object", "additionalProperties": False,
                  "required": ["anchor", "seconds"],
                  "properties": {"anchor": {"const": retention.ANCHOR},
@@ -86,10 +91,7 @@ def _page(data: list[dict[str, Any]], has_more: bool) -> dict[str, Any]:
 @router.post("/files", response_model=FileObject,
              max_body_size=get_settings().max_upload_bytes + FORM_OVERHEAD_BYTES,
              responses=responses(400, 401, 413),
-             # expires_after: both parts or neither
-             openapi_extra={FORM_RULES: {"dependentRequired": {
-                 "expires_after[anchor]": ["expires_after[seconds]"],
-                 "expires_after[seconds]": ["expires_after[anchor]"]}}})
+             openapi_extra={FORM_RULES: EXPIRES_PAIRED})
 def upload_file(
     file: Annotated[UploadFile, File(description="JSONL of batch requests")],
     purpose: Annotated[str, Form(description='"batch"',
@@ -176,9 +178,7 @@ def delete_file(file_id: IdPath, sessions: SessionsDep, tenant: TenantDep) -> di
 def create_batch(
     body: CreateBatch, sessions: SessionsDep, settings: SettingsDep,
     deployments: DeploymentsDep, dispatcher: DispatcherDep, tenant: TenantDep,
-    x_quotaflow_queue: Annotated[str | None, Header(
-        description="quotaflow extension: realtime, standard or bulk",
-        json_schema_extra=QUEUE_RULE)] = None,
+    x_quotaflow_queue: Annotated[str | None, Header(json_schema_extra=QUEUE_HEADER)] = None,
     idempotency_key: IdempotencyKey = None,
 ) -> dict[str, Any]:
     """Make a batch of an uploaded file; the same Idempotency-Key again returns that batch."""

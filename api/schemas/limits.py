@@ -2,6 +2,8 @@
 
 from typing import Literal
 
+from pydantic import Field
+
 from api.schemas.common import Answer, Number
 
 
@@ -24,7 +26,8 @@ class DeploymentLimits(Answer):
     input_tokens_available: Number | None = None
     input_capacity: Number | None = None
     blocked_for_s: Number
-    reconcile_usage: bool
+    reconcile_usage: bool | Literal["auto"] = Field(
+        description="auto: reconciled where the provider reports usage")
     refunds_unused_tokens: bool
     utilisation: Number
 
