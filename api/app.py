@@ -35,6 +35,7 @@ from api.errors import responses
 from api.job_reads import LOADS_AT_ONCE
 from api.rate_limit import RateLimitMiddleware
 from api.request_id import RequestIdMiddleware
+from api.schemas.common import Health
 from quotaflow import __version__, db
 from quotaflow.config import Settings, get_settings
 
@@ -75,7 +76,7 @@ def create_app() -> FastAPI:
     app.add_middleware(RateLimitMiddleware)  # per-key limits (api/rate_limit.py)
     app.add_middleware(RequestIdMiddleware)
 
-    @app.get("/healthz", responses=responses())
+    @app.get("/healthz", response_model=Health, responses=responses())
     def healthz(session: SessionDep) -> dict[str, str]:
         session.execute(text("SELECT 1"))
         return {"status": "ok"}

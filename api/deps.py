@@ -135,6 +135,9 @@ IdPath = Annotated[str, Path(pattern=ID_PATTERN)]
 IdempotencyKey = Annotated[str | None, Header(
     alias="Idempotency-Key", pattern=r"^[\x21-\x7e]{1,255}$",
     description="Retry-safe creation: the same key gives the job made with it before")]
+# A text field or parameter holding JSON (a job's `metadata`), as JSON Schema states it.
+JSON_OBJECT_OF_STRINGS = {"contentMediaType": "application/json", "contentSchema": {
+    "type": "object", "additionalProperties": {"type": "string", "pattern": r"^[^\x00]*$"}}}
 AfterQuery = Annotated[str | None, Query(pattern=ID_PATTERN,
                                          description="Id of the last object of the previous page")]
 

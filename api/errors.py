@@ -156,13 +156,28 @@ async def validation_error_handler(request: Request, exc: Exception) -> Response
     return error_response(400, message, param=param)
 
 
-async def http_error_handler(_request: Request, exc: Exception) -> Response:
+async def http_error_handler(request: Request, exc: Exception) -> Response:
     """Starlette's own refusals (413 over the body limit, 404/405 for no such route, 400 for
     a body that does not parse) in the same shape as every other error."""
     assert isinstance(exc, HTTPException)
     if exc.status_code < 400:
         return Response(status_code=exc.status_code, headers=exc.headers)
-    return error_response(exc.status_code, str(exc.detail), headers=exc.headers)
+    headers = exc.headers
+    if exc.status_code == 405:
+        headers = {**(headers or {}), "Allow": allowed_methods(request)}
+    return error_response(exc.status_code, str(exc.detail), headers=headers)
+
+
+def allowed_methods(request: Request) -> str:
+    """Every method the path takes. Starlette names only the first route that matched the
+    path, and a path may have several (GET and DELETE /jobs/{id} are two routes)."""
+    path = request.scope.get("path", "")
+    methods: set[str] = set()
+    for route in request.app.router.routes:
+        pattern = getattr(route, "path_regex", None)
+        if pattern is not None and pattern.match(path):
+            methods |= getattr(route, "methods", None) or set()
+    return ", ".join(sorted(methods))
 
 
 async def server_error_handler(request: Request, exc: Exception) -> Response:

@@ -25,6 +25,7 @@ from api.errors import responses
 from api.etags import NOT_MODIFIED, IfNoneMatch, matches
 from api.job_reads import Seen, tagged
 from api.job_watch import JobWatchers, Waiter, database_reader
+from api.schemas.jobs import Job
 
 MAX_WAIT_S = 30.0
 log = logging.getLogger("quotaflow.api")
@@ -45,7 +46,11 @@ EVENTS_RESPONSES: dict[int | str, dict[str, Any]] = {
     200: {"description": "`text/event-stream`: an event `job` (id: the object's ETag, data: "
                          "the job object) at once and at each change, a comment every "
                          "QUOTAFLOW_EVENTS_KEEPALIVE_S; it ends after a final status",
-          "content": {"text/event-stream": {"schema": {"type": "string"}}}},
+          "content": {"text/event-stream": {"schema": {
+              "type": "object", "required": ["event", "id", "data"], "properties": {
+                  "event": {"const": EVENT}, "id": {"type": "string"},
+                  "data": {"type": "string", "contentMediaType": "application/json",
+                           "contentSchema": {"$ref": "#/components/schemas/Job"}}}}}}},
     204: {"description": "The job is final and `Last-Event-ID` names its last state: "
                          "nothing more will come (an EventSource stops reconnecting)"},
 }
@@ -65,7 +70,7 @@ def watchers(request: Request) -> JobWatchers:
     return found
 
 
-@router.get("/jobs/{job_id}", response_model=dict[str, Any],
+@router.get("/jobs/{job_id}", response_model=Job,
             responses={**NOT_MODIFIED, **responses(401, 404)})
 async def get_job(job_id: IdPath, request: Request, sessions: SessionsDep, tenant: TenantDep,
                   if_none_match: IfNoneMatch = None, wait: WaitQuery = None) -> Response:

@@ -15,6 +15,7 @@ from starlette.requests import ClientDisconnect
 
 from api.body_stream import BodyReader, read_while_receiving
 from api.deps import (
+    JSON_OBJECT_OF_STRINGS,
     AfterQuery,
     DeploymentsDep,
     DispatcherDep,
@@ -27,6 +28,7 @@ from api.deps import (
     job_reads,
 )
 from api.errors import responses
+from api.schemas.jobs import Estimate, Job, JobBound, JobList, RetriedJob
 from api.v1 import FORM_OVERHEAD_BYTES
 from quotaflow.compat import retention
 from quotaflow.config import get_settings
@@ -47,11 +49,19 @@ router = APIRouter(tags=["jobs"])
 # The list's filters: a job's statuses and queues (Literal of the tuples' values).
 StatusFilter = Literal[JobStatus.ACTIVE + JobStatus.FINAL]  # type: ignore[valid-type]
 QueueFilter = Literal[QUEUES]  # type: ignore[valid-type]
+# The create routes' rules, stated in the schema; the routes check them as before (their
+# errors name the parameter and the reason).
+QUEUE_RULE = {"enum": list(QUEUES)}
+METADATA_DOC = "JSON object of strings"
+# A body the client sends as it is: a JSONL file, however it labels it.
+JSONL_BODY = {"schema": {"type": "string", "format": "binary",
+                         "contentMediaType": "application/octet-stream"}}
 
 
-@router.post("/jobs", status_code=201,
+@router.post("/jobs", status_code=201, response_model=Job | Estimate,
           max_body_size=get_settings().max_file_bytes + FORM_OVERHEAD_BYTES,
-          responses={200: {"description": "The job made earlier with this Idempotency-Key "
+          responses={200: {"model": Job | Estimate,
+                           "description": "The job made earlier with this Idempotency-Key "
                                           "(header `Idempotent-Replayed: true`), or with "
                                           "`dry_run=true` the file's estimate (nothing stored)"},
                      **responses(400, 401, 413)})
@@ -59,8 +69,9 @@ def create_job(
     file: Annotated[UploadFile, File(description="JSONL input, OpenAI batch format")],
     sessions: SessionsDep, settings: SettingsDep, deployments: DeploymentsDep,
     dispatcher: DispatcherDep, tenant: TenantDep, response: Response,
-    queue: Annotated[str, Form()] = DEFAULT_QUEUE,
-    metadata: Annotated[str | None, Form(description="JSON object of strings")] = None,
+    queue: Annotated[str, Form(json_schema_extra=QUEUE_RULE)] = DEFAULT_QUEUE,
+    metadata: Annotated[str | None, Form(description=METADATA_DOC,
+                                         json_schema_extra=JSON_OBJECT_OF_STRINGS)] = None,
     max_attempts: Annotated[int | None, Form(
         ge=1, le=jobs.MAX_ATTEMPTS_LIMIT,
         description="Tries per request at the provider (default: "
@@ -95,25 +106,29 @@ def create_job(
                              deployments=deployments, dispatcher=dispatcher, spec=spec)
     return _created(sessions, made, response)
 
-@router.post("/jobs/jsonl", status_code=201, max_body_size=get_settings().max_file_bytes,
+@router.post("/jobs/jsonl", status_code=201, response_model=Job,
+             max_body_size=get_settings().max_file_bytes,
              openapi_extra={"requestBody": {"required": True, "content": {
-                 JSONL: {"schema": {"type": "string", "format": "binary"}}}}},
-             responses={200: {"description": "The job made earlier with this Idempotency-Key "
+                 JSONL: JSONL_BODY, "application/octet-stream": JSONL_BODY}}},
+             responses={200: {"model": Job,
+                              "description": "The job made earlier with this Idempotency-Key "
                                              "(header `Idempotent-Replayed: true`)"},
                         **responses(400, 401, 413)})
 async def create_job_from_body(
     request: Request, sessions: SessionsDep, settings: SettingsDep,
     deployments: DeploymentsDep, dispatcher: DispatcherDep, tenant: TenantDep,
     response: Response,
-    queue: Annotated[str, Query()] = DEFAULT_QUEUE,
-    metadata: Annotated[str | None, Query(description="JSON object of strings")] = None,
+    queue: Annotated[str, Query(json_schema_extra=QUEUE_RULE)] = DEFAULT_QUEUE,
+    metadata: Annotated[str | None, Query(description=METADATA_DOC,
+                                          json_schema_extra=JSON_OBJECT_OF_STRINGS)] = None,
     max_attempts: Annotated[int | None, Query(ge=1, le=jobs.MAX_ATTEMPTS_LIMIT)] = None,
     idempotency_key: IdempotencyKey = None,
     output_format: Annotated[Literal["openai", "anthropic"] | None, Query()] = None,
     dedup: Annotated[bool | None, Query()] = None,
     filename: Annotated[str | None, Query(max_length=255)] = None,
 ) -> dict[str, Any]:
-    """Make a job of the request's body, a JSONL file (`Content-Type: application/jsonl`),
+    """Make a job of the request's body, a JSONL file (`Content-Type: application/jsonl`,
+    or any other: the body is read as it is),
     with POST /jobs's options in the query string. The lines are read and stored as the
     body arrives, rather than after the whole upload as a form is (api/body_stream.py);
     the answers are POST /jobs's."""
@@ -144,7 +159,7 @@ def _created(sessions: sessionmaker[Session], made: ingest.Created,
         return job_view.job_object(session, job, made.counts)
 
 
-@router.get("/jobs", responses=responses(401, 404))
+@router.get("/jobs", response_model=JobList, responses=responses(401, 404))
 def list_jobs(session: SessionDep, tenant: TenantDep,
               limit: Annotated[int, Query(ge=1, le=100)] = 20,
               after: AfterQuery = None,
@@ -161,7 +176,7 @@ def list_jobs(session: SessionDep, tenant: TenantDep,
             "last_id": data[-1]["id"] if data else None,
             "has_more": len(page) > limit}
 
-@router.post("/jobs/{job_id}/cancel", responses=responses(401, 404, 409))
+@router.post("/jobs/{job_id}/cancel", response_model=Job, responses=responses(401, 404, 409))
 def cancel_job(job_id: IdPath, sessions: SessionsDep, tenant: TenantDep) -> dict[str, Any]:
     _own(sessions, job_id, tenant)
     jobs.cancel_job(sessions, job_id)
@@ -169,7 +184,8 @@ def cancel_job(job_id: IdPath, sessions: SessionsDep, tenant: TenantDep) -> dict
     with sessions() as session:
         return job_view.job_object(session, jobs.get_job(session, job_id))
 
-@router.post("/jobs/{job_id}/retry", responses=responses(401, 404, 409))
+@router.post("/jobs/{job_id}/retry", response_model=RetriedJob,
+             responses=responses(401, 404, 409))
 def retry_job(job_id: IdPath, sessions: SessionsDep, settings: SettingsDep,
               dispatcher: DispatcherDep, tenant: TenantDep) -> dict[str, Any]:
     """Queue a job's failed requests again (not its invalid lines)."""
@@ -180,7 +196,7 @@ def retry_job(job_id: IdPath, sessions: SessionsDep, settings: SettingsDep,
         return {**job_view.job_object(session, jobs.get_job(session, job_id)),
                 "retried": retried}
 
-@router.delete("/jobs/{job_id}", responses=responses(401, 404, 409))
+@router.delete("/jobs/{job_id}", response_model=Job, responses=responses(401, 404, 409))
 def delete_job(job_id: IdPath, sessions: SessionsDep, tenant: TenantDep) -> dict[str, Any]:
     """Delete a finished job's results and its lines' bodies; the job is kept as a
     tombstone (`deleted: true`, its counts and usage as they were). A job still running
@@ -220,7 +236,7 @@ def job_report(job_id: IdPath, session: SessionDep, deployments: DeploymentsDep,
     return HTMLResponse(report.render(data))
 
 
-@router.get("/jobs/{job_id}/bound", responses=responses(401, 404))
+@router.get("/jobs/{job_id}/bound", response_model=JobBound, responses=responses(401, 404))
 def job_bound(job_id: IdPath, session: SessionDep, deployments: DeploymentsDep,
               settings: SettingsDep, tenant: TenantDep) -> dict[str, Any]:
     """What bound the job: seconds of its time per cause (a deployment's budget and

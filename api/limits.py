@@ -6,13 +6,15 @@ from fastapi import APIRouter, Depends
 
 from api.deps import DeploymentsDep, LimiterDep, operator
 from api.errors import responses
+from api.schemas.limits import DeploymentLimits, LimitsList
 from quotaflow.budget.limiter import describe
 from quotaflow.errors import DeploymentNotFound
 
 router = APIRouter(tags=["limits"], dependencies=[Depends(operator)])
 
 
-@router.get("/limits", responses=responses(401, 403))
+@router.get("/limits", response_model=LimitsList, response_model_exclude_unset=True,
+            responses=responses(401, 403))
 def limits(deployments: DeploymentsDep, limiter: LimiterDep) -> dict[str, Any]:
     """Every deployment's limits, current bucket levels and utilisation (operator keys:
     the usage is every tenant's)."""
@@ -20,7 +22,8 @@ def limits(deployments: DeploymentsDep, limiter: LimiterDep) -> dict[str, Any]:
     return {"object": "list", "data": data}
 
 
-@router.get("/limits/{name}", responses=responses(401, 403, 404))
+@router.get("/limits/{name}", response_model=DeploymentLimits,
+            response_model_exclude_unset=True, responses=responses(401, 403, 404))
 def deployment_limits(name: str, deployments: DeploymentsDep,
                       limiter: LimiterDep) -> dict[str, Any]:
     if name not in deployments.deployments:

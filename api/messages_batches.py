@@ -29,9 +29,11 @@ from api.deps import (
     job_reads,
 )
 from api.etags import NOT_MODIFIED, IfNoneMatch, answer
+from api.schemas.message_batches import DeletedMessageBatch, MessageBatch, MessageBatchList
 from quotaflow.compat import anthropic_batches as message_batches
 from quotaflow.compat import retention
 from quotaflow.compat.anthropic_batch_body import BatchTooLarge
+from quotaflow.constants import QUEUES
 from quotaflow.errors import InvalidRequest, JobStateError
 from quotaflow.jobs import service as jobs
 from quotaflow.models import Job
@@ -47,17 +49,33 @@ async def anthropic_version(anthropic_version: Annotated[str | None, Header(
 router = APIRouter(prefix="/v1/messages/batches", tags=["Anthropic-compatible"],
                    dependencies=[Depends(anthropic_version)])
 
-CursorQuery = Annotated[str | None, Query(pattern=ID_PATTERN)]
+CursorQuery = Annotated[str | None, Query(
+    pattern=ID_PATTERN, description="Give `before_id` or `after_id`, not both")]
+# A content block or a list of them; a request's params as quotaflow.ingest.formats checks
+# them (the rest of a Messages API body is passed on as written). A batch needs one
+# request whose params pass (`contains`); the others are answered `errored`.
+CONTENT = {"anyOf": [{"type": "string"}, {"type": "array", "items": {
+    "type": "object", "required": ["type"], "properties": {"type": {"type": "string"}}}}]}
+PARAMS = {"type": "object", "description": "A Messages API request body",
+          "required": ["max_tokens", "messages"],
+          "properties": {
+              "model": {"type": "string"},
+              "max_tokens": {"type": "integer", "minimum": 1},
+              "messages": {"type": "array", "minItems": 1, "items": {
+                  "type": "object", "required": ["role", "content"], "properties": {
+                      "role": {"enum": ["user", "assistant"]}, "content": CONTENT}}},
+              "system": {"anyOf": [*CONTENT["anyOf"], {"type": "null"}]}}}
 # The schema of the create body, for the docs: the route reads the raw bytes itself
 # (quotaflow/compat/anthropic_batch_body.py), so a 256 MB body is never Python objects at once.
 CREATE_BODY = {"requestBody": {"required": True, "content": {"application/json": {"schema": {
     "type": "object", "required": ["requests"], "additionalProperties": False,
-    "properties": {"requests": {"type": "array", "minItems": 1, "items": {
-        "type": "object", "required": ["custom_id", "params"],
-        "additionalProperties": False,
-        "properties": {"custom_id": {"type": "string", "pattern": "^[a-zA-Z0-9_-]{1,64}$"},
-                       "params": {"type": "object",
-                                  "description": "A Messages API request body"}}}}}}}}}}
+    "properties": {"requests": {
+        "type": "array", "minItems": 1, "contains": {"properties": {"params": PARAMS}},
+        "items": {"type": "object", "required": ["custom_id", "params"],
+                  "additionalProperties": False,
+                  "properties": {"custom_id": {"type": "string",
+                                               "pattern": "^[a-zA-Z0-9_-]{1,64}$"},
+                                 "params": {"type": "object"}}}}}}}}}}
 
 
 async def raw_body(request: Request, settings: SettingsDep) -> bytes:
@@ -91,14 +109,16 @@ def _found(sessions: sessionmaker[Session], batch_id: str, tenant: str) -> Job:
         return message_batches.get_batch(session, batch_id, tenant)
 
 
-@router.post("", openapi_extra=CREATE_BODY, responses=responses(400, 401, 413))
+@router.post("", response_model=MessageBatch, openapi_extra=CREATE_BODY,
+             responses=responses(400, 401, 413))
 def create_message_batch(
     # The key is checked before the body is read.
     tenant: TenantDep, request: Request, body: Annotated[bytes, Depends(raw_body)],
     sessions: SessionsDep, settings: SettingsDep, deployments: DeploymentsDep,
     dispatcher: DispatcherDep, idempotency_key: IdempotencyKey = None,
     x_quotaflow_queue: Annotated[str | None, Header(
-        description="quotaflow extension: realtime, standard (default) or bulk")] = None,
+        description="quotaflow extension: realtime, standard (default; also when empty) "
+                    "or bulk", json_schema_extra={"enum": [*QUEUES, ""]})] = None,
     anthropic_beta: Annotated[str | None, Header(
         max_length=2000, description="Betas for every request that names none in its "
         "params (`params.betas`); forwarded to anthropic deployments")] = None,
@@ -114,7 +134,7 @@ def create_message_batch(
         return _object(session, created.job, request)
 
 
-@router.get("", responses=responses(400, 401))
+@router.get("", response_model=MessageBatchList, responses=responses(400, 401))
 def list_message_batches(
     request: Request, sessions: SessionsDep, tenant: TenantDep,
     before_id: CursorQuery = None, after_id: CursorQuery = None,
@@ -127,7 +147,7 @@ def list_message_batches(
         return message_batches.page_object(session, page, more, _base_url(request))
 
 
-@router.get("/{message_batch_id}", response_model=dict[str, Any],
+@router.get("/{message_batch_id}", response_model=MessageBatch,
             responses={**NOT_MODIFIED, **responses(400, 401, 404)})
 def retrieve_message_batch(message_batch_id: IdPath, request: Request, sessions: SessionsDep,
                            tenant: TenantDep, if_none_match: IfNoneMatch = None) -> Response:
@@ -138,7 +158,8 @@ def retrieve_message_batch(message_batch_id: IdPath, request: Request, sessions:
     return answer(found, if_none_match)
 
 
-@router.post("/{message_batch_id}/cancel", responses=responses(400, 401, 404))
+@router.post("/{message_batch_id}/cancel", response_model=MessageBatch,
+             responses=responses(400, 401, 404))
 def cancel_message_batch(message_batch_id: IdPath, request: Request, sessions: SessionsDep,
                          tenant: TenantDep) -> dict[str, Any]:
     """Stop new requests (canceling); those in flight finish and keep their results. A
@@ -151,7 +172,8 @@ def cancel_message_batch(message_batch_id: IdPath, request: Request, sessions: S
         return _object(session, job, request)
 
 
-@router.delete("/{message_batch_id}", responses=responses(400, 401, 404))
+@router.delete("/{message_batch_id}", response_model=DeletedMessageBatch,
+               responses=responses(400, 401, 404))
 def delete_message_batch(message_batch_id: IdPath, sessions: SessionsDep,
                          tenant: TenantDep) -> dict[str, str]:
     """Delete an ended batch and its results; one still processing is refused (cancel it

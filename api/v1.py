@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, File, Form, Header, Query, UploadFile
 from fastapi.responses import Response, StreamingResponse
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, WithJsonSchema
 from sqlalchemy.orm import Session, sessionmaker
 
 from api.deps import (
@@ -29,9 +29,13 @@ from api.deps import (
 from api.errors import responses
 from api.etags import NOT_MODIFIED, IfNoneMatch
 from api.job_reads import tagged
+from api.openapi import FORM_RULES
+from api.schemas.batches import Batch, BatchList
+from api.schemas.files import FileDeleted, FileList, FileObject
 from quotaflow.compat import files, retention
 from quotaflow.compat import openai_batches as batches
 from quotaflow.config import get_settings
+from quotaflow.constants import ENDPOINTS, QUEUES
 from quotaflow.jobs import service as jobs
 
 router = APIRouter(prefix="/v1", tags=["OpenAI-compatible"])
@@ -39,21 +43,41 @@ router = APIRouter(prefix="/v1", tags=["OpenAI-compatible"])
 NO_NUL = r"^[^\x00]*$"
 # Room for the multipart envelope around a file at the size limit.
 FORM_OVERHEAD_BYTES = 64 * 1024
+# The rules quotaflow.compat checks, stated in the schema (their errors stay the domain's,
+# naming the parameter and the reason).
+QUEUE_RULE = {"enum": list(QUEUES)}
+QUEUE_HEADER = {"enum": [*QUEUES, ""], "description": "quotaflow extension: realtime, "
+                "standard or bulk (empty or left out: the default, or metadata's)"}
+# 1 to 99999 hours, minutes or seconds (openai_batches.window_seconds).
+WINDOW_PATTERN = (r"^(0{0,4}[1-9]|0{0,3}[1-9][0-9]|0{0,2}[1-9][0-9]{2}|0?[1-9][0-9]{3}"
+                  r"|[1-9][0-9]{4})[hms]$")
+EXPIRY_SECONDS = {"type": "integer", "minimum": retention.MIN_EXPIRY_S,
+                  "maximum": retention.MAX_EXPIRY_S}
+# expires_after's two form fields: both given or neither.
+EXPIRES_PAIRED = {"dependentRequired": {"expires_after[anchor]": ["expires_after[seconds]"],
+                                        "expires_after[seconds]": ["expires_after[anchor]"]}}
+EXPIRES_AFTER = {"type": "object", "additionalProperties": False,
+                 "required": ["anchor", "seconds"],
+                 "properties": {"anchor": {"const": retention.ANCHOR},
+                                "seconds": EXPIRY_SECONDS}}
 
 
 class CreateBatch(BaseModel):
     """POST /v1/batches, as the OpenAI SDK sends it."""
 
     input_file_id: str = Field(pattern=ID_PATTERN)
-    endpoint: str = Field(max_length=64)
-    completion_window: str = Field(default="24h", max_length=16)
+    endpoint: str = Field(max_length=64, json_schema_extra={"enum": list(ENDPOINTS)})
+    completion_window: str = Field(default="24h", max_length=16,
+                                   json_schema_extra={"pattern": WINDOW_PATTERN})
     # OpenAI: at most 16 pairs, keys up to 64 and values up to 512 characters.
     metadata: dict[Annotated[str, Field(max_length=64, pattern=NO_NUL)],
                    Annotated[str, Field(max_length=512, pattern=NO_NUL)]] | None = Field(
-        default=None, max_length=16)
+        default=None, max_length=16, json_schema_extra={"properties": {
+            batches.QUEUE_METADATA_KEY: {"type": "string", **QUEUE_RULE}}})
     # {"anchor": "created_at", "seconds": 3600..2592000}: checked by quotaflow.compat.retention,
     # whose errors name the part at fault (output_expires_after.seconds).
-    output_expires_after: dict[str, Any] | None = None
+    output_expires_after: Annotated[dict[str, Any] | None, WithJsonSchema(
+        {"anyOf": [EXPIRES_AFTER, {"type": "null"}]})] = None
 
 
 def _page(data: list[dict[str, Any]], has_more: bool) -> dict[str, Any]:
@@ -64,16 +88,20 @@ def _page(data: list[dict[str, Any]], has_more: bool) -> dict[str, Any]:
 
 # --- files ---------------------------------------------------------------------------
 
-@router.post("/files", max_body_size=get_settings().max_upload_bytes + FORM_OVERHEAD_BYTES,
-             responses=responses(400, 401, 413))
+@router.post("/files", response_model=FileObject,
+             max_body_size=get_settings().max_upload_bytes + FORM_OVERHEAD_BYTES,
+             responses=responses(400, 401, 413),
+             openapi_extra={FORM_RULES: EXPIRES_PAIRED})
 def upload_file(
     file: Annotated[UploadFile, File(description="JSONL of batch requests")],
-    purpose: Annotated[str, Form(description='"batch"')],
+    purpose: Annotated[str, Form(description='"batch"',
+                                 json_schema_extra={"enum": [files.PURPOSE_BATCH]})],
     sessions: SessionsDep, settings: SettingsDep, tenant: TenantDep,
     # As the OpenAI SDK sends `expires_after` in the multipart form.
     expires_anchor: Annotated[str | None, Form(
-        alias="expires_after[anchor]", description='"created_at"')] = None,
-    expires_seconds: Annotated[str | None, Form(
+        alias="expires_after[anchor]", description='"created_at"',
+        json_schema_extra={"enum": [retention.ANCHOR]})] = None,
+    expires_seconds: Annotated[str | None, WithJsonSchema(EXPIRY_SECONDS), Form(
         alias="expires_after[seconds]", description="3600 to 2592000")] = None,
 ) -> dict[str, Any]:
     """Store an upload (streamed in chunks; refused whole over QUOTAFLOW_MAX_UPLOAD_BYTES).
@@ -88,7 +116,7 @@ def upload_file(
     return files.file_object(row)
 
 
-@router.get("/files", responses=responses(400, 401, 404))
+@router.get("/files", response_model=FileList, responses=responses(400, 401, 404))
 def list_files(
     sessions: SessionsDep, tenant: TenantDep,
     purpose: Annotated[str | None, Query(max_length=32, pattern=NO_NUL)] = None,
@@ -103,7 +131,7 @@ def list_files(
         return _page([files.file_object(row) for row in page[:limit]], len(page) > limit)
 
 
-@router.get("/files/{file_id}", responses=responses(400, 401, 404))
+@router.get("/files/{file_id}", response_model=FileObject, responses=responses(400, 401, 404))
 def get_file(file_id: IdPath, sessions: SessionsDep, tenant: TenantDep) -> dict[str, Any]:
     with sessions() as session:
         virtual = files.virtual_file(session, file_id, tenant)
@@ -134,7 +162,8 @@ def _chunks(sessions: sessionmaker[Session], file_id: str) -> Iterator[bytes]:
         yield from files.iter_chunks(session, file_id)
 
 
-@router.delete("/files/{file_id}", responses=responses(400, 401, 404, 409))
+@router.delete("/files/{file_id}", response_model=FileDeleted,
+               responses=responses(400, 401, 404, 409))
 def delete_file(file_id: IdPath, sessions: SessionsDep, tenant: TenantDep) -> dict[str, Any]:
     """An upload and its bytes; a batch's output or error file: that batch's results (409
     while it runs: cancel it first)."""
@@ -145,12 +174,11 @@ def delete_file(file_id: IdPath, sessions: SessionsDep, tenant: TenantDep) -> di
 
 # --- batches -------------------------------------------------------------------------
 
-@router.post("/batches", responses=responses(400, 401, 404))
+@router.post("/batches", response_model=Batch, responses=responses(400, 401, 404))
 def create_batch(
     body: CreateBatch, sessions: SessionsDep, settings: SettingsDep,
     deployments: DeploymentsDep, dispatcher: DispatcherDep, tenant: TenantDep,
-    x_quotaflow_queue: Annotated[str | None, Header(
-        description="quotaflow extension: realtime, standard or bulk")] = None,
+    x_quotaflow_queue: Annotated[str | None, Header(json_schema_extra=QUEUE_HEADER)] = None,
     idempotency_key: IdempotencyKey = None,
 ) -> dict[str, Any]:
     """Make a batch of an uploaded file; the same Idempotency-Key again returns that batch."""
@@ -166,7 +194,7 @@ def create_batch(
         return batches.batch_object(session, jobs.get_job(session, job.id))
 
 
-@router.get("/batches", responses=responses(400, 401, 404))
+@router.get("/batches", response_model=BatchList, responses=responses(400, 401, 404))
 def list_batches(
     sessions: SessionsDep, tenant: TenantDep,
     after: AfterQuery = None, limit: Annotated[int, Query(ge=1, le=100)] = 20,
@@ -177,7 +205,7 @@ def list_batches(
                      len(page) > limit)
 
 
-@router.get("/batches/{batch_id}", response_model=dict[str, Any],
+@router.get("/batches/{batch_id}", response_model=Batch,
             responses={**NOT_MODIFIED, **responses(400, 401, 404)})
 async def get_batch(batch_id: IdPath, sessions: SessionsDep, tenant: TenantDep,
                     if_none_match: IfNoneMatch = None) -> Response:
@@ -191,7 +219,8 @@ async def get_batch(batch_id: IdPath, sessions: SessionsDep, tenant: TenantDep,
     return tagged(await job_reads().read(("batch", batch_id), tenant, load), if_none_match)
 
 
-@router.post("/batches/{batch_id}/cancel", responses=responses(400, 401, 404, 409))
+@router.post("/batches/{batch_id}/cancel", response_model=Batch,
+             responses=responses(400, 401, 404, 409))
 def cancel_batch(batch_id: IdPath, sessions: SessionsDep, tenant: TenantDep) -> dict[str, Any]:
     """Stop new requests; those in flight finish and stay in the output file."""
     with sessions() as session:

@@ -27,6 +27,7 @@ from quotaflow.errors import FileTooLarge, InvalidRequest
 
 CUSTOM_ID = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 _SPACE = re.compile(r"[ \t\n\r]*")
+_LATIN1_RUN = re.compile(r"[\x00-\xff]+")
 _LINE_BREAKS = bytes.maketrans(b"\n\r", b"  ")
 
 
@@ -178,5 +179,7 @@ def _expect(text: str, at: int, char: str, message: str) -> int:
 
 
 def _utf8(latin1: str) -> str:
-    """A key as the client wrote it (the walk sees UTF-8 bytes as Latin-1 characters)."""
-    return latin1.encode("latin-1").decode("utf-8", "replace")
+    """A key as the client wrote it (the walk sees UTF-8 bytes as Latin-1 characters;
+    a character written as a JSON escape, `\\ud83d\\ude00`, is itself already)."""
+    return _LATIN1_RUN.sub(
+        lambda run: run.group().encode("latin-1").decode("utf-8", "replace"), latin1)

@@ -61,6 +61,8 @@ def expiry_seconds(param: str, anchor: object, seconds: object) -> int:
                                                   f"{anchor!r}")
     if isinstance(seconds, str) and seconds.strip().lstrip("-").isdigit():
         seconds = int(seconds.strip())
+    if isinstance(seconds, float) and seconds.is_integer():  # JSON's 3600.0 is an integer
+        seconds = int(seconds)
     if isinstance(seconds, bool) or not isinstance(seconds, int):
         raise InvalidParameter(f"{param}.seconds", f"{param}.seconds must be a whole number "
                                                    f"of seconds, got {seconds!r}")

@@ -181,6 +181,8 @@ def _anthropic_params(params: Any) -> dict[str, Any]:
     if not isinstance(params, dict):
         raise LineRejected("params must be a JSON object")
     max_tokens = params.get("max_tokens")
+    if isinstance(max_tokens, float) and max_tokens.is_integer():  # JSON's 5.0 is an integer
+        max_tokens = params["max_tokens"] = int(max_tokens)
     if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens <= 0:
         raise LineRejected("params.max_tokens must be a positive integer (Anthropic requires it)")
     if "model" in params and not isinstance(params["model"], str):
