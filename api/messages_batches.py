@@ -46,6 +46,11 @@ async def anthropic_version(anthropic_version: Annotated[str | None, Header(
     """Anthropic requires the header; quotaflow serves one version and needs none."""
 
 
+
+# The anthropic-beta header's rule, as Anthropic writes it: names of letters, digits, '.',
+# '_' and '-' (compat/anthropic_batches.beta_names), separated by a comma and a space at most.
+BETAS_PATTERN = r"^[A-Za-z0-9._-]{1,100}(, ?[A-Za-z0-9._-]{1,100})*$"
+
 router = APIRouter(prefix="/v1/messages/batches", tags=["Anthropic-compatible"],
                    dependencies=[Depends(anthropic_version)])
 
@@ -120,8 +125,9 @@ def create_message_batch(
         description="quotaflow extension: realtime, standard (default; also when empty) "
                     "or bulk", json_schema_extra={"enum": [*QUEUES, ""]})] = None,
     anthropic_beta: Annotated[str | None, Header(
-        max_length=2000, description="Betas for every request that names none in its "
-        "params (`params.betas`); forwarded to anthropic deployments")] = None,
+        max_length=2000, pattern=BETAS_PATTERN,
+        description="Betas for every request that names none in its params "
+        "(`params.betas`), comma-separated; forwarded to anthropic deployments")] = None,
 ) -> dict[str, Any]:
     """Store the requests as a job and queue them, or refuse the batch whole (400)."""
     created = message_batches.create_batch(
