@@ -61,13 +61,14 @@ def start_api(pg_url: str, workdir: Path, name: str, **env: str) -> tuple[Proc, 
     return proc, port
 
 
-def worker_pids(proc: Proc, count: int = 2, timeout: float = 30.0) -> list[int]:
-    """The supervisor's worker processes, once `count` of them serve."""
+def worker_pids(proc: Proc, port: int, count: int = 2, timeout: float = 60.0) -> list[int]:
+    """The supervisor's worker processes, once `count` of them listen on `port` (the
+    first answers /healthz while the other may still be importing the app)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         workers = [p for p in served_by.children(proc.pid)
                    if "resource_tracker" not in Path(f"/proc/{p}/cmdline").read_text()]
-        if len(workers) == count:
+        if len(workers) == count and all(served_by.listens(p, port) for p in workers):
             return workers
         time.sleep(0.2)
     raise AssertionError(f"no {count} worker processes under {proc.pid}:\n{proc.log()}")
@@ -79,7 +80,7 @@ def api(pg_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Api]:
     proc, port = start_api(pg_url, tmp_path_factory.mktemp("api-processes"), "api",
                            QUOTAFLOW_API_RATE_LIMIT=f"{LIMIT}/{WINDOW_S} seconds")
     try:
-        yield Api(proc, port, worker_pids(proc))
+        yield Api(proc, port, worker_pids(proc, port))
     finally:
         proc.stop()
 
@@ -224,9 +225,9 @@ def test_sigterm_to_the_supervisor_ends_every_process(api: Api) -> None:
 
 
 def test_sigint_to_the_group_ends_every_process(pg_url: str, tmp_path: Path) -> None:
-    proc, _port = start_api(pg_url, tmp_path, "api-sigint")
+    proc, port = start_api(pg_url, tmp_path, "api-sigint")
     try:
-        worker_pids(proc)
+        worker_pids(proc, port)
         _ends_within(proc, lambda: os.killpg(proc.pid, signal.SIGINT))
     finally:
         proc.stop()
