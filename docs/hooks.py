@@ -5,7 +5,7 @@ of `quotaflow.config.Settings` (QUOTAFLOW_* variables) and
 `quotaflow.deployments.deployment.Deployment`
 (a deployments file's `[deployments.NAME]` keys), their types, defaults and
 `Field(description=...)`. A hand-written list drifts from the code; this one cannot, and
-a field without a description stops the build (and tests/unit/test_config_reference.py).
+a field without a description stops the build (and tests/unit/config/test_config_reference.py).
 """
 
 from __future__ import annotations

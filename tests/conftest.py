@@ -194,11 +194,29 @@ def _needs_a_server(item: pytest.Item) -> list[str]:
         PROCESS_STARTERS & uses)
 
 
+# tests/unit/ mirrors the code: a folder for each room of quotaflow/ (its subfolders for
+# a room's own parts, as providers/local/), for api/, cli/, workers/ and mock_provider/, and
+# project/ for the repository's own rules (layout, docs, deploy files).
+_CODE = TESTS.parent / "quotaflow"
+UNIT_FOLDERS = frozenset(
+    {p.stem for p in _CODE.iterdir() if p.suffix == ".py" or (p / "__init__.py").exists()}
+    | {"api", "cli", "workers", "mock_provider", "project"}) - {"__init__"}
+
+
+def _unit_folder(item: pytest.Item) -> str | None:
+    parts = item.path.relative_to(UNIT).parts
+    return parts[0] if len(parts) > 1 and parts[0] in UNIT_FOLDERS else None
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.path.is_relative_to(CLUSTER):
             item.add_marker(pytest.mark.cluster)
         elif item.path.is_relative_to(UNIT):
+            if _unit_folder(item) is None:
+                raise pytest.UsageError(
+                    f"{item.nodeid}: a unit test lives in the folder of the room it tests, "
+                    f"tests/unit/<room>/ (one of {', '.join(sorted(UNIT_FOLDERS))})")
             if needs := _needs_a_server(item):
                 raise pytest.UsageError(
                     f"{item.nodeid} uses {', '.join(needs)}: a test that needs a server or "

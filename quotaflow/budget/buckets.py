@@ -1,7 +1,7 @@
 """The two limiters: `RedisLimiter` runs quotaflow/budget/lua/bucket.lua, one call per
 operation on the Redis server's clock, shared by every worker on every machine;
 `LocalLimiter` is the same arithmetic in Python for `quotaflow run` without Redis.
-Both pass the suite of tests/unit/test_ratelimit.py (tests/cluster/ runs it on Redis).
+Both pass the suite of tests/unit/budget/test_ratelimit.py (tests/cluster/ runs it on Redis).
 """
 
 import math

@@ -81,7 +81,7 @@ def observe_many(child: Any, counts: Sequence[int], total: float) -> None:
     """Add bucket counts and their sum to a histogram child in one write each, as that many
     observe() calls would (prometheus_client has no bulk observe; its buckets are
     per-bucket counts, le is the cumulative sum made at collection).
-    tests/unit/test_metrics.py checks the result against observe()."""
+    tests/unit/observe/test_metrics.py checks the result against observe()."""
     buckets = child._buckets
     assert len(buckets) == len(counts), "bucket bounds differ from the histogram's"
     for value, count in zip(buckets, counts, strict=True):

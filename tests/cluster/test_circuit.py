@@ -11,7 +11,7 @@ from quotaflow.budget.circuit import (
     LocalCircuitBreaker,
     RedisCircuitBreaker,
 )
-from tests.unit.test_circuit import COOLDOWN_S, deployment
+from tests.unit.budget.test_circuit import COOLDOWN_S, deployment
 
 
 class Clock:

@@ -1,6 +1,6 @@
 """Batch hooks through the executor, against PostgreSQL: a hook that sends a batch back
 before it claims anything, and items a hook finishes stored and never called (the hook
-list's own rules: tests/unit/test_hooks.py)."""
+list's own rules: tests/unit/execution/test_hooks.py)."""
 
 import io
 import json
@@ -14,7 +14,7 @@ from quotaflow.ingest import pipeline
 from quotaflow.models import Item, ItemStatus
 from quotaflow.results import output
 from tests.harness.factories import chat_line, jsonl
-from tests.unit.test_hooks import Recorder
+from tests.unit.execution.test_hooks import Recorder
 
 # --- through the executor, against PostgreSQL -------------------------------------------
 

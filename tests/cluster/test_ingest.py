@@ -1,7 +1,7 @@
 """Ingest (quotaflow/ingest/pipeline.py) in process, on the real PostgreSQL: a refused file leaves
 nothing, whatever refused it and however late; identical requests and idempotency keys;
 batch messages written without send_task. (SQLite and the line reader:
-tests/unit/test_ingest.py.)"""
+tests/unit/ingest/test_ingest.py.)"""
 
 import base64
 import io
@@ -20,7 +20,7 @@ from quotaflow.ingest import pipeline as ingest
 from quotaflow.models import Item, Result
 from quotaflow.tenants import quotas
 from tests.harness.factories import HOSTILE_LINES, chat_line, jsonl
-from tests.unit.test_ingest import big_file, make, row_counts
+from tests.unit.ingest.test_ingest import big_file, make, row_counts
 from workers.dispatch import CeleryDispatcher
 
 

@@ -1,7 +1,7 @@
 """Message Batches' domain on a real PostgreSQL: the objects, cursors and deleting
 (quotaflow/compat/anthropic_batches.py, quotaflow/compat/retention.py); the create body as
 JSONL lines is
-tests/unit/test_message_batch_domain.py's, the SDK's view of it all
+tests/unit/compat/test_message_batch_domain.py's, the SDK's view of it all
 tests/cluster/test_message_batches.py's."""
 
 import json
@@ -21,7 +21,7 @@ from quotaflow.errors import InvalidParameter, JobNotFound, JobStateError
 from quotaflow.execution import BatchExecutor
 from quotaflow.jobs import service as jobs
 from quotaflow.models import Item, Job, Result, Spend, utcnow
-from tests.unit.test_message_batch_domain import body, req
+from tests.unit.compat.test_message_batch_domain import body, req
 
 
 def create(sessions: sessionmaker[Session], settings: Settings, *requests: dict,

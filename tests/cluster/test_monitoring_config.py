@@ -1,13 +1,13 @@
 """The KEDA example against a real Celery producer on the test Redis: each list its
 ScaledObject watches is the key Celery fills for that queue (the monitoring files
-themselves, checked without a server: tests/unit/test_monitoring_config.py)."""
+themselves, checked without a server: tests/unit/project/test_monitoring_config.py)."""
 
 import json
 
 import redis
 
 from quotaflow.dispatch.queues import BatchRef
-from tests.unit.test_monitoring_config import keda_redis_lists
+from tests.unit.project.test_monitoring_config import keda_redis_lists
 from workers.dispatch import CeleryDispatcher
 
 

@@ -1,5 +1,5 @@
 """Every result says where and how: deployment, calls, admitted/sent/answered, the
-provider's request id (tests/unit/test_logs.py: the log lines' context)."""
+provider's request id (tests/unit/observe/test_logs.py: the log lines' context)."""
 
 import io
 import json

@@ -1,4 +1,4 @@
-"""The Redis Lua limiter: the suite of tests/unit/test_ratelimit.py, run here against it
+"""The Redis Lua limiter: the suite of tests/unit/budget/test_ratelimit.py, run here against it
 (its in-process twin must agree, and runs it there), and what only a shared Redis shows:
 one budget across processes, the bucket's key, and Redis going away and coming back.
 
@@ -21,7 +21,7 @@ from quotaflow.errors import ServiceUnavailable
 from tests.harness.servers import REDIS_URL
 
 # The suite, collected here too: its tests take `limiter` from this module.
-from tests.unit.test_ratelimit import (  # noqa: F401
+from tests.unit.budget.test_ratelimit import (  # noqa: F401
     budget,
     test_a_call_never_sent_gives_back_its_request_and_all_its_tokens,
     test_a_chunk_of_settlements_counts_as_each_one_in_turn,

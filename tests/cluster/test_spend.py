@@ -1,5 +1,5 @@
 """The monthly spend limit, on the real PostgreSQL and a real mock provider (prices and
-costs alone: tests/unit/test_spend.py).
+costs alone: tests/unit/tenants/test_spend.py).
 
 The proof of the limit: two jobs that each fit what the tenant has left are submitted
 together and run at once; between them they would spend nearly twice the limit, and the

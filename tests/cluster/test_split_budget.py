@@ -1,5 +1,5 @@
 """Split budgets (Anthropic's ITPM beside OTPM) in the Redis Lua limiter: the suite of
-tests/unit/test_split_budget.py, run here against Redis (the in-process twin runs it
+tests/unit/budget/test_split_budget.py, run here against Redis (the in-process twin runs it
 there)."""
 
 from collections.abc import Iterator
@@ -9,7 +9,7 @@ import pytest
 from quotaflow.budget.buckets import RedisLimiter
 
 # The suite, collected here too: its tests take `limiter` from this module.
-from tests.unit.test_split_budget import (  # noqa: F401
+from tests.unit.budget.test_split_budget import (  # noqa: F401
     test_a_drain_empties_the_input_bucket_too,
     test_a_provider_that_keeps_reservations_gives_nothing_back,
     test_all_three_must_fit_at_once,

@@ -2,7 +2,7 @@
 output as our Generated.
 
 vLLM-free: vllm_engine.py hands vLLM's classes and outputs in, so what a line asks of
-vLLM is unit-tested without vLLM (tests/unit/test_vllm_request.py); the engine only
+vLLM is unit-tested without vLLM (tests/unit/providers/local/test_vllm_request.py); the engine only
 calls `SamplingParams(**sampling_kwargs(...))` and `TokensPrompt(**prompt_kwargs(...))`.
 Fields left at their neutral value are not passed, so vLLM's own defaults (which moved
 between versions: top_k's "all tokens" was -1, then 0) stay its own.

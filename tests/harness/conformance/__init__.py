@@ -19,7 +19,7 @@ endpoint a file (as in a batch): chat_openai.jsonl (/v1/chat/completions lines),
 messages_anthropic.jsonl (Anthropic Message Batches lines), responses_openai.jsonl,
 embeddings_openai.jsonl, moderations_openai.jsonl and completions_openai.jsonl.
 
-tests/unit/test_conformance.py checks the translations in process;
+tests/unit/providers/test_conformance.py checks the translations in process;
 tests/cluster/test_conformance_cluster.py runs every file as jobs through Celery workers
 against the strict mock provider, which records what it received (`--record`).
 `field_diff` compares a body sent with the one expected.

@@ -7,7 +7,7 @@ past the limit is turning back into a lab notebook: move the older runs out, don
 
 from pathlib import Path
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "docs" / "benchmarks.md"
+BENCHMARKS = Path(__file__).resolve().parents[3] / "docs" / "benchmarks.md"
 MOST_LINES = 600
 
 

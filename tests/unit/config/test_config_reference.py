@@ -15,7 +15,7 @@ from pydantic import BaseModel, Field
 from quotaflow.config import Settings
 from quotaflow.deployments.deployment import Deployment
 
-DOCS = Path(__file__).resolve().parents[2] / "docs"
+DOCS = Path(__file__).resolve().parents[3] / "docs"
 
 
 def load_hooks() -> ModuleType:

@@ -15,7 +15,7 @@ import pytest
 from quotaflow.budget.buckets import LocalLimiter
 from quotaflow.budget.limiter import Settlement
 from quotaflow.deployments.limits import Budget, Refunds
-from tests.unit.refund_sim import Clock, Jitter, simulate
+from tests.unit.budget.refund_sim import Clock, Jitter, simulate
 
 CALM = Jitter()
 # 5% of calls refused 429 at random before the provider counts them (an overloaded one).

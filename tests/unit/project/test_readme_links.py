@@ -7,7 +7,7 @@ site; its relative links are checked here, so the map cannot point at a moved pa
 import re
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_readme_links_point_at_files_that_exist() -> None:
