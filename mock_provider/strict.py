@@ -105,7 +105,9 @@ def create_app(
     # async on purpose: all state is touched from the event loop only, never a threadpool.
     @app.get("/stats")
     async def stats() -> dict[str, Any]:
-        return {**judge.stats.as_json(), "faults": dict(judge.faults.seen)}
+        return {**judge.stats.as_json(), "faults": dict(judge.faults.seen),
+                "cache_write_tokens": messages.cache.writes,
+                "cache_read_tokens": messages.cache.reads}
 
     @app.post("/stats/reset")
     async def reset_stats() -> dict[str, Any]:

@@ -13,6 +13,7 @@ from pydantic import BaseModel, Field, model_validator
 from quotaflow.deployments.extras import ExtraValue, check_headers
 from quotaflow.deployments.google import check_google
 from quotaflow.deployments.limits import Budget, Refunds
+from quotaflow.deployments.price_fields import LongContextPrices, check_prices, prices_of
 from quotaflow.deployments.pricing import Prices
 from quotaflow.errors import ConfigError
 
@@ -156,7 +157,23 @@ class Deployment(BaseModel):
         default=None, ge=0, description="Price per million completion tokens.")
     cached_input_per_mtok: float | None = Field(
         default=None, ge=0,
-        description="Price per million cached prompt tokens (needs the other two prices).")
+        description="Price per million prompt tokens read from the provider's cache "
+        "(OpenAI's `cached_tokens`, Anthropic's `cache_read_input_tokens`, Gemini's cached "
+        "content; needs the other two prices); unset: billed as any input.")
+    cache_write_per_mtok: float | None = Field(
+        default=None, ge=0,
+        description="Price per million prompt tokens written to the cache (Anthropic's "
+        "`cache_creation_input_tokens`, Bedrock's `cacheWriteInputTokens`; 1.25 x input "
+        "at Anthropic); unset: billed as any input.")
+    cache_write_1h_per_mtok: float | None = Field(
+        default=None, ge=0,
+        description="Price per million tokens of 1-hour cache writes (Anthropic's "
+        "`ephemeral_1h_input_tokens`, 2 x input); unset: at `cache_write_per_mtok`.")
+    long_context: LongContextPrices | None = Field(
+        default=None, json_schema_extra={"default_text": "none"},
+        description="A long-context tier: `{ above_tokens = 200000, input_per_mtok = ..., "
+        "output_per_mtok = ... }` (and the cache prices the deployment sets); a request "
+        "whose prompt has more than `above_tokens` tokens is priced at it, all its tokens.")
     currency: str = Field(
         default="USD", min_length=3, max_length=3,
         description="The prices' currency: one for all priced deployments.")
@@ -293,10 +310,7 @@ class Deployment(BaseModel):
         if self.provider == "local" and not self.model_path:
             raise ValueError("provider 'local' needs model_path (a directory written by "
                              "save_pretrained, e.g. /models/qwen2.5-0.5b-instruct)")
-        if (self.input_per_mtok is None) != (self.output_per_mtok is None):
-            raise ValueError("set both input_per_mtok and output_per_mtok, or neither")
-        if self.cached_input_per_mtok is not None and self.input_per_mtok is None:
-            raise ValueError("cached_input_per_mtok needs input_per_mtok and output_per_mtok")
+        check_prices(self)
         if self.rpm * self.burst_seconds / 60 < 1:
             raise ValueError(
                 f"rpm {self.rpm} x burst_seconds {self.burst_seconds:g} / 60 holds less than "
@@ -359,8 +373,7 @@ class Deployment(BaseModel):
         """What its tokens cost, or None where the file gives no prices."""
         if self.input_per_mtok is None or self.output_per_mtok is None:
             return None
-        return Prices(self.input_per_mtok, self.output_per_mtok, self.cached_input_per_mtok,
-                      self.currency.upper())
+        return prices_of(self, self.currency.upper())
 
     @cached_property
     def budget(self) -> Budget:

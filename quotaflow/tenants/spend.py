@@ -28,7 +28,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from quotaflow.config import Settings
 from quotaflow.db import insert_adding
 from quotaflow.deployments.catalog import Deployments
-from quotaflow.deployments.pricing import CostRange, Prices, money
+from quotaflow.deployments.pricing import CostRange, Prices, Tallied, money
 from quotaflow.errors import SpendLimitExceeded
 from quotaflow.models import Item, ItemStatus, Job, JobStatus, Spend, Tenant, utcnow
 from quotaflow.tenants import quotas
@@ -44,12 +44,15 @@ def month_of(moment: datetime) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Charge:
-    """One answered call's usage, on the deployment that answered it."""
+    """One answered call's usage, on the deployment that answered it (cache reads and
+    writes are part of prompt_tokens, 1-hour writes part of the writes)."""
 
     deployment: str
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int = 0
+    cache_write_tokens: int = 0
+    cache_write_1h_tokens: int = 0
 
 
 class Ledger(Protocol):
@@ -93,7 +96,8 @@ class Billing:
             prices = row["_prices"]
             if prices is not None:
                 row["cost"] += prices.cost(charge.prompt_tokens, charge.completion_tokens,
-                                           charge.cached_tokens)
+                                           charge.cached_tokens, charge.cache_write_tokens,
+                                           charge.cache_write_1h_tokens)
         if rows:
             for row in rows.values():
                 del row["_prices"]
@@ -144,13 +148,13 @@ def spend_room(session: Session, settings: Settings, tenant: str) -> SpendRoom:
 
 
 def estimate(deployments: Deployments,
-             routes: Iterable[tuple[str, int, int]]) -> tuple[CostRange | None, bool]:
-    """The cost range of (route, prompt tokens, max completion tokens) groups, and whether
-    every group's cost is known (a route to an unpriced deployment's is not)."""
+             routes: Iterable[tuple[str, Tallied]]) -> tuple[CostRange | None, bool]:
+    """The cost range of (route, its requests' tokens) groups, and whether every group's
+    cost is known (a route to an unpriced deployment's is not)."""
     total: CostRange | None = None
     complete = True
-    for route, prompt, completion in routes:
-        part = deployments.route_cost(route, prompt, completion)
+    for route, tally in routes:
+        part = deployments.route_cost(route, tally)
         if part is None:
             complete = False
             continue
