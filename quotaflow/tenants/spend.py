@@ -9,7 +9,8 @@ scan of the results.
 
 A tenant's limit (its own, or QUOTAFLOW_MAX_MONTHLY_SPEND) is enforced twice:
 ingest refuses a batch whose estimated cost (its prompt tokens and every line's
-max_tokens at the route's dearest prices) is more than what is left, and a running
+max_tokens at the route's dearest prices, each line in its long-context tier and its
+requested cache writes at their price) is more than what is left, and a running
 batch whose tenant has reached the limit stops sending: within STOP_CHECK_S
 (quotaflow/execution/stopping.py) every unsent line of the tenant's running jobs
 ends `spend_limit_exceeded`. Calls already sent finish and are billed, so the month
