@@ -201,7 +201,8 @@ def test_the_capability_table_is_the_documented_one() -> None:
         "openai": every, "openai-batch": every, "mock": every,
         "local": {"/v1/chat/completions", "/v1/completions", "/v1/embeddings"},
         "anthropic": {CHAT}, "anthropic-batch": {CHAT}, "gemini": {CHAT}, "vertex": {CHAT},
-        "bedrock": {CHAT}, "azure": {"/v1/chat/completions", "/v1/completions", "/v1/embeddings"}}
+        "bedrock": {CHAT}, "azure": {"/v1/chat/completions", "/v1/completions", "/v1/embeddings"},
+        "azure-batch": {CHAT}}
 
 
 def test_a_deployment_that_cannot_serve_the_endpoint_fails_the_line_naming_both() -> None:
