@@ -115,6 +115,7 @@ def create_app(
     @app.post("/stats/reset")
     async def reset_stats() -> dict[str, Any]:
         judge.stats = Stats()
+        messages.cache.writes = messages.cache.reads = 0
         return judge.stats.as_json()
 
     @app.put("/faults")
