@@ -48,7 +48,7 @@ def type_name(annotation: Any) -> str:
     if origin in (Union, types.UnionType):
         names = [type_name(arg) for arg in get_args(annotation) if arg is not type(None)]
         return " or ".join(dict.fromkeys(names))
-    if origin is dict:
+    if origin is dict or (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
         return "table"
     if origin is tuple:
         items = [type_name(arg) for arg in get_args(annotation) if arg is not Ellipsis]

@@ -9,7 +9,9 @@ output bucket gets back what max_tokens reserved and the answer did not use.
 Refusals are Anthropic's: 429 rate_limit_error with retry-after, 529
 overloaded_error (a fault), 400 invalid_request_error for a body the real API
 refuses (unknown top-level fields among them), 401 authentication_error.
-Every answer carries the anthropic-ratelimit-* headers.
+Every answer carries the anthropic-ratelimit-* headers, and its usage splits the prompt
+into cache writes, cache reads and the rest where the request asks for caching
+(mock_provider/prompt_cache.py).
 """
 
 import asyncio
@@ -29,6 +31,7 @@ from fastapi.responses import JSONResponse, Response
 
 from mock_provider import faults as fault_modes
 from mock_provider.buckets import TokenBucket
+from mock_provider.prompt_cache import PromptCache
 from mock_provider.shapes import messages_problem
 from quotaflow.budget.tokens import estimate_tokens
 
@@ -179,6 +182,7 @@ class MessagesJudge:
 
     def __init__(self, judge: Any, limits: SplitLimits) -> None:
         self.judge, self.limits = judge, limits
+        self.cache = PromptCache()  # prompt caching's usage (mock_provider/prompt_cache.py)
 
     async def handle(self, request: Request) -> Response:
         judge = self.judge
@@ -228,7 +232,8 @@ class MessagesJudge:
             return fault_modes.malformed()
         message = simulated_message(body, input_tokens)
         usage = message["usage"]
-        stats.record_usage({"prompt_tokens": usage["input_tokens"],
+        usage.update(self.cache.usage(body, input_tokens))
+        stats.record_usage({"prompt_tokens": input_tokens,
                             "completion_tokens": usage["output_tokens"]})
         if judge.reconcile:  # OTPM is adjusted to the output tokens the answer used
             unused = max_tokens - usage["output_tokens"]

@@ -17,6 +17,7 @@ from fastapi.responses import JSONResponse, Response
 
 from mock_provider import message_batches
 from mock_provider.azure import AzureWire
+from mock_provider.azure_batches import AzureBatches
 from mock_provider.bedrock import BedrockJudge
 from mock_provider.bedrock_checks import AwsKey
 from mock_provider.buckets import RateLimits
@@ -100,16 +101,21 @@ def create_app(
         app, lambda route: _recorded(route, recorder))
     BedrockJudge(judge, RateLimits(rpm, tpm, burst_seconds), aws_key).mount(
         app, lambda route: _recorded(route, recorder))
-    AzureWire(judge, api_key, azure_api_version, recorder).mount(app)
+    azure = AzureWire(judge, api_key, azure_api_version, recorder)
+    azure.mount(app)
+    AzureBatches(azure, batch_seconds).mount(app)
 
     # async on purpose: all state is touched from the event loop only, never a threadpool.
     @app.get("/stats")
     async def stats() -> dict[str, Any]:
-        return {**judge.stats.as_json(), "faults": dict(judge.faults.seen)}
+        return {**judge.stats.as_json(), "faults": dict(judge.faults.seen),
+                "cache_write_tokens": messages.cache.writes,
+                "cache_read_tokens": messages.cache.reads}
 
     @app.post("/stats/reset")
     async def reset_stats() -> dict[str, Any]:
         judge.stats = Stats()
+        messages.cache.writes = messages.cache.reads = 0
         return judge.stats.as_json()
 
     @app.put("/faults")

@@ -22,7 +22,7 @@ from quotaflow.deployments.deployment import (  # noqa: F401  (re-exported: wher
     LocalEngine,
     ProviderKind,
 )
-from quotaflow.deployments.pricing import CostRange, cost_range
+from quotaflow.deployments.pricing import CostRange, Tallied, cost_range
 from quotaflow.errors import ConfigError
 
 
@@ -118,14 +118,23 @@ class Deployments(BaseModel):
         """The one currency of the deployments' prices (USD where none has prices)."""
         return next((d.prices.currency for d in self.deployments.values() if d.prices), "USD")
 
-    def route_cost(self, route_name: str | None, prompt_tokens: int,
-                   max_completion_tokens: int) -> CostRange | None:
+    def route_cost(self, route_name: str | None, tally: Tallied) -> CostRange | None:
         """What requests of that route may cost wherever it sends them; None: unknown."""
         route = self.route_named(route_name)
         if route is None:
             return None
-        return cost_range((self.deployments[n].prices for n in route.names), prompt_tokens,
-                          max_completion_tokens)
+        return cost_range((self.deployments[n].prices for n in route.names), tally)
+
+    def route_price_marks(self, route_name: str | None) -> tuple[tuple[int, ...], bool]:
+        """What a cost estimate of the route's requests must tell apart: the long-context
+        thresholds of its deployments, and whether a request asking for cache writes may
+        cost more than its input price at one of them."""
+        route = self.route_named(route_name)
+        priced = [p for n in (route.names if route else ())
+                  if (p := self.deployments[n].prices) is not None]
+        thresholds = tuple(sorted({p.long_context_above for p in priced
+                                   if p.long_context is not None}))
+        return thresholds, any(p.writes_priced for p in priced)
 
     def route_max_tokens(self, route_name: str | None) -> int:
         """The completion ceiling of a request that sets none: the route's largest default."""

@@ -13,17 +13,20 @@ from pydantic import BaseModel, Field, model_validator
 from quotaflow.deployments.extras import ExtraValue, check_headers
 from quotaflow.deployments.google import check_google
 from quotaflow.deployments.limits import Budget, Refunds
+from quotaflow.deployments.price_fields import LongContextPrices, check_prices, prices_of
 from quotaflow.deployments.pricing import Prices
 from quotaflow.errors import ConfigError
 
 ProviderKind = Literal["openai", "mock", "local", "anthropic", "openai-batch", "anthropic-batch",
-                       "gemini", "vertex", "bedrock", "azure"]
+                       "gemini", "vertex", "bedrock", "azure", "azure-batch"]
 # Kinds whose lines go to the provider's own Batch API (quotaflow/offload/), not one call each.
-BATCH_KINDS = frozenset({"openai-batch", "anthropic-batch"})
+BATCH_KINDS = frozenset({"openai-batch", "anthropic-batch", "azure-batch"})
 # The providers' per-batch limits (lines, bytes), unless a deployment sets lower ones:
-# OpenAI's Batch API 50,000 requests / 200 MB a file; Anthropic's 100,000 / 256 MB.
+# OpenAI's Batch API 50,000 requests / 200 MB a file; Anthropic's 100,000 / 256 MB;
+# Azure OpenAI's 100,000 / 200 MB.
 BATCH_LIMITS = {"openai-batch": (50_000, 200 * 1024 * 1024),
-                "anthropic-batch": (100_000, 256 * 1024 * 1024)}
+                "anthropic-batch": (100_000, 256 * 1024 * 1024),
+                "azure-batch": (100_000, 200 * 1024 * 1024)}
 # Anthropic's Messages API version header, unless a deployment names another.
 ANTHROPIC_VERSION = "2023-06-01"
 # The in-process engines a `local` deployment can run on (quotaflow/providers/local/).
@@ -47,8 +50,9 @@ class Deployment(BaseModel):
         "(simulated, in process), `local` (a model in the worker), `anthropic` (the Messages "
         "API), `openai-batch` or `anthropic-batch` (the providers' Batch APIs, bulk jobs "
         "only), `gemini` (Google's Gemini API), `vertex` (Vertex AI), `bedrock` (AWS "
-        "Bedrock) or `azure` (Azure OpenAI: deployment-name or `/openai/v1/` paths, "
-        "`api-key` or Entra ID; docs/deployments/azure.md).")
+        "Bedrock), `azure` (Azure OpenAI: deployment-name or `/openai/v1/` paths, "
+        "`api-key` or Entra ID; docs/deployments/azure.md) or `azure-batch` (Azure "
+        "OpenAI's Batch API, a global-batch deployment; bulk jobs only).")
     model: str = Field(
         description="The model sent to the provider (a `local` deployment's: the name "
         "requests use and answers carry). A model with no route goes to every deployment "
@@ -156,15 +160,31 @@ class Deployment(BaseModel):
         default=None, ge=0, description="Price per million completion tokens.")
     cached_input_per_mtok: float | None = Field(
         default=None, ge=0,
-        description="Price per million cached prompt tokens (needs the other two prices).")
+        description="Price per million prompt tokens read from the provider's cache "
+        "(OpenAI's `cached_tokens`, Anthropic's `cache_read_input_tokens`, Gemini's cached "
+        "content; needs the other two prices); unset: billed as any input.")
+    cache_write_per_mtok: float | None = Field(
+        default=None, ge=0,
+        description="Price per million prompt tokens written to the cache (Anthropic's "
+        "`cache_creation_input_tokens`, Bedrock's `cacheWriteInputTokens`; 1.25 x input "
+        "at Anthropic); unset: billed as any input.")
+    cache_write_1h_per_mtok: float | None = Field(
+        default=None, ge=0,
+        description="Price per million tokens of 1-hour cache writes (Anthropic's "
+        "`ephemeral_1h_input_tokens`, 2 x input); unset: at `cache_write_per_mtok`.")
+    long_context: LongContextPrices | None = Field(
+        default=None, json_schema_extra={"default_text": "none"},
+        description="A long-context tier: `{ above_tokens = 200000, input_per_mtok = ..., "
+        "output_per_mtok = ... }` (and the cache prices the deployment sets); a request "
+        "whose prompt has more than `above_tokens` tokens is priced at it, all its tokens.")
     currency: str = Field(
         default="USD", min_length=3, max_length=3,
         description="The prices' currency: one for all priced deployments.")
 
     batch_max_lines: int | None = Field(
         default=None, gt=0,
-        description="`openai-batch` / `anthropic-batch`: the most lines one provider batch "
-        "holds (unset: the provider's own limit, 50,000 at OpenAI, 100,000 at Anthropic).")
+        description="Batch kinds: the most lines one provider batch holds (unset: the "
+        "provider's own limit, 50,000 at OpenAI, 100,000 at Anthropic and Azure).")
     batch_max_bytes: int | None = Field(
         default=None, gt=0,
         description="Batch kinds: the most bytes one provider batch holds (unset: 200 MB at "
@@ -278,7 +298,7 @@ class Deployment(BaseModel):
                              "https://api.openai.com/v1 or https://api.anthropic.com)")
         if self.provider == "openai" and not self.base_url:
             raise ValueError("provider 'openai' needs base_url (e.g. http://127.0.0.1:8000/v1)")
-        if self.provider == "azure":
+        if self.provider in ("azure", "azure-batch"):
             self._check_azure()
         check_headers(self.headers)
         if (self.headers or self.query) and self.provider in ("mock", "local"):
@@ -293,10 +313,7 @@ class Deployment(BaseModel):
         if self.provider == "local" and not self.model_path:
             raise ValueError("provider 'local' needs model_path (a directory written by "
                              "save_pretrained, e.g. /models/qwen2.5-0.5b-instruct)")
-        if (self.input_per_mtok is None) != (self.output_per_mtok is None):
-            raise ValueError("set both input_per_mtok and output_per_mtok, or neither")
-        if self.cached_input_per_mtok is not None and self.input_per_mtok is None:
-            raise ValueError("cached_input_per_mtok needs input_per_mtok and output_per_mtok")
+        check_prices(self)
         if self.rpm * self.burst_seconds / 60 < 1:
             raise ValueError(
                 f"rpm {self.rpm} x burst_seconds {self.burst_seconds:g} / 60 holds less than "
@@ -304,6 +321,11 @@ class Deployment(BaseModel):
         return self
 
     def _check_azure(self) -> None:
+        if self.provider == "azure-batch" and (self.azure_v1 or not self.api_version
+                                               or not self.base_url):
+            raise ValueError("provider 'azure-batch' needs the resource's endpoint as "
+                             "base_url (https://NAME.openai.azure.com, not .../openai/v1) "
+                             "and api_version (e.g. \"2024-10-21\")")
         if not self.base_url:
             raise ValueError("provider 'azure' needs base_url (https://NAME.openai.azure.com, or "
                              "https://NAME.openai.azure.com/openai/v1 for the v1 API)")
@@ -359,8 +381,7 @@ class Deployment(BaseModel):
         """What its tokens cost, or None where the file gives no prices."""
         if self.input_per_mtok is None or self.output_per_mtok is None:
             return None
-        return Prices(self.input_per_mtok, self.output_per_mtok, self.cached_input_per_mtok,
-                      self.currency.upper())
+        return prices_of(self, self.currency.upper())
 
     @cached_property
     def budget(self) -> Budget:

@@ -25,7 +25,7 @@ from quotaflow.budget.job_time import job_duration, route_budgets
 from quotaflow.config import Settings
 from quotaflow.constants import QUEUES
 from quotaflow.deployments.catalog import Deployments
-from quotaflow.deployments.pricing import CostRange
+from quotaflow.deployments.pricing import CostRange, TokenTally
 from quotaflow.errors import InputFileError, InvalidParameter, LineProblem
 from quotaflow.ingest.linescan import LineScan
 from quotaflow.ingest.tokenizers import CHARS_PER_4, TokenCounter, counter_for
@@ -58,7 +58,9 @@ class _Counts:
     """What the estimate counts beside LineScan's tallies, line by line."""
 
     deployments: Deployments
-    prompt_tokens: dict[str, int] = field(default_factory=dict)  # by route, tokenizer count
+    # By route: the tokens as the tokenizer counts them, tiers told apart as submit's are.
+    tallies: dict[str, TokenTally] = field(default_factory=dict)
+    thresholds: dict[str, tuple[int, ...]] = field(default_factory=dict)
     counters: dict[str, TokenCounter] = field(default_factory=dict)
     # 64-bit digests of the custom_ids seen: submit refuses a file that repeats one. A
     # set of ints, about 60 bytes a line (120 MB at the 2,000,000-line limit).
@@ -66,14 +68,16 @@ class _Counts:
     duplicates: list[LineProblem] = field(default_factory=list)
 
     def __call__(self, line_no: int, route: str, custom_id: str, text: str,
-                 fixed: int = 0) -> None:
+                 fixed: int = 0, completion: int = 0, writes: bool = False) -> None:
         """`fixed`: the line's images' and files' tokens (quotaflow/budget/image_tokens.py),
         which no tokenizer counts."""
         counter = self.counters.get(route)
         if counter is None:
             counter = self.counters[route] = counter_for(self._model(route))
-        self.prompt_tokens[route] = (self.prompt_tokens.get(route, 0) + counter.count(text)
-                                     + fixed)
+            self.tallies[route] = TokenTally()
+            self.thresholds[route] = self.deployments.route_price_marks(route)[0]
+        self.tallies[route].add(counter.count(text) + fixed, completion, writes,
+                                self.thresholds[route])
         key = int.from_bytes(hashlib.blake2b(custom_id.encode(errors="surrogatepass"),
                                              digest_size=8).digest())
         if key in self.ids:
@@ -102,17 +106,13 @@ class FileEstimate:
 
     @property
     def cost(self) -> tuple[CostRange | None, bool]:
-        return spend.estimate(self.counts.deployments, (
-            (route, self.counts.prompt_tokens[route], tally.max_completion_tokens)
-            for route, tally in self.scan.routes.items()))
+        return spend.estimate(self.counts.deployments, self.counts.tallies.items())
 
     @property
     def submit_cost(self) -> CostRange | None:
         """The cost as submit counts it against the spend limit: prompts at characters / 4
         (ingest runs no tokenizer), so the estimate's verdict is submit's."""
-        return spend.estimate(self.counts.deployments, (
-            (route, tally.prompt_tokens, tally.max_completion_tokens)
-            for route, tally in self.scan.routes.items()))[0]
+        return spend.estimate(self.counts.deployments, self.scan.routes.items())[0]
 
 
 def scan_file(stream: IO[bytes], settings: Settings, deployments: Deployments,
@@ -155,7 +155,7 @@ def _estimate(found: FileEstimate, limits: dict[str, Any] | None) -> dict[str, A
         for route, t in scan.routes.items()}, found.floor)
     errors = sorted([*scan.problems[:SHOWN_ERRORS], *counts.duplicates],
                     key=lambda p: p.line_no)[:SHOWN_ERRORS]
-    prompt = sum(counts.prompt_tokens.values())
+    prompt = sum(tally.prompt_tokens for tally in counts.tallies.values())
     completion = sum(t.max_completion_tokens for t in scan.routes.values())
     totals = {"requests": scan.valid, "prompt_tokens": prompt,
               "admission_prompt_tokens": scan.tokens, "max_completion_tokens": completion,
@@ -177,7 +177,8 @@ def _estimate(found: FileEstimate, limits: dict[str, Any] | None) -> dict[str, A
 
 def _route_object(found: FileEstimate, route: str) -> dict[str, Any]:
     tally, deployments = found.scan.routes[route], found.counts.deployments
-    prompt = found.counts.prompt_tokens[route]
+    counted = found.counts.tallies[route]
+    prompt = counted.prompt_tokens
     admission = tally.prompt_tokens + tally.max_completion_tokens
     budgets = route_budgets(deployments, route)
     time = budget_duration(budgets.values(), tally.requests, admission, found.floor) \
@@ -190,8 +191,7 @@ def _route_object(found: FileEstimate, route: str) -> dict[str, Any]:
             "prompt_tokens": prompt, "admission_prompt_tokens": tally.prompt_tokens,
             "max_completion_tokens": tally.max_completion_tokens,
             "admission_tokens": admission,
-            "cost": _cost_json(deployments.route_cost(route, prompt, tally.max_completion_tokens),
-                               None),
+            "cost": _cost_json(deployments.route_cost(route, counted), None),
             "time": time.as_json() if time else None}
 
 

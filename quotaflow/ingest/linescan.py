@@ -9,7 +9,7 @@ fails the file. Batches (BatchRef) are cut as the lines go by, growing as the jo
 """
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import IO
 
 import orjson
@@ -23,6 +23,7 @@ from quotaflow.constants import (
     OUTPUT_OPENAI,
 )
 from quotaflow.deployments.catalog import Deployments
+from quotaflow.deployments.pricing import TokenTally, count_above
 from quotaflow.dispatch.batch_sizes import sizes_for
 from quotaflow.dispatch.queues import BatchRef
 from quotaflow.errors import InputFileError, LineProblem
@@ -35,6 +36,10 @@ from quotaflow.jobs.service import new_request_id
 from quotaflow.providers.outcomes import FailureCode
 from quotaflow.tenants import quotas
 
+# A line asking for cache writes (Anthropic's cache_control, on a block or the request)
+# names this key; a line that merely quotes it is counted as asking, which only raises
+# the estimate's high bound.
+CACHE_CONTROL = b'"cache_control"'
 MAX_PROBLEMS = 1000  # line problems kept for the refusal message (as many as the API shows)
 MAX_SUSPECTS = 100_000  # past this many possibly-repeated bodies, dedup scans the whole job
 _MAX_MODELS = 1000  # models whose routing is remembered during one file
@@ -50,6 +55,13 @@ class RouteTally:
     requests: int = 0
     prompt_tokens: int = 0
     max_completion_tokens: int = 0
+    # What its cost estimate tells apart (pricing.Tallied): the prompt tokens of lines
+    # asking for cache writes, and the lines over each long-context threshold; counted
+    # only where the route's prices differ for them (Deployments.route_price_marks).
+    cache_write_tokens: int = 0
+    above: dict[int, TokenTally] = field(default_factory=dict)
+    thresholds: tuple[int, ...] = ()
+    writes_priced: bool = False
 
 
 class LineScan:
@@ -85,9 +97,10 @@ class LineScan:
         # Per route: what a cost or time estimate needs (spend limits, `quotaflow estimate`).
         self.routes: dict[str, RouteTally] = {}
         # Called with (line number, route, custom_id, prompt text, its images' and files'
-        # tokens) of each valid line: what `quotaflow estimate` (quotaflow/ingest/estimate.py)
-        # counts beside the tallies.
-        self.on_valid: Callable[[int, str, str, str, int], None] | None = None
+        # tokens, its completion ceiling, whether it asks for priced cache writes) of each
+        # valid line: what `quotaflow estimate` (quotaflow/ingest/estimate.py) counts
+        # beside the tallies.
+        self.on_valid: Callable[[int, str, str, str, int, int, bool], None] | None = None
 
     def run(self, stream: IO[bytes], writer: RowWriter) -> None:  # noqa: C901 (the hot loop)
         max_lines, seen, job_id, dedup = self.max_lines, self.seen, self.job_id, self.dedup
@@ -131,16 +144,21 @@ class LineScan:
             self.tokens += prompt
             tally = self.routes.get(route)
             if tally is None:
-                tally = self.routes[route] = RouteTally(
-                    route, self.deployments.route_max_tokens(route))
+                tally = self.routes[route] = self._tally(route)
             tally.requests += 1
             tally.prompt_tokens += prompt
             completion = (0 if request.url in INPUT_ONLY_ENDPOINTS
                           else max_output_tokens(request.body, tally.default_max_tokens))
             tally.max_completion_tokens += completion
+            writes = tally.writes_priced and CACHE_CONTROL in raw
+            if writes:
+                tally.cache_write_tokens += prompt
+            if tally.thresholds:
+                count_above(tally.above, tally.thresholds, prompt, completion, writes)
             batch_tokens += prompt + completion
             if self.on_valid is not None:
-                self.on_valid(line_no, route, request.custom_id, text, fixed)
+                self.on_valid(line_no, route, request.custom_id, text, fixed, completion,
+                              writes)
             if budget is not None and self.tokens > budget:
                 assert self.room is not None
                 self.room.refuse_if_over(self.tokens)
@@ -163,6 +181,11 @@ class LineScan:
         if count:
             self.batches.append(BatchRef(job_id, first, last))
             self.batch_loads.append((count, batch_tokens))
+
+    def _tally(self, route: str) -> RouteTally:
+        thresholds, writes_priced = self.deployments.route_price_marks(route)
+        return RouteTally(route, self.deployments.route_max_tokens(route),
+                          thresholds=thresholds, writes_priced=writes_priced)
 
     @property
     def _lines_setting(self) -> str:

@@ -221,8 +221,7 @@ def _fill(session: Session, job_id: str, stream: IO[bytes], spec: JobSpec, setti
         scan.batch_loads = []  # other batches now: queued in line order
     if spec.enforce_quota:
         quotas.admit(session, settings, spec.tenant, scan.tokens)
-        cost, _ = spend.estimate(deployments, ((t.route, t.prompt_tokens, t.max_completion_tokens)
-                                               for t in scan.routes.values()))
+        cost, _ = spend.estimate(deployments, ((t.route, t) for t in scan.routes.values()))
         spend.admit(session, settings, spec.tenant, cost)
     output_format = spec.output_format or scan.input_format
     if output_format != "openai" and scan.endpoint != ENDPOINT_CHAT:

@@ -1,7 +1,7 @@
-"""The providers' own Batch APIs (OpenAI's Batch API, Anthropic's Message Batches), where a
-bulk job's lines cost about half what a call each costs.
+"""The providers' own Batch APIs (OpenAI's Batch API, Anthropic's Message Batches, Azure
+OpenAI's Batch API), where a bulk job's lines cost about half what a call each costs.
 
-A bulk job's lines whose route names an `openai-batch` or `anthropic-batch` deployment are
+A bulk job's lines whose route names a batch kind's deployment (BATCH_KINDS) are
 not called by the executor: `enqueue.py` records them in PostgreSQL (`tables.py`) and
 leaves their items `running` under no lease. Every worker's main process runs `loop.py`:
 it groups queued lines of one job into provider batches within the provider's limits,

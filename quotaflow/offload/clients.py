@@ -8,6 +8,7 @@ made twice. `anthropic-batch`: POST /v1/messages/batches with the requests inlin
 Message Batches have no metadata, so an upload interrupted before its id was stored is
 made again (its results are stored once either way: results are insert-or-ignore); the
 lines' `params.betas` become the batch's one `anthropic-beta` header, their union.
+`azure-batch`: OpenAI's files and batches under an Azure resource (azure_batches.py).
 The deployment's own headers and query (quotaflow/deployments/extras.py) go with every
 call, read from the environment when the client is made. SDK errors become quotaflow's
 retryable and permanent provider errors here.
@@ -88,6 +89,10 @@ def extras(deployment: Deployment) -> tuple[dict[str, str], dict[str, str]]:
 def make_client(deployment: Deployment) -> BatchClient:
     if deployment.provider == "anthropic-batch":
         return AnthropicBatches(deployment)
+    if deployment.provider == "azure-batch":
+        from quotaflow.offload.azure_batches import AzureBatches  # it imports this module
+
+        return AzureBatches(deployment)
     return OpenAIBatches(deployment)
 
 

@@ -74,9 +74,10 @@ def _anthropic(line_no: int, result: dict[str, Any]) -> LineResult:
     kind = result.get("type")
     if kind == "succeeded" and isinstance(result.get("message"), dict):
         message = result["message"]
-        prompt, completion, cached, _ = message_usage(message)
+        prompt, completion, cached, written, hour = message_usage(message)
         return LineResult(line_no, "succeeded", ProviderResponse(
             200, message, message.get("id"), prompt, completion, cached_tokens=cached,
+            cache_write_tokens=written, cache_write_1h_tokens=hour,
             answer_format=OUTPUT_ANTHROPIC), False)
     if kind in UNRUN:
         return LineResult(line_no, UNRUN[str(kind)], None, True)

@@ -81,10 +81,11 @@ class AnthropicProvider:
             raise RetryableProviderError(
                 f"{self._name}: malformed response (HTTP {status}, not a Message object)",
                 request_id=headers.get("request-id"))
-        prompt, completion, cached, _ = message_usage(payload)
+        prompt, completion, cached, written, hour = message_usage(payload)
         return ProviderResponse(
             status_code=status, body=payload, request_id=headers.get("request-id"),
             prompt_tokens=prompt, completion_tokens=completion, cached_tokens=cached,
+            cache_write_tokens=written, cache_write_1h_tokens=hour,
             remaining_requests=requests, remaining_tokens=outputs, raw=raw,
             remaining_input_tokens=inputs, answer_format=OUTPUT_ANTHROPIC)
 

@@ -38,18 +38,26 @@ def _text_of(content: Any) -> str:
     return "" if content is None else str(content)
 
 
-def message_usage(message: dict[str, Any]) -> tuple[int, int, int, int]:
-    """(prompt_tokens, completion_tokens, cached_tokens, input_tokens_limited) of a Message.
+def message_usage(message: dict[str, Any]) -> tuple[int, int, int, int, int]:
+    """(prompt_tokens, completion_tokens, cache reads, cache writes, 1-hour cache writes)
+    of a Message.
 
     prompt_tokens counts every input token as OpenAI's does (cache reads and writes
-    included), cached_tokens the cache reads (billed at the cached price); the last is
-    what Anthropic counts against ITPM: input and cache writes, not cache reads.
+    included: Anthropic's input_tokens has neither); each kind is billed at its own price
+    (quotaflow/deployments/pricing.py). The 1-hour writes are the part of the writes that
+    `usage.cache_creation.ephemeral_1h_input_tokens` names, where the answer breaks them
+    down.
     """
     usage = message.get("usage") or {}
     fresh = int(usage.get("input_tokens") or 0)
     written = int(usage.get("cache_creation_input_tokens") or 0)
     read = int(usage.get("cache_read_input_tokens") or 0)
-    return fresh + written + read, int(usage.get("output_tokens") or 0), read, fresh + written
+    hour = 0
+    if written:
+        parts = usage.get("cache_creation")
+        if isinstance(parts, dict):
+            hour = int(parts.get("ephemeral_1h_input_tokens") or 0)
+    return fresh + written + read, int(usage.get("output_tokens") or 0), read, written, hour
 
 
 def completion_from_message(message: dict[str, Any]) -> dict[str, Any]:
@@ -66,7 +74,7 @@ def completion_from_message(message: dict[str, Any]) -> dict[str, Any]:
             tool_calls.append({"id": block.get("id"), "type": "function", "function": {
                 "name": block.get("name"),
                 "arguments": orjson.dumps(block.get("input", {})).decode()}})
-    prompt, completion, cached, _ = message_usage(message)
+    prompt, completion, cached, _, _ = message_usage(message)
     reply: dict[str, Any] = {"role": "assistant", "content": "".join(text) if text else None,
                              "refusal": None}
     if tool_calls:

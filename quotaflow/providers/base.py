@@ -18,8 +18,12 @@ class ProviderResponse:
     # What the provider says is left of its limits (x-ratelimit-remaining-*), if it says.
     remaining_requests: float | None = None
     remaining_tokens: float | None = None
-    # Prompt tokens served from the provider's cache (billed at the cached price).
+    # Prompt tokens served from the provider's cache (billed at the cached price), and
+    # written to it (Anthropic's cache_creation_input_tokens, billed at the cache-write
+    # price; the 1-hour ones their part): all of them part of prompt_tokens.
     cached_tokens: int = 0
+    cache_write_tokens: int = 0
+    cache_write_1h_tokens: int = 0
     # The body exactly as the provider sent it, where there is one: stored as is.
     raw: bytes | None = None
     # A split budget's input tokens left (anthropic-ratelimit-input-tokens-remaining);

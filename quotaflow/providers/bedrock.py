@@ -85,10 +85,11 @@ class BedrockProvider:
                 f"{self._name}: malformed response (HTTP {status}, not a Message object)")
         else:
             message, raw_kept = payload, raw
-        prompt, completion, cached, _ = message_usage(message)
+        prompt, completion, cached, written, hour = message_usage(message)
         return ProviderResponse(
             status_code=status, body=message, request_id=request_id, prompt_tokens=prompt,
-            completion_tokens=completion, cached_tokens=cached, raw=raw_kept,
+            completion_tokens=completion, cached_tokens=cached, cache_write_tokens=written,
+            cache_write_1h_tokens=hour, raw=raw_kept,
             answer_format=OUTPUT_ANTHROPIC)
 
     def _error(self, status: int, headers: Mapping[str, str], reason: str | None,

@@ -32,6 +32,8 @@ SERVES: Final[dict[str, frozenset[str]]] = {
     "bedrock": frozenset({ENDPOINT_CHAT}),
     # Azure OpenAI's deployment-name path has no /responses or /moderations of a deployment.
     "azure": frozenset({ENDPOINT_CHAT, ENDPOINT_COMPLETIONS, ENDPOINT_EMBEDDINGS}),
+    # Azure OpenAI's Batch API: chat completions (its batch files' one endpoint here).
+    "azure-batch": frozenset({ENDPOINT_CHAT}),
 }
 
 

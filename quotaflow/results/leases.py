@@ -176,7 +176,8 @@ def _charges(entries: Sequence[tuple[ClaimedItem, Outcome]],
              provenance: Sequence[Provenance | None], inserted: set[int]) -> list[Charge]:
     """The answered calls among the rows just inserted: what the provider will bill."""
     return [Charge(record.deployment, outcome.prompt_tokens, outcome.completion_tokens,
-                   outcome.cached_tokens)
+                   outcome.cached_tokens, outcome.cache_write_tokens,
+                   outcome.cache_write_1h_tokens)
             for (item, outcome), record in zip(entries, provenance, strict=True)
             if record is not None and isinstance(outcome, ProviderResponse)
             and item.line_no in inserted]

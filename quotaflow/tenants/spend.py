@@ -9,7 +9,8 @@ scan of the results.
 
 A tenant's limit (its own, or QUOTAFLOW_MAX_MONTHLY_SPEND) is enforced twice:
 ingest refuses a batch whose estimated cost (its prompt tokens and every line's
-max_tokens at the route's dearest prices) is more than what is left, and a running
+max_tokens at the route's dearest prices, each line in its long-context tier and its
+requested cache writes at their price) is more than what is left, and a running
 batch whose tenant has reached the limit stops sending: within STOP_CHECK_S
 (quotaflow/execution/stopping.py) every unsent line of the tenant's running jobs
 ends `spend_limit_exceeded`. Calls already sent finish and are billed, so the month
@@ -28,7 +29,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from quotaflow.config import Settings
 from quotaflow.db import insert_adding
 from quotaflow.deployments.catalog import Deployments
-from quotaflow.deployments.pricing import CostRange, Prices, money
+from quotaflow.deployments.pricing import CostRange, Prices, Tallied, money
 from quotaflow.errors import SpendLimitExceeded
 from quotaflow.models import Item, ItemStatus, Job, JobStatus, Spend, Tenant, utcnow
 from quotaflow.tenants import quotas
@@ -44,12 +45,15 @@ def month_of(moment: datetime) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Charge:
-    """One answered call's usage, on the deployment that answered it."""
+    """One answered call's usage, on the deployment that answered it (cache reads and
+    writes are part of prompt_tokens, 1-hour writes part of the writes)."""
 
     deployment: str
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int = 0
+    cache_write_tokens: int = 0
+    cache_write_1h_tokens: int = 0
 
 
 class Ledger(Protocol):
@@ -93,7 +97,8 @@ class Billing:
             prices = row["_prices"]
             if prices is not None:
                 row["cost"] += prices.cost(charge.prompt_tokens, charge.completion_tokens,
-                                           charge.cached_tokens)
+                                           charge.cached_tokens, charge.cache_write_tokens,
+                                           charge.cache_write_1h_tokens)
         if rows:
             for row in rows.values():
                 del row["_prices"]
@@ -144,13 +149,13 @@ def spend_room(session: Session, settings: Settings, tenant: str) -> SpendRoom:
 
 
 def estimate(deployments: Deployments,
-             routes: Iterable[tuple[str, int, int]]) -> tuple[CostRange | None, bool]:
-    """The cost range of (route, prompt tokens, max completion tokens) groups, and whether
-    every group's cost is known (a route to an unpriced deployment's is not)."""
+             routes: Iterable[tuple[str, Tallied]]) -> tuple[CostRange | None, bool]:
+    """The cost range of (route, its requests' tokens) groups, and whether every group's
+    cost is known (a route to an unpriced deployment's is not)."""
     total: CostRange | None = None
     complete = True
-    for route, prompt, completion in routes:
-        part = deployments.route_cost(route, prompt, completion)
+    for route, tally in routes:
+        part = deployments.route_cost(route, tally)
         if part is None:
             complete = False
             continue

@@ -1,20 +1,24 @@
 """Azure OpenAI deployments against the strict mock's Azure face (mock_provider/azure.py).
 
-The conformance set's chat lines go through an azure deployment on the deployment-name
-path with an api-key, the deployment's own headers and query (one read from the
-environment): the mock checks the URL shape, api-version and key, records what it got,
-and the bodies are compared field by field; the workers' JSON log lines carry the
-provider's request id and never a secret. Four workers on Azure's v1 path authenticate
-with Entra ID (azure-identity's DefaultAzureCredential, fetching tokens from the mock's
-managed identity endpoint) under the mock's limits: no 429, every answer a
-chat.completion. And the provider itself reads Azure's 429 (retry-after-ms, its message,
-its request id).
+The conformance set's chat lines (OpenAI's, and Anthropic's translated to chat) go
+through an azure deployment on the deployment-name path with an api-key, the
+deployment's own headers and query (one read from the environment): the mock checks the
+URL shape, api-version and key, records what it got, and the bodies are compared field
+by field; a line with no chat equivalent fails naming its field and is never sent;
+every answer comes back in the job's output shape; the workers' JSON log lines carry
+the provider's request id and never a secret. Four workers on Azure's v1 path
+authenticate with Entra ID (azure-identity's DefaultAzureCredential, fetching tokens
+from the mock's managed identity endpoint) under the mock's limits: no 429, an OpenAI
+job's answers chat.completions and an Anthropic job's Messages. And the provider itself
+reads Azure's 429 (retry-after-ms, its message, its request id).
 """
 
 import asyncio
+import io
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -23,18 +27,24 @@ from sqlalchemy.orm import Session, sessionmaker
 from quotaflow.config import Settings
 from quotaflow.deployments.deployment import Deployment
 from quotaflow.errors import RetryableProviderError
+from quotaflow.ingest import pipeline
+from quotaflow.jobs import service as jobs
+from quotaflow.jobs.view import job_object
 from quotaflow.providers.azure import AzureProvider
 from quotaflow.results.output import iter_output
+from tests.cluster.test_conformance_cluster import check_answer, check_refused, run
 from tests.harness import conformance
-from tests.harness.cluster import start_provider, start_workers, submit_and_finish
+from tests.harness.cluster import start_provider, start_workers, wait_until_finished
 from tests.harness.conformance import comparable, field_diff
-from tests.harness.factories import chat_line
+from tests.harness.factories import chat_line, jsonl
 from tests.harness.procs import Proc, quotaflow
 from tests.harness.servers import REDIS_URL, service_env
+from workers.dispatch import CeleryDispatcher
 
 KEY_ENV, TENANT_ENV = "QF_TEST_AZURE_KEY", "QF_TEST_AZURE_TENANT"
 KEY, TENANT = "azure-key-0123456789abcdef", "tenant-secret-4711"
 API_VERSION = "2024-10-21"
+CHAT_FILES = ("chat_openai", "messages_anthropic")
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -68,19 +78,18 @@ def test_conformance_chat_lines_through_an_azure_deployment(
         worker.wait_until(lambda: " ready." in worker.log())
         settings = Settings(database_url=pg_url, broker_url=REDIS_URL, batch_size=10,
                             deployments_file=path, _env_file=None)
-        entries = conformance.lines("chat_openai")
-        lines = [{**e["line"], "custom_id": e["name"]} for e in entries]
-        view = submit_and_finish(pg_sessions, settings, lines, timeout=120)
-        counts = view["request_counts"]
-        assert (counts["completed"], counts["failed"]) == (len(lines), 0), view
-        with pg_sessions() as session:
-            out = [json.loads(line) for line in iter_output(session, view["id"], errors=False)]
-        assert sorted(o["custom_id"] for o in out) == sorted(e["name"] for e in entries)
-        for line in out:  # OpenAI's shape, Azure's content filter results kept as sent
-            body = line["response"]["body"]
-            assert body["object"] == "chat.completion" and "prompt_filter_results" in body
-        received = [json.loads(line) for line in record.read_text().splitlines()]
-        problems = check_received(entries, received)
+        problems: list[str] = []
+        sent = 0
+        for name in CHAT_FILES:
+            record.unlink(missing_ok=True)
+            entries = conformance.lines(name)
+            output = run(pg_sessions, settings,
+                         [{**e["line"], "custom_id": e["name"]} for e in entries])
+            received = ([json.loads(line) for line in record.read_text().splitlines()]
+                        if record.exists() else [])
+            answered = check_output(entries, output)
+            sent += len(answered)
+            problems += check_received(answered, received)
         assert problems == [], "\n".join(problems)
         logged = worker.log(chars=10_000_000)
     finally:
@@ -88,8 +97,26 @@ def test_conformance_chat_lines_through_an_azure_deployment(
             proc.stop()
     answers = [json.loads(line) for line in logged.splitlines()
                if line.startswith("{") and "answered by az" in line]
-    assert len(answers) == len(lines) and all(a["provider_request_id"] for a in answers)
+    assert len(answers) == sent and all(a["provider_request_id"] for a in answers)
     assert KEY not in logged and TENANT not in logged
+
+
+def check_output(entries: list[dict], output: dict[str, dict]) -> list[dict]:
+    """Check each entry's output line; the entries that must have been sent. A refused
+    line fails naming its field; an answer is in the job's shape: a chat.completion with
+    Azure's content filter results as sent, or a Message for an Anthropic line."""
+    assert sorted(output) == sorted(e["name"] for e in entries)
+    answered = []
+    for entry in entries:
+        want, line = conformance.expected(entry, "openai"), output[entry["name"]]
+        if "error" in want:
+            check_refused(line, want["error"])
+            continue
+        check_answer(line, entry)
+        if "params" not in entry["line"]:
+            assert "prompt_filter_results" in line["response"]["body"], line
+        answered.append(entry)
+    return answered
 
 
 def check_received(entries: list[dict], received: list[dict]) -> list[str]:
@@ -145,32 +172,62 @@ def test_four_workers_with_entra_id_on_the_v1_path_meet_no_429(
         procs += start_workers(env, tmp_path, "entra", count=4)
         settings = Settings(database_url=pg_url, broker_url=REDIS_URL, batch_size=20,
                             deployments_file=path, _env_file=None)
-        lines = [chat_line(f"e{i}", f"question {i} about the tides", max_tokens=200)
-                 for i in range(count)]
+        # And an OpenAI and an Anthropic job of half the lines each, run together
         httpx.post(f"{url}/stats/reset")
         started = time.monotonic()
-        view = submit_and_finish(pg_sessions, settings, lines, timeout=180)
+        job_ids = {shape: pipeline.create_job_in_process(
+            pg_sessions, io.BytesIO(jsonl(load_lines(shape, count // 2))), settings=settings,
+            deployments=settings.load_deployments(), dispatcher=CeleryDispatcher(REDIS_URL),
+            queue="realtime").id for shape in ("openai", "anthropic")}
+        for job_id in job_ids.values():
+            wait_until_finished(pg_sessions, job_id, started, 180, count // 2)
         took = time.monotonic() - started
         stats = httpx.get(f"{url}/stats").json()
         seen = httpx.get(f"{url}/azure/stats").json()
+        with pg_sessions() as session:
+            views = [job_object(session, jobs.get_job(session, job_id))
+                     for job_id in job_ids.values()]
+            out = {shape: [json.loads(line) for line in iter_output(session, job_id,
+                                                                    errors=False)]
+                   for shape, job_id in job_ids.items()}
     finally:
         for proc in reversed(procs):
             proc.stop()
-    # Then every line has a chat.completion, the budget held (no 429), and every call
-    # carried a token the mock's identity endpoint issued
-    assert view["status"] == "completed" and view["request_counts"]["completed"] == count, view
+    # Then every line has an answer, the budget held (no 429), and every call carried a
+    # token the mock's identity endpoint issued
+    for view in views:
+        assert view["status"] == "completed", view
+        assert view["request_counts"]["completed"] == count // 2, view
     assert (stats["admitted"], stats["rejected_429"], stats["duplicate_bodies"]) == (count, 0, 0)
     assert seen.get("entra") == count and "api-key" not in seen, seen
     assert not [k for k in seen if k.startswith("refused")], seen
     assert 1 <= seen["tokens-issued"] <= 16, seen
     assert took > count / 10 * 0.7  # the limit bound: 10 requests a second
-    with pg_sessions() as session:
-        out = [json.loads(line) for line in iter_output(session, view["id"], errors=False)]
-    assert len(out) == count
-    for line in out:
+    # And each job's answers are in its own shape: chat.completions, and Messages
+    assert len(out["openai"]) == len(out["anthropic"]) == count // 2
+    for line in out["openai"]:
         body = line["response"]["body"]
         assert body["object"] == "chat.completion" and body["choices"][0]["message"]["content"]
         assert line["response"]["request_id"]
+    for line in out["anthropic"]:
+        result = line["result"]
+        assert result["type"] == "succeeded", line
+        message = result["message"]
+        assert message["type"] == "message" and message["role"] == "assistant", line
+        assert message["content"][0]["type"] == "text", line
+        assert message["content"][0]["text"].startswith("simulated reply to: question "), line
+        assert message["stop_reason"] == "end_turn" and message["usage"]["output_tokens"], line
+
+
+def load_lines(shape: str, count: int) -> list[dict[str, Any]]:
+    """Chat lines of one shape: OpenAI's batch lines, or Anthropic's Message Batches."""
+    if shape == "openai":
+        return [chat_line(f"e{i}", f"question {i} about the tides", max_tokens=200)
+                for i in range(count)]
+    return [{"custom_id": f"m{i}", "params": {
+        "model": "gpt-4o-v1", "max_tokens": 200,
+        "messages": [{"role": "user", "content": f"question m{i} about the tides"}]}}
+        for i in range(count)]
 
 
 def test_the_provider_reads_azures_429(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -235,3 +235,28 @@ def test_every_http_kind_sends_the_deployments_headers_and_query(
     edge = claude._edge
     assert edge._extras_head == b"X-Tenant: t-2\r\nanthropic-version: 2099-01-01\r\n"
     assert "anthropic-version" not in edge._headers  # the deployment's replaces the kind's
+
+
+def test_an_azure_batch_deployment_writes_azures_batch_lines(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("QF_TEST_AZURE_BATCH_UNIT_KEY", "k")
+    from quotaflow.offload.azure_batches import AzureBatches
+    from quotaflow.offload.clients import make_client
+
+    table: dict[str, Any] = dict(name="azb", provider="azure-batch", model="gpt-4o-batch",
+                                 base_url="https://r.openai.azure.com", api_version="2024-10-21",
+                                 api_key_env="QF_TEST_AZURE_BATCH_UNIT_KEY")
+    client = make_client(Deployment(**table))
+    try:
+        assert isinstance(client, AzureBatches)
+        line = client.request_line(7, "/v1/chat/completions", {
+            "model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]})
+        assert line == {"custom_id": "q7", "method": "POST", "url": "/chat/completions",
+                        "body": {"model": "gpt-4o-batch",
+                                 "messages": [{"role": "user", "content": "hi"}]}}
+        assert str(client.client.base_url) == "https://r.openai.azure.com/openai/"
+    finally:
+        client.close()
+    for wrong in ({"base_url": "https://r.openai.azure.com/openai/v1"}, {"api_version": None}):
+        with pytest.raises(ValidationError, match="'azure-batch' needs the resource's endpoint"):
+            Deployment(**{**table, **wrong})

@@ -180,7 +180,7 @@ def test_estimate_counts_images_beside_the_tokenizer() -> None:
     found = scan_file(io.BytesIO(jsonl([line(RESPONSES, body)])), Settings(),
                       Deployments(deployments={gpt.name: gpt}, routes={}), "standard")
     assert found.scan.valid == 1
-    assert found.counts.prompt_tokens[gpt.name] == 1 + 765  # o200k: "hello" is one token
+    assert found.counts.tallies[gpt.name].prompt_tokens == 1 + 765  # o200k: "hello" is one token
     tally = found.scan.routes[gpt.name]
     assert (tally.prompt_tokens, tally.max_completion_tokens) == (2 + 765, 10)  # chars / 4
 
@@ -201,7 +201,8 @@ def test_the_capability_table_is_the_documented_one() -> None:
         "openai": every, "openai-batch": every, "mock": every,
         "local": {"/v1/chat/completions", "/v1/completions", "/v1/embeddings"},
         "anthropic": {CHAT}, "anthropic-batch": {CHAT}, "gemini": {CHAT}, "vertex": {CHAT},
-        "bedrock": {CHAT}, "azure": {"/v1/chat/completions", "/v1/completions", "/v1/embeddings"}}
+        "bedrock": {CHAT}, "azure": {"/v1/chat/completions", "/v1/completions", "/v1/embeddings"},
+        "azure-batch": {CHAT}}
 
 
 def test_a_deployment_that_cannot_serve_the_endpoint_fails_the_line_naming_both() -> None:

@@ -8,7 +8,7 @@ import pytest
 
 from quotaflow.config import Settings
 from quotaflow.deployments.deployment import Deployment
-from quotaflow.deployments.pricing import Prices, cost_range, money
+from quotaflow.deployments.pricing import Prices, cost_range, money, tally_of
 from quotaflow.errors import ConfigError
 
 
@@ -18,9 +18,9 @@ def test_prices_cost_and_ranges() -> None:
     # Cached prompt tokens are part of the prompt, billed at their own price.
     assert prices.cost(1_000_000, 0, cached_tokens=400_000) == pytest.approx(0.09 + 0.03)
     dear = Prices(1.0, 4.0)
-    span = cost_range([prices, dear], 1_000_000, 1_000_000)
+    span = cost_range([prices, dear], tally_of(1_000_000, 1_000_000))
     assert (span.low, span.high) == (pytest.approx(0.15), pytest.approx(5.0))
-    assert cost_range([prices, None], 10, 10) is None  # one unpriced: unknown, not free
+    assert cost_range([prices, None], tally_of(10, 10)) is None  # one unpriced: unknown, not free
     assert money(1234.5, "USD") == "1,234.50 USD" and money(0.0012, "EUR") == "0.0012 EUR"
 
 
