@@ -1,5 +1,5 @@
 """Cache writes billed at their price, on the real PostgreSQL and the strict Messages mock
-(the arithmetic alone: tests/unit/test_prices.py).
+(the arithmetic alone: tests/unit/deployments/test_prices.py).
 
 Every line of these Anthropic-format jobs marks its long system prompt with
 `cache_control`, so every call writes 100 tokens to the cache, which the mock reports as
