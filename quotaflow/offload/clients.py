@@ -209,7 +209,7 @@ class AnthropicBatches:
         headers = {"anthropic-beta": ",".join(betas)} if betas else None
         with _translated(self.deployment.name):
             batch = self.client.messages.batches.create(
-                requests=requests, extra_headers=headers)  # type: ignore[arg-type]
+                requests=requests, extra_headers=headers)
         return batch.id, None
 
     def retrieve(self, provider_id: str) -> Remote:

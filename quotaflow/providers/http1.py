@@ -162,7 +162,7 @@ def _parse(buffer: bytearray, eof: bool) -> tuple[Http1Response, bool] | None:
 
 def _chunked(buffer: bytearray, at: int) -> bytes | None:
     """A chunked body, once its last chunk and trailers are in."""
-    pieces = []
+    pieces: list[bytes] = []
     while True:
         line_end = buffer.find(b"\r\n", at)
         if line_end < 0:

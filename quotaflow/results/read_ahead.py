@@ -13,7 +13,7 @@ import queue
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager
-from typing import TypeVar
+from typing import Generic, TypeVar
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -63,7 +63,7 @@ def read_ahead(make: Callable[[], Iterator[bytes]], depth: int = 2) -> Iterator[
         stop.set()
 
 
-class _Board:
+class _Board(Generic[T]):
     """Where the threads of made_in_parallel take tasks and leave pieces, in order."""
 
     _FAILED = -1  # the key of a thread's failure to open its resource
