@@ -131,6 +131,7 @@ class Meter:
         storage, self._storage = self._storage, None
         if storage is not None:
             with contextlib.suppress(Exception):  # a Redis already away has nothing to close
+                # The redispy bridge of limits' async Redis storages, which Storage lacks.
                 await storage.bridge.get_connection().aclose()  # type: ignore[attr-defined]
 
 

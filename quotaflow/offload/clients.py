@@ -143,6 +143,7 @@ class OpenAIBatches:
         with _translated(self.deployment.name):
             upload = self.client.files.create(file=(f"{batch_id}.jsonl", lines),
                                               purpose="batch")
+            # The SDK types both as Literals; ENDPOINTS and the deployment's check hold them.
             batch = self.client.batches.create(
                 input_file_id=upload.id, endpoint=url,  # type: ignore[arg-type]
                 completion_window=self.deployment.completion_window,  # type: ignore[arg-type]

@@ -61,7 +61,7 @@ class _Connection(asyncio.Protocol):
         self.idle_since = 0.0  # the loop's time its last answer came in
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        self.transport = transport  # type: ignore[assignment]  # a stream's: a Transport
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True

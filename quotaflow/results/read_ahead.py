@@ -58,7 +58,7 @@ def read_ahead(make: Callable[[], Iterator[bytes]], depth: int = 2) -> Iterator[
         while (item := pieces.get()) is not _END:
             if isinstance(item, BaseException):
                 raise item
-            yield item  # type: ignore[misc]
+            yield item  # type: ignore[misc]  # a piece: _END and failures are out
     finally:
         stop.set()
 
@@ -149,6 +149,6 @@ def made_in_parallel(tasks: Iterable[T], make: Callable[[R, T], bytes | None],
             if isinstance(piece, BaseException):
                 raise piece
             if piece is not None:
-                yield piece  # type: ignore[misc]
+                yield piece  # type: ignore[misc]  # a piece: _END and failures are out
     finally:
         board.stop()

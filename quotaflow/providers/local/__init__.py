@@ -73,6 +73,7 @@ class LocalProvider:
         if runner.stopped:
             raise EngineStopped(f"{deployment.name}: the engine is shut down")
         if runner.batcher is None:  # vLLM: every request straight into its scheduler
+            # No batcher: a vLLM engine, whose answer() the Engine protocol does not declare.
             futures = [runner.engine.answer(p, priority) for p in parts]  # type: ignore[attr-defined]
         else:
             futures = [asyncio.wrap_future(runner.batcher.submit(
