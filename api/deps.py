@@ -11,7 +11,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from api.job_reads import JobReads
 from quotaflow.budget.limiter import Limiter
-from quotaflow.config import Settings, get_settings
+from quotaflow.config import Settings
+from quotaflow.config import get_settings as get_settings  # job_status reads it here
 from quotaflow.constants import DEFAULT_TENANT
 from quotaflow.deployments.catalog import Deployments
 from quotaflow.dispatch.queues import Dispatcher

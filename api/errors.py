@@ -18,6 +18,7 @@ surrogate in it (`"\\ud800"` in a JSON body) cannot be encoded as UTF-8.
 
 import json
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 import psycopg
@@ -119,7 +120,7 @@ class AsciiJSONResponse(JSONResponse):
 
 
 def error_response(status: int, message: str, *, param: str | None = None,
-                   code: str | None = None, headers: dict[str, str] | None = None,
+                   code: str | None = None, headers: Mapping[str, str] | None = None,
                    **extra: Any) -> Response:
     kind = "server_error" if status >= 500 else "invalid_request_error"
     error = {"message": message, "type": kind, "param": param, "code": code, **extra}

@@ -7,7 +7,7 @@ of tags, and `W/` tags all count, and a match is answered 304 with the tag and n
 """
 
 import hashlib
-from typing import Annotated, Any
+from typing import Annotated, Any, cast
 
 from fastapi import Header
 from fastapi.encoders import jsonable_encoder
@@ -17,13 +17,13 @@ IfNoneMatch = Annotated[str | None, Header(
     alias="If-None-Match", max_length=4096,
     description="An `ETag` from an earlier answer (or a list of them, or `*`): the same "
                 "object is answered 304 Not Modified, with no body")]
-NOT_MODIFIED = {304: {"description": "Not Modified: the object's `ETag` matches "
-                                     "`If-None-Match` (no body)"}}
+NOT_MODIFIED: dict[int | str, dict[str, Any]] = {
+    304: {"description": "Not Modified: the object's `ETag` matches `If-None-Match` (no body)"}}
 
 
 def render(content: Any) -> bytes:
     """The object's JSON exactly as FastAPI would send it for a route returning it."""
-    return JSONResponse(jsonable_encoder(content)).body
+    return cast(bytes, JSONResponse(jsonable_encoder(content)).body)
 
 
 def tag_of(body: bytes) -> str:

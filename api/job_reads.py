@@ -13,7 +13,7 @@ bounded here (LOADS_AT_ONCE), within the API's spare threads and connections.
 
 import asyncio
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,14 +60,17 @@ class Entry:
     seen: Seen
 
 
+Key = tuple[str, str]  # (view, job id)
+
+
 class JobReads:
     """Job objects by (view, job id), each kept `max_age_s` seconds for every reader."""
 
     def __init__(self, max_age_s: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.max_age_s = max_age_s
         self.clock = clock
-        self._entries: dict[Hashable, Entry] = {}
-        self._reading: dict[Hashable, asyncio.Task[Entry]] = {}
+        self._entries: dict[Key, Entry] = {}
+        self._reading: dict[Key, asyncio.Task[Entry]] = {}
         self._loads = asyncio.Semaphore(LOADS_AT_ONCE)
 
     async def read(self, key: tuple[str, str], tenant: str, load: Load) -> Seen:
@@ -95,7 +98,7 @@ class JobReads:
         for key in [key for key in self._entries if key[1] == job_id]:
             self._entries.pop(key, None)
 
-    async def _load(self, key: Hashable, load: Load) -> Entry:
+    async def _load(self, key: Key, load: Load) -> Entry:
         # One read per key at a time, in a task of its own: a reader that goes away (its
         # client disconnected) does not take the others' answer with it.
         task = self._reading.get(key)
@@ -105,7 +108,7 @@ class JobReads:
             task.add_done_callback(lambda done: self._done(key, done))
         return await asyncio.shield(task)
 
-    async def _fetch(self, key: Hashable, load: Load) -> Entry:
+    async def _fetch(self, key: Key, load: Load) -> Entry:
         try:
             await asyncio.wait_for(self._loads.acquire(), LOAD_QUEUE_S)
         except TimeoutError:
@@ -122,12 +125,12 @@ class JobReads:
             self._keep(key, entry)
         return entry
 
-    def _done(self, key: Hashable, task: "asyncio.Task[Entry]") -> None:
+    def _done(self, key: Key, task: "asyncio.Task[Entry]") -> None:
         self._reading.pop(key, None)
         if not task.cancelled():
             task.exception()  # retrieved: a failed read nobody waited for logs nothing
 
-    def _keep(self, key: Hashable, entry: Entry) -> None:
+    def _keep(self, key: Key, entry: Entry) -> None:
         if len(self._entries) >= MAX_ENTRIES:
             for old in list(self._entries)[:MAX_ENTRIES // 2]:
                 self._entries.pop(old, None)

@@ -171,8 +171,11 @@ class JobStream:
         try:
             sent = self._last
             while True:
-                seen = await self._waiter.until(
-                    lambda s, last=sent: not matches(last, s.etag), math.inf)
+
+                def changed(state: Seen, last: str | None = sent) -> bool:
+                    return not matches(last, state.etag)
+
+                seen = await self._waiter.until(changed, math.inf)
                 assert seen is not None
                 yield ServerSentEvent(seen.body.decode(), event=EVENT, id=seen.etag)
                 sent = seen.etag

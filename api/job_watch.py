@@ -13,7 +13,7 @@ leaves, as its request's task is cancelled). A notice that the job's status chan
 import asyncio
 import contextlib
 import functools
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -87,7 +87,8 @@ class JobWatchers:
     """The process's watched jobs, by id."""
 
     def __init__(self, read: Reader, interval: float, shared: JobReads | None = None,
-                 notices: Callable[[Callable[[str], None]], Awaitable[None]] | None = None,
+                 notices: Callable[[Callable[[str], None]], Coroutine[Any, Any, None]]
+                 | None = None,
                  ) -> None:
         self._read = read
         self._shared = shared if shared is not None else JobReads(0)

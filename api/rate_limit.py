@@ -25,6 +25,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass
+from typing import cast
 
 from limits import RateLimitItem
 from limits import parse as parse_rate
@@ -88,8 +89,10 @@ def storage_for(url: str) -> Storage:
                                         "socket_connect_timeout": REDIS_TIMEOUT_S}
     if scheme == "rediss+cluster":
         options["ssl"] = True
-    return storage_from_string(_SCHEMES.get(scheme, scheme) + sep + rest,
-                               implementation="redispy", wrap_exceptions=True, **options)
+    # An async+ scheme (_SCHEMES): the async storage.
+    return cast(Storage, storage_from_string(_SCHEMES.get(scheme, scheme) + sep + rest,
+                                             implementation="redispy", wrap_exceptions=True,
+                                             **options))
 
 
 class Meter:
@@ -128,6 +131,7 @@ class Meter:
         storage, self._storage = self._storage, None
         if storage is not None:
             with contextlib.suppress(Exception):  # a Redis already away has nothing to close
+                # The redispy bridge of limits' async Redis storages, which Storage lacks.
                 await storage.bridge.get_connection().aclose()  # type: ignore[attr-defined]
 
 

@@ -45,7 +45,7 @@ NO_NUL = r"^[^\x00]*$"
 FORM_OVERHEAD_BYTES = 64 * 1024
 # The rules quotaflow.compat checks, stated in the schema (their errors stay the domain's,
 # naming the parameter and the reason).
-QUEUE_RULE = {"enum": list(QUEUES)}
+QUEUE_RULE: dict[str, Any] = {"enum": list(QUEUES)}
 QUEUE_HEADER = {"enum": [*QUEUES, ""], "description": "quotaflow extension: realtime, "
                 "standard or bulk (empty or left out: the default, or metadata's)"}
 # 1 to 99999 hours, minutes or seconds (openai_batches.window_seconds).

@@ -11,7 +11,7 @@ import signal
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from sqlalchemy import select
 
@@ -37,7 +37,7 @@ def uses_only_mock(deployments: Deployments) -> bool:
 
 def run_file(settings: Settings, input_path: Path, output: IO[str], errors_path: Path,
              queue: str, concurrency: int, dedup: bool | None = None,
-             quiet: bool = False) -> dict:
+             quiet: bool = False) -> dict[str, Any]:
     """Process the file and write results and errors; returns the final job object."""
     runtime = Runtime(settings, in_process=True, metrics=False)  # nothing serves them
     if uses_only_mock(runtime.deployments) and not quiet:

@@ -7,6 +7,8 @@ before a service can start (78, sysexits' EX_CONFIG). Anything else quotaflow re
 (an unknown job, a bad key, a job in the wrong state) is 1.
 """
 
+from typing import Any
+
 from quotaflow.errors import (
     ConfigError,
     InvalidRequest,
@@ -37,7 +39,7 @@ def for_error(exc: QuotaflowError) -> int:
     return ERROR
 
 
-def for_job(job: dict) -> int:
+def for_job(job: dict[str, Any]) -> int:
     """An ended job's status: 0 when it completed with every line answered, else 3 (some
     line failed or was invalid, or the job failed, expired or was cancelled)."""
     counts = job.get("request_counts") or {}

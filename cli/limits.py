@@ -1,6 +1,7 @@
 """`quotaflow limits`: each deployment's budget, level and utilisation, once or live."""
 
 import time
+from typing import Any
 
 import click
 from rich.live import Live
@@ -48,7 +49,7 @@ def print_limits(rows: list[tuple[str, ...]]) -> None:
         click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)))
 
 
-def limit_rows(limits: list[dict]) -> list[tuple[str, ...]]:
+def limit_rows(limits: list[dict[str, Any]]) -> list[tuple[str, ...]]:
     return [(row["deployment"], row["model"], f"{row['rpm']:,}", f"{row['tpm']:,}",
              f"{row['burst_seconds']:g}", _refunds(row),
              f"{row['requests_available']:,.1f} / {row['request_capacity']:,.0f}",
@@ -56,7 +57,7 @@ def limit_rows(limits: list[dict]) -> list[tuple[str, ...]]:
              f"{row['blocked_for_s']:.1f}", f"{row['utilisation']:.0%}") for row in limits]
 
 
-def _refunds(row: dict) -> str:
+def _refunds(row: dict[str, Any]) -> str:
     """Whether unused max_tokens are given back: forced, or learned from the headers."""
     given = "yes" if row.get("refunds_unused_tokens") else "no"
     return f"{given} (learned)" if row.get("reconcile_usage") == "auto" else given

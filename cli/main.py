@@ -6,7 +6,7 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import click
 
@@ -142,7 +142,7 @@ def status(job_id: str, watch: bool, as_json: bool, quiet: bool) -> None:
     sys.exit(code)
 
 
-def _print_status(api: ApiClient, job: dict) -> None:
+def _print_status(api: ApiClient, job: dict[str, Any]) -> None:
     counts = job["request_counts"]
     click.echo(f"{job['id']}  {job['status']}  queue={job['queue']}  "
                f"total={counts['total']} completed={counts['completed']} "
@@ -154,7 +154,7 @@ def _print_status(api: ApiClient, job: dict) -> None:
         click.echo(f"bound: {api.job_bound(job['id'])['summary']}")
 
 
-def _watch(api: ApiClient, job: dict, quiet: bool) -> dict:
+def _watch(api: ApiClient, job: dict[str, Any], quiet: bool) -> dict[str, Any]:
     """Follow the job's changes as the API sends them (its event stream), to its end."""
     with request_progress(quiet) as progress:
         task = progress.add_task(job["id"], total=job["request_counts"]["total"])
@@ -247,7 +247,7 @@ def list_jobs(limit: int, as_json: bool) -> None:
                    f"{cost_text(job.get('cost'))}")
 
 
-def cost_text(cost: dict | None) -> str:
+def cost_text(cost: dict[str, Any] | None) -> str:
     """A job's cost for people: '-' before any call, '+?' where some were unpriced."""
     if not cost or not cost.get("by_deployment"):
         return "-"

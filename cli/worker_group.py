@@ -68,7 +68,7 @@ def companion_node(node: str) -> str:
     return f"{name}{COMPANION_SUFFIX}{at}{host}"
 
 
-def _child_setup(supervisor: int, mask: set[signal.Signals]) -> None:
+def _child_setup(supervisor: int, mask: set[int]) -> None:
     """In the child, before exec: the signal mask the supervisor had before it blocked its
     own, and SIGTERM when the supervisor dies (Linux's prctl); a supervisor already gone
     (before the prctl) ends the child at once."""

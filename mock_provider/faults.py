@@ -14,6 +14,7 @@ import random
 from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
@@ -67,8 +68,8 @@ class Faults:
         unknown = set(fractions) - set(FIELDS)
         if unknown:
             raise ValueError(f"unknown fault {sorted(unknown)}; choose from {sorted(FIELDS)}")
-        faults = cls(**{FIELDS[name]: float(value) for name, value in fractions.items()},
-                     retry_after_s=retry_after_s)
+        rates: dict[str, Any] = {FIELDS[name]: float(value) for name, value in fractions.items()}
+        faults = cls(**rates, retry_after_s=retry_after_s)
         if seen is not None:
             faults.seen = seen
         return faults

@@ -16,6 +16,7 @@ from pydantic import (
     Field,
     SecretStr,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -439,7 +440,7 @@ class Settings(BaseSettings):
 
     @field_validator("task_time_limit_s")
     @classmethod
-    def _below_visibility(cls, value: int, info) -> int:
+    def _below_visibility(cls, value: int, info: ValidationInfo) -> int:
         visibility = info.data.get("visibility_timeout_s", 3600)
         if value >= visibility:
             raise ValueError(

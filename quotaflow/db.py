@@ -12,8 +12,10 @@ from pathlib import Path
 
 from sqlalchemy import Engine, Insert, Table, create_engine, event, func, text
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine.interfaces import DBAPIConnection
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.pool import ConnectionPoolEntry
 
 from quotaflow import jsoncodec
 from quotaflow.errors import ConfigError, ServiceUnavailable
@@ -78,7 +80,7 @@ def make_engine(url: str) -> Engine:
                       "use postgresql://... or sqlite:///path.db")
 
 
-def _sqlite_pragmas(dbapi_connection, _record) -> None:
+def _sqlite_pragmas(dbapi_connection: DBAPIConnection, _record: ConnectionPoolEntry) -> None:
     cursor = dbapi_connection.cursor()
     cursor.execute("PRAGMA journal_mode=WAL")
     cursor.execute("PRAGMA foreign_keys=ON")
@@ -139,6 +141,7 @@ def insert_adding(session: Session, table: Table, keys: Sequence[str],
     column stays NULL only while every row added to it was NULL; a `keep` column keeps
     its stored value unless that is NULL."""
     dialect = session.get_bind().dialect.name
+    statement: postgresql.Insert | sqlite.Insert
     if dialect == "postgresql":
         statement = postgresql.insert(table)
     elif dialect == "sqlite":

@@ -29,6 +29,7 @@ Messages are written for the person who has to act on them.
 """
 
 from dataclasses import dataclass, field
+from typing import Any
 
 
 class QuotaflowError(Exception):
@@ -146,7 +147,7 @@ class ProviderError(QuotaflowError):
         message: str,
         status_code: int | None = None,
         retry_after: float | None = None,
-        body: dict | None = None,
+        body: dict[str, Any] | None = None,
         remaining: tuple[float | None, float | None] = (None, None),
         remaining_input: float | None = None,
         request_id: str | None = None,

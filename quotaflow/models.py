@@ -8,7 +8,7 @@ that runs twice after a crash harmless.
 """
 
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, ClassVar
 
 from sqlalchemy import (
     JSON,
@@ -23,6 +23,7 @@ from sqlalchemy import (
     LargeBinary,
     Numeric,
     String,
+    Table,
     Text,
     TypeDecorator,
     UniqueConstraint,
@@ -73,6 +74,8 @@ def utcnow() -> datetime:
 
 
 class Base(DeclarativeBase):
+    # Every model is a declarative table: a Table, not any FromClause, for core statements.
+    __table__: ClassVar[Table]
     type_annotation_map = {dict[str, Any]: JsonType, datetime: DateTime(timezone=True)}  # noqa: RUF012
 
 
@@ -230,7 +233,8 @@ class Item(Base):
     # status in ItemStatus.OPEN, kept by the database (STORED on PostgreSQL, VIRTUAL on
     # SQLite); never written. Queries that want the open items name it, so that they
     # read ix_items_job_open.
-    is_open: Mapped[bool | None] = mapped_column(Boolean, Computed(IS_OPEN, persisted=True))
+    is_open: Mapped[bool] = mapped_column(Boolean, Computed(IS_OPEN, persisted=True),
+                                          nullable=True)
 
 
 class Result(Base):

@@ -70,6 +70,9 @@ def check_database(url: str) -> str | None:
     return None
 
 
+_REDIS_FAILED: tuple[type[Exception], ...] = (redis.RedisError, ServiceUnavailable, *UNREACHABLE)
+
+
 def check_redis(variable: str, url: str) -> str | None:
     """None when the Redis at `url` answers PING; else what is wrong."""
     try:  # the limiter's may be a Redis Cluster (redis_clients.py), the broker's never
@@ -78,7 +81,7 @@ def check_redis(variable: str, url: str) -> str | None:
         client.ping()
     except ValueError as exc:  # not a redis:// URL
         return f"{variable} ({shown_url(url)}) is not a Redis URL: {exc}"
-    except (redis.RedisError, ServiceUnavailable, *UNREACHABLE) as exc:
+    except _REDIS_FAILED as exc:
         return f"{variable}: the Redis at {shown_url(url)} cannot be reached: {exc}"
     finally:
         if "client" in locals():

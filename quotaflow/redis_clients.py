@@ -18,6 +18,7 @@ pipelines across them, so the cluster client routes each call to one master.
 The broker stays a plain Redis: Celery's Redis transport cannot use a cluster.
 """
 
+from typing import Any, cast
 from urllib.parse import unquote, urlsplit
 
 import redis
@@ -53,7 +54,8 @@ def connect(url: str, **options: float) -> RedisClient:
         return RedisCluster(
             startup_nodes=_seeds(url), ssl=CLUSTER_SCHEMES[parts.scheme] == "rediss",
             username=unquote(parts.username) if parts.username else None,
-            password=unquote(parts.password) if parts.password else None, **options)
+            password=unquote(parts.password) if parts.password else None,
+            **cast(dict[str, Any], options))
     except UNREACHABLE as exc:
         raise ServiceUnavailable(
             f"no node of the Redis Cluster in QUOTAFLOW_REDIS_URL answered "

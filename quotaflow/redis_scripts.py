@@ -40,7 +40,7 @@ def load_script(client: RedisClient, text: str) -> Script:
     """`text` as a callable `script(keys=[...], args=[...])` on `client`'s server."""
     if isinstance(client, redis.Redis):
         return HeldScript(client, text)
-    return client.register_script(text)
+    return client.register_script(text)  # type: ignore[misc]  # redis-py types its self as Redis
 
 
 class HeldScript:
@@ -69,7 +69,7 @@ class HeldScript:
     def _connection(self) -> redis.Connection:
         """This thread's connection, made or made again where the pool would have."""
         held = self._held
-        connection = getattr(held, "connection", None)
+        connection: redis.Connection | None = getattr(held, "connection", None)
         if connection is None or held.pid != os.getpid():
             connection = held.connection = self._make()
             held.pid = os.getpid()

@@ -27,7 +27,7 @@ def create_app() -> Celery:
                           "e.g. QUOTAFLOW_BROKER_URL=redis://127.0.0.1:6379/0")
     # A worker cut off mid-transaction must not hold its locks over the others for hours.
     end_idle_transactions_after(settings.worker_idle_in_transaction_s)
-    transport = {"visibility_timeout": settings.visibility_timeout_s}
+    transport: dict[str, Any] = {"visibility_timeout": settings.visibility_timeout_s}
     if settings.worker_deployment:
         # One worker per GPU takes all of its deployment's priority classes: look at its
         # queues in the order given (realtime first) instead of in turn.

@@ -37,7 +37,9 @@ def reap_forever() -> None:
     # The lock is on the limiter's Redis, which may be a cluster (made in the loop: one
     # that is down at start must not end the reaper).
     lock: RedisClient | None = None
-    broker = BrokerLoss(redis.Redis.from_url(settings.broker_url), sessions, interval)
+    broker_url = settings.broker_url
+    assert broker_url is not None  # workers/app.py starts no worker without one
+    broker = BrokerLoss(redis.Redis.from_url(broker_url), sessions, interval)
     # Queued again where they were first sent: a local deployment's batches to its queues.
     dispatcher = runtime.dispatcher
     # The first round at once, not an interval after start: it records the broker's run
@@ -48,7 +50,7 @@ def reap_forever() -> None:
         delay = interval
         try:
             if lock is None:
-                lock = connect(settings.limiter_url or settings.broker_url)
+                lock = connect(settings.limiter_url or broker_url)
             # One reaper per round, cluster-wide; the lock lapses by itself.
             if lock.set(LOCK_KEY, "1", nx=True, px=int(interval * 1000 * 0.9)):
                 why = broker.lost()

@@ -2,6 +2,7 @@
 
 import logging
 from functools import lru_cache
+from typing import Any
 
 from celery import Task
 from celery.concurrency.thread import TaskPool as ThreadsPool
@@ -97,7 +98,7 @@ def warm_threads(sender: object = None, **_kwargs: object) -> None:
     Celery gives a new one 4 s to start, which a database slow to answer would exceed.)"""
     pool = getattr(sender, "pool", None)
     if isinstance(pool, ThreadsPool):
-        pool.executor.submit(warm_thread)
+        pool.executor.submit(warm_thread)  # type: ignore[attr-defined]  # not in celery-types
 
 
 # Postgres or Redis unreachable: the batch is tried again with backoff instead of
@@ -105,7 +106,8 @@ def warm_threads(sender: object = None, **_kwargs: object) -> None:
 @app.task(name=TASK_PROCESS_BATCH, bind=True, max_retries=None,
           autoretry_for=(ServiceUnavailable,), retry_backoff=2, retry_backoff_max=60,
           retry_jitter=True)
-def process_batch(self: Task, job_id: str, first_line: int, last_line: int) -> dict[str, int]:
+def process_batch(self: Task[Any, Any], job_id: str, first_line: int,
+                  last_line: int) -> dict[str, int]:
     with translate_db_errors():
         report = runtime().executor.run(BatchRef(job_id, first_line, last_line))
     if report.retry_in is not None:

@@ -5,8 +5,9 @@ build step) and its error pages: under /console an error is a page (the sign-in 
 "not found"), not the API's JSON; elsewhere the API's handler answers as before.
 """
 
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from fastapi import FastAPI, Request
 from fastapi.responses import RedirectResponse, Response
@@ -36,7 +37,9 @@ def install(app: FastAPI) -> None:
     app.include_router(router)
     app.mount(f"{PREFIX}/static", StaticFiles(directory=Path(__file__).parent / "static"),
               name="console-static")
-    api_handler = app.exception_handlers[QuotaflowError]
+    # quotaflow_error_handler (api/errors.py), a coroutine function.
+    api_handler = cast(Callable[[Request, Exception], Awaitable[Response]],
+                       app.exception_handlers[QuotaflowError])
 
     async def handler(request: Request, exc: Exception) -> Any:
         if not request.url.path.startswith(PREFIX):

@@ -108,10 +108,11 @@ def job_list(request: Request, sessions: SessionsDep, who: ViewerDep,
         found = jobs.list_jobs(session, limit=PAGE_SIZE + 1, after=after, tenant=who.tenant,
                                status=status, queue=queue)
         rows = [_row(job_view.job_object(session, job)) for job in found[:PAGE_SIZE]]
-    context = {"who": who, "rows": rows, "has_more": len(found) > PAGE_SIZE,
-               "status": status, "queue": queue, "after": after,
-               "statuses": JobStatus.ACTIVE + JobStatus.FINAL, "queues": QUEUES,
-               "active": any(not r["final"] for r in rows)}
+    context: dict[str, Any] = {
+        "who": who, "rows": rows, "has_more": len(found) > PAGE_SIZE,
+        "status": status, "queue": queue, "after": after,
+        "statuses": JobStatus.ACTIVE + JobStatus.FINAL, "queues": QUEUES,
+        "active": any(not r["final"] for r in rows)}
     return page(request, "job_rows.html" if partial else "jobs.html", **context)
 
 

@@ -15,6 +15,7 @@ import secrets
 from dataclasses import dataclass
 
 from fastapi import Request, Response
+from sqlalchemy.orm import Session, sessionmaker
 
 from quotaflow.config import Settings
 from quotaflow.constants import DEFAULT_TENANT
@@ -49,7 +50,7 @@ def csrf_token(cookie: str) -> str:
     return hashlib.sha256(b"quotaflow-console-csrf:" + cookie.encode()).hexdigest()
 
 
-def identify(sessions: object, settings: Settings, key: str | None) -> Viewer:
+def identify(sessions: sessionmaker[Session], settings: Settings, key: str | None) -> Viewer:
     """The viewer a key stands for; SignInRequired for none or an unknown one."""
     if not settings.auth:
         if not key:
@@ -57,7 +58,7 @@ def identify(sessions: object, settings: Settings, key: str | None) -> Viewer:
         return Viewer(DEFAULT_TENANT, True, key)
     if not key or key.startswith(DEV_PREFIX):
         raise SignInRequired("sign in with an API key")
-    with sessions() as session:  # type: ignore[operator]
+    with sessions() as session:
         try:
             tenant = tenant_for_key(session, key)
         except AuthenticationError as exc:

@@ -9,6 +9,7 @@ from api.schemas.common import OpenAIList
 class Batch(openai.types.Batch):
     """openai.types.Batch, plus the queue it runs on and its output's retention."""
 
+    # OpenAI's is always a str; a job made by POST /jobs has no file.
     input_file_id: str | None = Field(  # type: ignore[assignment]
         description="null for a job made by POST /jobs (from an upload, not a file)")
 

@@ -19,7 +19,7 @@ as `params.betas` (sent as the header again by the workers, providers/anthropic.
 import io
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from typing import Any
 
 from quotaflow.compat.files import ChunkStream
@@ -87,7 +87,7 @@ def _lines(text: str, max_requests: int, betas: tuple[str, ...]) -> Iterator[byt
 
 
 def _requests(text: str, at: int, max_requests: int, betas: tuple[str, ...]
-              ) -> Iterator[bytes]:
+              ) -> Generator[bytes, None, int]:
     """The array's elements as lines; returns the position after its closing bracket."""
     ids: dict[str, int] = {}
     index = 0

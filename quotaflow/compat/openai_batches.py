@@ -29,9 +29,9 @@ from quotaflow.compat import files
 from quotaflow.config import Settings
 from quotaflow.constants import DEFAULT_QUEUE, ENDPOINTS, OUTPUT_OPENAI, QUEUES
 from quotaflow.deployments.catalog import Deployments
+from quotaflow.dispatch.queues import Dispatcher
 from quotaflow.errors import InputFileError, InvalidParameter
 from quotaflow.ingest import pipeline as ingest
-from quotaflow.jobs import service as jobs
 from quotaflow.jobs import view as job_view
 from quotaflow.models import Item, Job, JobStatus, Result, utcnow
 from quotaflow.providers.outcomes import FailureCode
@@ -96,7 +96,7 @@ def dedup_choice(metadata: dict[str, str] | None) -> bool | None:
 
 
 def create_batch(sessions: sessionmaker[Session], request: BatchRequest, *, settings: Settings,
-                 deployments: Deployments, dispatcher: jobs.Dispatcher) -> Job:
+                 deployments: Deployments, dispatcher: Dispatcher) -> Job:
     """Ingest the stored file as a job (quotaflow/ingest/pipeline.py), within the tenant's token
     quota and OpenAI's 50,000 lines (QUOTAFLOW_MAX_BATCH_LINES).
 

@@ -22,9 +22,20 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import ColumnElement, Select, Table, delete, exists, func, or_, select, update
+from sqlalchemy import (
+    ColumnElement,
+    CursorResult,
+    Select,
+    Table,
+    delete,
+    exists,
+    func,
+    or_,
+    select,
+    update,
+)
 from sqlalchemy.orm import Session, sessionmaker
 
 from quotaflow.compat import files
@@ -207,7 +218,7 @@ def _in_flight(same_job: ColumnElement[bool], now: datetime) -> ColumnElement[bo
 
 def _one(entity: type, *where: ColumnElement[bool], order: Any = None) -> Select[Any]:
     """One row to work on, locked, skipping rows another transaction holds."""
-    query = select(entity).where(*where).limit(1)
+    query: Select[Any] = select(entity).where(*where).limit(1)
     if order is not None:
         query = query.order_by(order)
     # A job row is locked FOR NO KEY UPDATE: results' foreign key checks are not blocked.
@@ -234,8 +245,8 @@ def _purge_job_chunk(session: Session, job: Job) -> bool:
     for table in _PER_JOB_TABLES:
         lines = (select(table.c.line_no).where(table.c.job_id == job.id)
                  .order_by(table.c.line_no).limit(left))
-        left -= session.execute(delete(table).where(table.c.job_id == job.id,
-                                                    table.c.line_no.in_(lines))).rowcount
+        left -= cast("CursorResult[Any]", session.execute(
+            delete(table).where(table.c.job_id == job.id, table.c.line_no.in_(lines)))).rowcount
         if left == 0:
             return False
     session.execute(delete(ProviderBatch).where(ProviderBatch.job_id == job.id))
@@ -248,8 +259,8 @@ def _purge_file_chunk(session: Session, row: File) -> bool:
     """Up to FILE_CHUNKS of an expired upload's chunks; the row too once none is left."""
     seqs = (select(FileChunk.seq).where(FileChunk.file_id == row.id)
             .order_by(FileChunk.seq).limit(FILE_CHUNKS))
-    removed = session.execute(delete(FileChunk).where(FileChunk.file_id == row.id,
-                                                      FileChunk.seq.in_(seqs))).rowcount
+    removed = cast("CursorResult[Any]", session.execute(
+        delete(FileChunk).where(FileChunk.file_id == row.id, FileChunk.seq.in_(seqs)))).rowcount
     if removed == FILE_CHUNKS:
         return False
     session.execute(delete(File).where(File.id == row.id))

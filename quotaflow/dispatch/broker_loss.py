@@ -17,6 +17,7 @@ survived only makes a second claim find nothing, so nothing is sent twice.
 """
 
 import time
+from typing import cast
 
 import redis
 from sqlalchemy import exists, select
@@ -61,7 +62,7 @@ class BrokerLoss:
             self._broker.delete(EMPTY_SINCE)
             return False
         now = time.time()
-        since = float(self._broker.get(EMPTY_SINCE) or now)
+        since = float(cast("bytes | None", self._broker.get(EMPTY_SINCE)) or now)
         if since == now:
             self._broker.set(EMPTY_SINCE, repr(now), ex=int(3 * self._interval_s) + 1)
         if now - since >= 0.9 * self._interval_s:

@@ -7,6 +7,8 @@ append-only file may lose the last ones; either way the reaper must queue the
 pending work again at once rather than wait out the queue patience.
 """
 
+from typing import Any, cast
+
 import redis
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
@@ -33,7 +35,7 @@ class BrokerWatch:
 
     def restarted(self) -> bool:
         """Whether pending work must be queued again; asked by one reaper at a time."""
-        current = self._broker.info("server")["run_id"]
+        current = cast("dict[str, Any]", self._broker.info("server"))["run_id"]
         with self._sessions.begin() as session:
             known = session.scalar(select(BrokerRun).where(BrokerRun.name == BROKER)
                                    .with_for_update())

@@ -65,8 +65,12 @@ class Flights:
         loop = asyncio.get_running_loop()
         waiter = self._waiter = loop.create_future()
         self._until_none_on = deployment
-        timer = (None if timeout is None else
-                 loop.call_later(timeout, lambda: waiter.done() or waiter.set_result(None)))
+
+        def wake() -> None:
+            if not waiter.done():
+                waiter.set_result(None)
+
+        timer = None if timeout is None else loop.call_later(timeout, wake)
         try:
             await waiter
         finally:

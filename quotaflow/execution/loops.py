@@ -54,7 +54,8 @@ class ProviderPool:
         loop = asyncio.get_running_loop()
         last = self._last
         if getattr(last, "loop", None) is loop and last.deployment is deployment:
-            return last.provider
+            kept: Provider = last.provider
+            return kept
         providers = self._by_loop.setdefault(loop, {})
         key = (deployment.name, deployment.provider, deployment.base_url,
                deployment.api_key_env, deployment.timeout_s, deployment.anthropic_version,

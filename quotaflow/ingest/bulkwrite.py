@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import psycopg
 from sqlalchemy import DateTime, bindparam, select, text
@@ -125,7 +125,8 @@ class _CopyWriter:
     value, as the text format did (`json`'s binary form is its text)."""
 
     def __init__(self, session: Session, job_id: str, lease_until: datetime) -> None:
-        self._connection = session.connection().connection.driver_connection
+        self._connection = cast("psycopg.Connection[Any]",
+                                session.connection().connection.driver_connection)
         self._job = _copy_text(job_id)
         self._now = utcnow().isoformat().encode()
         # What every row of this job starts with (its field count and job_id), and the
@@ -306,7 +307,7 @@ class _InsertWriter:
     def _duplicate(self) -> DuplicateCustomId:
         """The first row of the refused batch whose custom_id came before (SQLite undoes
         only the failed statement, so the earlier rows can still be read)."""
-        earlier: dict[str, int] = {}
+        earlier: dict[str | None, int] = {}  # the ids asked for: never None
         ids = [row["custom_id"] for row in self._rows if row["custom_id"] is not None]
         for start in range(0, len(ids), 500):
             earlier.update((cid, line) for cid, line in self._session.execute(

@@ -38,7 +38,7 @@ ESTIMATE_JOB = "estimate"  # LineScan's job id: it names the BatchRefs, which no
 class _NoRows:
     """A RowWriter that keeps nothing: an estimate stores no row of the file."""
 
-    def pending(self, line_no: int, custom_id: str, body: bytes, digest: bytes,
+    def pending(self, line_no: int, custom_id: str, body: bytes, digest: bytes | None,
                 route: str) -> None:
         pass
 

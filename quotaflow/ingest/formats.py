@@ -18,7 +18,7 @@ import json
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import IO, Any, Literal, overload
 
 import orjson
 
@@ -36,7 +36,7 @@ from quotaflow.ingest.jsonlines import load_object, read_lines
 from quotaflow.providers.translate.chat_view import counting_view
 
 MAX_CUSTOM_ID_CHARS = 512  # the items.custom_id column
-_DIGEST_PREFIX: dict[str, Any] = {}  # endpoint -> sha256 of '["endpoint",'
+_DIGEST_PREFIX: dict[str, "hashlib._Hash"] = {}  # endpoint -> sha256 of '["endpoint",'
 # The newer endpoints' bodies, checked field by field (quotaflow/ingest/body_checks.py).
 _BODY_CHECKS = {ENDPOINT_RESPONSES: responses_problem, ENDPOINT_MODERATIONS: moderations_problem}
 _TOKEN_LIMITS = ("max_tokens", "max_completion_tokens")
@@ -114,6 +114,10 @@ def to_request(line_no: int, obj: dict[str, Any]) -> Request:
     )
 
 
+@overload
+def _custom_id(obj: dict[str, Any], required: Literal[True]) -> str: ...
+@overload
+def _custom_id(obj: dict[str, Any], required: bool) -> str | None: ...
 def _custom_id(obj: dict[str, Any], required: bool) -> str | None:
     value = obj.get("custom_id")
     if value is None and not required:

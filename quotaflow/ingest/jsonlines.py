@@ -80,7 +80,7 @@ def read_screened_lines(stream: IO[bytes], max_line_bytes: int,
                     yield line_no, None, False
                     skipping = False
                     continue
-                yield line_no, piece, (marks is not None and (index or first_is_whole)
+                yield line_no, piece, (marks is not None and (index > 0 or first_is_whole)
                                        and len(marks[index]) <= MAX_DEPTH)
             carry = b""
         if not skipping:

@@ -10,7 +10,7 @@ fails the file. Batches (BatchRef) are cut as the lines go by, growing as the jo
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import IO
+from typing import IO, Any
 
 import orjson
 
@@ -191,7 +191,7 @@ class LineScan:
     def _lines_setting(self) -> str:
         return "QUOTAFLOW_MAX_BATCH_LINES" if self.batch_endpoint else "QUOTAFLOW_MAX_LINES"
 
-    def _route(self, line_no: int, url: str, body: dict) -> tuple[str | None, str]:
+    def _route(self, line_no: int, url: str, body: dict[str, Any]) -> tuple[str | None, str]:
         """A well-formed request's route name, decided here once and stored with it; or
         None and why it cannot run in this job."""
         if self._first:

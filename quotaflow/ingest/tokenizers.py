@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from types import ModuleType
+from typing import cast
 
 from quotaflow.budget.tokens import estimate_tokens
 
@@ -80,4 +81,4 @@ def _bpe_openai() -> ModuleType:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         import bpe_openai
-    return bpe_openai
+    return cast(ModuleType, bpe_openai)

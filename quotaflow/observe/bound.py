@@ -24,8 +24,9 @@ extra recording. It sees the job's own admissions only: a budget drained by othe
 the same time shows as workers or provider, not budget.
 """
 
-from collections import Counter
+from collections import defaultdict
 from dataclasses import dataclass, field
+from operator import itemgetter
 
 BUDGET, PAUSED, PROVIDER, WORKERS = "budget", "paused", "provider", "workers"
 FULL = 0.8  # a share of a limit or of max_concurrency that counts as all of it
@@ -116,7 +117,7 @@ class Bound:
 
 def classify(timeline: Timeline) -> Bound:
     """The job's time by cause, and its advice (see the module's docstring)."""
-    seconds: Counter[str] = Counter()
+    seconds: defaultdict[str, float] = defaultdict(float)
     if timeline.queued_s > 0:
         seconds[f"{WORKERS}: queued"] += timeline.queued_s
     cumulative: dict[str, Use] = {}
@@ -198,15 +199,15 @@ def _verdict(timeline: Timeline, seconds: dict[str, float]) -> Bound:
     if not any(s.use for s in timeline.slices):
         return Bound(seconds, "", None, None, "nothing was admitted yet: the job waits for "
                      "a worker to take its first batch")
-    by_cause: Counter[str] = Counter()
+    by_cause: defaultdict[str, float] = defaultdict(float)
     for label, secs in seconds.items():
         by_cause[label.split(":")[0]] += secs
-    cause = by_cause.most_common(1)[0][0]
+    cause = max(by_cause.items(), key=itemgetter(1))[0]  # as Counter.most_common(1)
     top = max((k for k in seconds if k.split(":")[0] == cause), key=lambda k: seconds[k])
     _, _, rest = top.partition(": ")
-    name, _, dimension = rest.partition(" ")
+    name, _, after_name = rest.partition(" ")
     deployment = name if name in timeline.limits else None
-    dimension = dimension if cause == BUDGET and dimension else None
+    dimension = after_name if cause == BUDGET and after_name else None
     advice = _advice(timeline, cause, deployment, dimension, sum(seconds.values()))
     return Bound(seconds, cause, deployment, dimension, advice)
 

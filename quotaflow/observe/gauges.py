@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 import orjson
 import redis
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
@@ -88,7 +88,7 @@ class StateCollector(Collector):
         self._broker = (redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5)
                         if url and url.startswith(("redis://", "rediss://")) else None)
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[Metric]:
         up = _gauge("quotaflow_metrics_source_up",
                     "1 when the source was read for this scrape, 0 when it was not",
                     ["source"])
@@ -163,7 +163,7 @@ class StateCollector(Collector):
         yield depth
         yield age
 
-    def _statuses(self) -> Iterator[GaugeMetricFamily]:
+    def _statuses(self) -> Iterator[Metric]:
         requests = _gauge("quotaflow_requests",
                           "Requests of unfinished jobs by status", ["status"])
         jobs = _gauge("quotaflow_jobs", "Jobs by status", ["status"])

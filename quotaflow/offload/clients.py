@@ -148,6 +148,7 @@ class OpenAIBatches:
         with _translated(self.deployment.name):
             upload = self.client.files.create(file=(f"{batch_id}.jsonl", lines),
                                               purpose="batch")
+            # The SDK types both as Literals; ENDPOINTS and the deployment's check hold them.
             batch = self.client.batches.create(
                 input_file_id=upload.id, endpoint=url,  # type: ignore[arg-type]
                 completion_window=self.deployment.completion_window,  # type: ignore[arg-type]
@@ -214,7 +215,7 @@ class AnthropicBatches:
         headers = {"anthropic-beta": ",".join(betas)} if betas else None
         with _translated(self.deployment.name):
             batch = self.client.messages.batches.create(
-                requests=requests, extra_headers=headers)  # type: ignore[arg-type]
+                requests=requests, extra_headers=headers)
         return batch.id, None
 
     def retrieve(self, provider_id: str) -> Remote:

@@ -9,9 +9,10 @@ is never queued again.
 """
 
 from collections.abc import Sequence
+from typing import Any, cast
 
 import orjson
-from sqlalchemy import delete, select, update
+from sqlalchemy import CursorResult, delete, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from quotaflow.budget.tokens import prompt_tokens
@@ -52,8 +53,8 @@ def enqueue(sessions: sessionmaker[Session], job_id: str, owner: str, url: str,
         session.execute(delete(LINES).where(LINES.c.job_id == job_id, LINES.c.line_no.in_(lines),
                                             LINES.c.state == LineState.DONE))
         session.execute(insert_ignore(session, LINES), rows)
-        return session.execute(
+        return cast("CursorResult[Any]", session.execute(
             update(ITEMS)
             .where(ITEMS.c.job_id == job_id, ITEMS.c.line_no.in_(lines),
                    ITEMS.c.lease_owner == owner, ITEMS.c.status == ItemStatus.RUNNING)
-            .values(lease_owner=OWNER, lease_expires_at=None)).rowcount
+            .values(lease_owner=OWNER, lease_expires_at=None))).rowcount

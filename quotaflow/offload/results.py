@@ -82,7 +82,8 @@ def _anthropic(line_no: int, result: dict[str, Any]) -> LineResult:
     if kind in UNRUN:
         return LineResult(line_no, UNRUN[str(kind)], None, True)
     error = result.get("error") or {}
-    inner = error.get("error") if isinstance(error.get("error"), dict) else error
+    nested = error.get("error")
+    inner = nested if isinstance(nested, dict) else error
     status = ANTHROPIC_STATUS.get(str(inner.get("type")), 500)
     return LineResult(line_no, "errored", Failure(
         FailureCode.PROVIDER_ERROR,
@@ -93,5 +94,6 @@ def _anthropic(line_no: int, result: dict[str, Any]) -> LineResult:
 
 def _message(body: Any) -> str | None:
     if isinstance(body, dict) and isinstance(body.get("error"), dict):
-        return body["error"].get("message")
+        message: str | None = body["error"].get("message")
+        return message
     return None

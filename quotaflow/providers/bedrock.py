@@ -118,5 +118,6 @@ def error_type(headers: Mapping[str, str], payload: Any) -> str | None:
     if header:
         return header.split(":", 1)[0]
     if isinstance(payload, dict) and isinstance(payload.get("__type"), str):
-        return payload["__type"].rsplit("#", 1)[-1]
+        name: str = payload["__type"].rsplit("#", 1)[-1]
+        return name
     return None

@@ -52,7 +52,8 @@ class VertexTokens:
 
     @property
     def current(self) -> str | None:
-        return self._credentials.token
+        token: str | None = self._credentials.token
+        return token
 
     async def fresh(self) -> str:
         """A token valid for the call about to be made."""
@@ -90,6 +91,6 @@ class TokenEdge(ProviderEdge):
     def _current_key(self) -> str | None:
         return self._tokens.current
 
-    async def post(self, path: str, body: bytes) -> Http1Response:
+    async def post(self, path: str, body: bytes, head: bytes = b"") -> Http1Response:
         await self._tokens.fresh()
-        return await super().post(path, body)
+        return await super().post(path, body, head)

@@ -61,7 +61,7 @@ class _Connection(asyncio.Protocol):
         self.idle_since = 0.0  # the loop's time its last answer came in
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        self.transport = transport  # type: ignore[assignment]  # a stream's: a Transport
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -162,7 +162,7 @@ def _parse(buffer: bytearray, eof: bool) -> tuple[Http1Response, bool] | None:
 
 def _chunked(buffer: bytearray, at: int) -> bytes | None:
     """A chunked body, once its last chunk and trailers are in."""
-    pieces = []
+    pieces: list[bytes] = []
     while True:
         line_end = buffer.find(b"\r\n", at)
         if line_end < 0:

@@ -11,7 +11,7 @@ jobs.close_if_done and leases.leased_elsewhere_for, which SQLite keeps using.
 """
 
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 import psycopg
 from sqlalchemy.orm import Session, sessionmaker
@@ -57,7 +57,9 @@ def claim(sessions: sessionmaker[Session], ref: BatchRef, owner: str,
         cursor.execute(_CLAIM, params)
         rows = cursor.fetchall()
     bodies = iter(jsoncodec.loads_many([row[2] for row in rows if row[2] is not None]))
-    items = [ClaimedItem(line, custom_id, None if body is None else next(bodies),
+    # A pending or running item has a body (only invalid lines have none).
+    items = [ClaimedItem(line, custom_id,
+                         cast("dict[str, Any]", None if body is None else next(bodies)),
                          attempts, body_hash, route)
              for line, custom_id, body, attempts, body_hash, route in rows]
     items.sort(key=lambda item: item.line_no)
@@ -78,6 +80,7 @@ def report(session: Session, ref: BatchRef) -> datetime | None:
 
 
 def _cursor(session: Session) -> psycopg.Cursor[Any]:
-    raw = session.connection().connection.driver_connection
+    raw = cast("psycopg.Connection[Any] | None",
+               session.connection().connection.driver_connection)
     assert raw is not None
     return raw.cursor()

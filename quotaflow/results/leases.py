@@ -9,9 +9,9 @@ still leaves one result per item.
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import and_, case, exists, func, or_, select, update
+from sqlalchemy import CursorResult, and_, case, exists, func, or_, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from quotaflow.db import insert_ignore
@@ -236,5 +236,5 @@ def renew(sessions: sessionmaker[Session], job_id: str, owner: str, lease: timed
     else:
         where.append(ITEMS.c.is_open)
     with sessions.begin() as session:
-        return session.execute(
-            update(ITEMS).where(*where).values(lease_expires_at=utcnow() + lease)).rowcount
+        return cast("CursorResult[Any]", session.execute(
+            update(ITEMS).where(*where).values(lease_expires_at=utcnow() + lease))).rowcount

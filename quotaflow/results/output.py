@@ -9,7 +9,7 @@ only its error lines, the few, are parsed to be made over.
 """
 
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import orjson
@@ -124,26 +124,29 @@ def iter_output(session: Session, job_id: str, errors: bool) -> Iterator[str]:
     if not errors:
         query = (select(Result.line_no, *stored)
                  .where(Result.job_id == job_id, Result.error.is_(None)))
-        for _line, *row in session.execute(query.order_by(Result.line_no)
-                                           .execution_options(yield_per=OUTPUT_ROWS)):
+        # Rows of the columns above, in order: the renderers' arguments.
+        succeeded: Iterable[Sequence[Any]] = session.execute(
+            query.order_by(Result.line_no).execution_options(yield_per=OUTPUT_ROWS))
+        for _line, *row in succeeded:
             yield render(*row)
         return
     unsent = tuple(UNSENT_CODES)
-    query = (select(Item.line_no, Item.custom_id, Item.status, Result.line_no, *stored)
-             .outerjoin(Result, (Result.job_id == Item.job_id) & (Result.line_no == Item.line_no))
-             .where(Item.job_id == job_id,
-                    or_(Result.error.is_not(None),
-                        and_(Result.line_no.is_(None), Item.status.in_(unsent)))))
-    for line_no, custom_id, status, result_line, *row in session.execute(
-            query.order_by(Item.line_no).execution_options(yield_per=OUTPUT_ROWS)):
+    failed = (select(Item.line_no, Item.custom_id, Item.status, Result.line_no, *stored)
+              .outerjoin(Result, (Result.job_id == Item.job_id) & (Result.line_no == Item.line_no))
+              .where(Item.job_id == job_id,
+                     or_(Result.error.is_not(None),
+                         and_(Result.line_no.is_(None), Item.status.in_(unsent)))))
+    rows: Iterable[Sequence[Any]] = session.execute(
+        failed.order_by(Item.line_no).execution_options(yield_per=OUTPUT_ROWS))
+    for line_no, custom_id, status, result_line, *row in rows:
         if result_line is not None:
             yield render(*row)
             continue
-        unsent = {"code": str(UNSENT_CODES[status]), "line": line_no,
-                  "message": f"line {line_no}: not sent because {NOT_SENT_BECAUSE[status]}"}
+        error = {"code": str(UNSENT_CODES[status]), "line": line_no,
+                 "message": f"line {line_no}: not sent because {NOT_SENT_BECAUSE[status]}"}
         request_id = stable_request_id(job_id, line_no)
         if render is render_anthropic:
             yield render_anthropic(request_id, custom_id, None, None,
-                                   orjson.dumps(unsent).decode())
+                                   orjson.dumps(error).decode())
             continue
-        yield dumps_line(output_line(request_id, custom_id, None, None, unsent))
+        yield dumps_line(output_line(request_id, custom_id, None, None, error))

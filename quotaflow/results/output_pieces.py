@@ -14,7 +14,9 @@ primary key, so memory holds one piece whatever the job's size.
 
 import threading
 from collections.abc import Iterator
+from typing import Any, cast
 
+import psycopg
 from psycopg.abc import Buffer
 from psycopg.adapt import Loader
 from sqlalchemy.orm import Session, sessionmaker
@@ -104,7 +106,8 @@ def render_piece(session: Session, job_id: str, first: int) -> bytes | None:
     line numbers), made by PostgreSQL; None if that range has none. The piece is taken
     as the bytes the server sent: decoded to a str and encoded back, it cost the API
     more than half of its CPU per line (0.7 against 0.3 s for 400,000 lines)."""
-    connection = session.connection().connection.driver_connection
+    connection = cast("psycopg.Connection[Any]",
+                      session.connection().connection.driver_connection)
     cursor = connection.cursor()
     utf8 = connection.info.encoding == "utf-8"
     if utf8:
@@ -115,7 +118,7 @@ def render_piece(session: Session, job_id: str, first: int) -> bytes | None:
     piece = row[0] if row else None
     if not piece:
         return None
-    return piece if utf8 else piece.encode()
+    return cast(bytes, piece if utf8 else piece.encode())
 
 
 class _Utf8Bytes(Loader):

@@ -13,7 +13,7 @@ import queue
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager
-from typing import TypeVar
+from typing import Generic, TypeVar
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -58,12 +58,12 @@ def read_ahead(make: Callable[[], Iterator[bytes]], depth: int = 2) -> Iterator[
         while (item := pieces.get()) is not _END:
             if isinstance(item, BaseException):
                 raise item
-            yield item  # type: ignore[misc]
+            yield item  # type: ignore[misc]  # a piece: _END and failures are out
     finally:
         stop.set()
 
 
-class _Board:
+class _Board(Generic[T]):
     """Where the threads of made_in_parallel take tasks and leave pieces, in order."""
 
     _FAILED = -1  # the key of a thread's failure to open its resource
@@ -149,6 +149,6 @@ def made_in_parallel(tasks: Iterable[T], make: Callable[[R, T], bytes | None],
             if isinstance(piece, BaseException):
                 raise piece
             if piece is not None:
-                yield piece  # type: ignore[misc]
+                yield piece  # type: ignore[misc]  # a piece: _END and failures are out
     finally:
         board.stop()

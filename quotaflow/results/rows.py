@@ -25,11 +25,13 @@ def result_row(line_no: int, custom_id: str | None, outcome: Outcome,
     """The row storing `outcome` for the line, but for what the whole chunk shares (its
     job, its time: `for_sqlalchemy`, or the chunk statement's parameters); every row
     names every column, so a chunk is one statement's shape."""
+    error: dict[str, Any] | None
+    response: RawJson | dict[str, Any] | None
     if isinstance(outcome, Failure):
-        error: dict[str, Any] | None = {"code": str(outcome.code), "line": line_no,
-                                        "message": outcome.message}
+        error = failure = {"code": str(outcome.code), "line": line_no,
+                           "message": outcome.message}
         if outcome.attempts is not None:
-            error["attempts"] = outcome.attempts
+            failure["attempts"] = outcome.attempts
         status, response, shared_from = outcome.status_code, outcome.body, None
         prompt = completion = 0
         provider_id = None

@@ -13,8 +13,9 @@ import re
 import secrets
 import uuid
 from dataclasses import dataclass
+from typing import Any, cast
 
-from sqlalchemy import select, update
+from sqlalchemy import CursorResult, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from quotaflow.errors import AuthenticationError, InvalidParameter, NotFound, PermissionDenied
@@ -74,9 +75,9 @@ def create_key(sessions: sessionmaker[Session], tenant: str,
 
 def revoke_key(sessions: sessionmaker[Session], key_id: str) -> None:
     with sessions.begin() as session:
-        done = session.execute(update(ApiKey).where(ApiKey.id == key_id,
-                                                    ApiKey.revoked_at.is_(None))
-                               .values(revoked_at=utcnow()))
+        done = cast("CursorResult[Any]", session.execute(
+            update(ApiKey).where(ApiKey.id == key_id, ApiKey.revoked_at.is_(None))
+            .values(revoked_at=utcnow())))
         if done.rowcount == 0:
             raise NotFound(f"no active key with id {key_id!r}; "
                            "`quotaflow keys list` shows them")

@@ -171,7 +171,7 @@ def admit(session: Session, settings: Settings, tenant: str, cost: CostRange | N
         return
     quotas.lock_tenant(session, tenant)
     room = SpendRoom(limit, month_spent(session, tenant))
-    if room.spent >= room.limit or cost.high > room.limit - room.spent:
+    if room.spent >= limit or cost.high > limit - room.spent:
         unit = cost.currency
         raise SpendLimitExceeded(
             f"spend limit reached for tenant {tenant!r}: this batch may cost up to "

@@ -55,7 +55,7 @@ def create_endpoint(sessions: sessionmaker[Session], settings: Settings, tenant:
                                events=chosen, created_at=utcnow())
     with sessions.begin() as session:
         count = session.scalar(select(func.count()).select_from(WebhookEndpoint)
-                               .where(WebhookEndpoint.tenant == tenant))
+                               .where(WebhookEndpoint.tenant == tenant)) or 0
         if count >= MAX_ENDPOINTS:
             raise InvalidRequest(f"tenant {tenant} already has {count} webhook endpoints, the "
                                  f"most allowed; remove one first (`quotaflow webhooks remove`)")

@@ -13,6 +13,7 @@ import ipaddress
 import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 from urllib.parse import SplitResult, urlsplit
 
 from quotaflow.errors import InvalidParameter
@@ -121,7 +122,7 @@ def resolve(url: str, allowed: Sequence[Network]) -> Target:
         except (socket.gaierror, UnicodeError) as exc:
             raise UnsafeUrl(f"url host {host!r} cannot be resolved ({exc}); check the name"
                             ) from exc
-        addresses = list(dict.fromkeys(ipaddress.ip_address(info[4][0].split("%")[0])
+        addresses = list(dict.fromkeys(ipaddress.ip_address(cast(str, info[4][0]).split("%")[0])
                                        for info in infos))
         if not addresses:
             raise UnsafeUrl(f"url host {host!r} has no address")

@@ -20,7 +20,7 @@ from quotaflow.providers.base import ProviderResponse
 from quotaflow.providers.local import runners
 from quotaflow.providers.local.answers import answer_body
 from quotaflow.providers.local.requests import Part, parts_for
-from quotaflow.providers.local.runners import (  # noqa: F401  (the package's API)
+from quotaflow.providers.local.runners import (  # the package's API: __all__
     Runner,
     _runners,
     close_engines,
@@ -31,6 +31,9 @@ from quotaflow.providers.local.runners import (  # noqa: F401  (the package's AP
     shutting_down,
 )
 from quotaflow.providers.priority import engine_priority
+
+__all__ = ["LocalProvider", "Runner", "_runners", "close_engines", "close_when_told",
+           "load_engine", "runner_for", "serve_only", "shutting_down"]
 
 
 class LocalProvider:
@@ -70,6 +73,7 @@ class LocalProvider:
         if runner.stopped:
             raise EngineStopped(f"{deployment.name}: the engine is shut down")
         if runner.batcher is None:  # vLLM: every request straight into its scheduler
+            # No batcher: a vLLM engine, whose answer() the Engine protocol does not declare.
             futures = [runner.engine.answer(p, priority) for p in parts]  # type: ignore[attr-defined]
         else:
             futures = [asyncio.wrap_future(runner.batcher.submit(

@@ -38,7 +38,7 @@ class Waiting:
     payload: Any
     arrived: float
     priority: int = 1  # the engine priority of its queue: 0 realtime, 1 standard, 2 bulk
-    future: Future = field(default_factory=Future)
+    future: Future[Any] = field(default_factory=Future)
 
 
 def padded_tokens(batch: Sequence[Waiting]) -> int:
@@ -87,6 +87,7 @@ def _neighbours(oldest: Waiting, waiting: list[Waiting], max_size: int,
                                       - below.prompt_tokens <= above.prompt_tokens
                                       - oldest.prompt_tokens)
         candidate = below if grow_down else above
+        assert candidate is not None  # both are None only when the loop broke above
         if padded_tokens([*ranked[low:high + 1], candidate]) > max_tokens:
             break
         if grow_down:
@@ -119,7 +120,7 @@ class DynamicBatcher:
         self._thread.start()
 
     def submit(self, kind: Hashable, prompt_tokens: int, max_new_tokens: int,
-               payload: Any, priority: int = 1) -> Future:
+               payload: Any, priority: int = 1) -> Future[Any]:
         """Queue one request; its answer (or exception) arrives on the returned future.
         `priority` is its queue's engine priority (providers/priority.py)."""
         entry = Waiting(kind, prompt_tokens, max_new_tokens, payload, time.monotonic(),

@@ -95,6 +95,7 @@ class TransformersEngine(PromptIds):
         self.device = pick_device(self.name, deployment.device)
         self.dtype = pick_dtype(deployment.dtype, self.device)
         path = deployment.model_path
+        assert path is not None  # a local deployment names one (Deployment's validator)
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(path)
             model = AutoModelForCausalLM.from_pretrained(path, dtype=self.dtype)
@@ -103,7 +104,8 @@ class TransformersEngine(PromptIds):
                 f"deployment {self.name!r}: cannot load a model from {path!r} ({exc}); "
                 "model_path must be a directory written by save_pretrained (config.json, "
                 "weights, tokenizer files)") from exc
-        self.model = model.to(self.device).eval()
+        # transformers types the wrapper of .to as unbound (its self the model).
+        self.model = model.to(self.device).eval()  # type: ignore[arg-type]
         # The prompt's pass needs the logits of its last position only: over a vocabulary of
         # 150k, all of them would take more memory than the rest of the batch.
         accepts = inspect.signature(model.forward).parameters
@@ -112,7 +114,8 @@ class TransformersEngine(PromptIds):
         # there, and goes in 5.40), `past_key_values` before.
         self._cache_arg = "cache" if "cache" in accepts else "past_key_values"
         cache_accepts = inspect.signature(DynamicCache.__init__).parameters
-        self._cache_options = {"config": model.config} if "config" in cache_accepts else {}
+        self._cache_options: dict[str, Any] = ({"config": model.config}
+                                               if "config" in cache_accepts else {})
         self.eos_ids = _eos_ids(self.tokenizer, model)
         if not self.eos_ids:
             raise ConfigError(f"deployment {self.name!r}: the model at {path!r} names no EOS "

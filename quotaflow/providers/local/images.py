@@ -52,7 +52,7 @@ def _data_url_bytes(image: ImageRef) -> bytes:
 def _fetched(image: ImageRef, timeout_s: float) -> bytes:
     try:
         with urllib.request.urlopen(image.url, timeout=timeout_s) as response:
-            data = response.read(MAX_IMAGE_BYTES + 1)
+            data: bytes = response.read(MAX_IMAGE_BYTES + 1)
     except urllib.error.HTTPError as exc:
         if exc.code < 500 and exc.code != 429:
             raise bad_request(f"{image.param}: fetching the image got HTTP {exc.code}",

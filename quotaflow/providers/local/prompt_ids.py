@@ -4,7 +4,7 @@ counts are the tokenizer's, the same whichever engine runs the model."""
 import threading
 from typing import Any
 
-from quotaflow.providers.local.requests import bad_request
+from quotaflow.providers.local.sampling import bad_request
 
 
 class PromptIds:
@@ -43,4 +43,5 @@ class PromptIds:
         backend = getattr(self.tokenizer, "backend_tokenizer", None)
         if backend is None:
             return list(self.tokenizer(text, add_special_tokens=special)["input_ids"])
-        return backend.encode(text, add_special_tokens=special).ids
+        ids: list[int] = backend.encode(text, add_special_tokens=special).ids
+        return ids

@@ -41,9 +41,8 @@ from quotaflow.providers.local.requests import (
     Generated,
     GenerationRequest,
     Part,
-    bad_request,
 )
-from quotaflow.providers.local.sampling import VLLM_APPLIES
+from quotaflow.providers.local.sampling import VLLM_APPLIES, bad_request
 from quotaflow.providers.local.vllm_options import (
     check_device,
     check_model_path,
@@ -133,7 +132,7 @@ class VllmEngine(PromptIds):
     async def _start(args: "AsyncEngineArgs") -> "AsyncLLM":
         return AsyncLLM.from_engine_args(args)
 
-    def _call(self, coroutine: Coroutine[Any, Any, Any]) -> Future:
+    def _call(self, coroutine: Coroutine[Any, Any, Any]) -> Future[Any]:
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop)
 
     def run_batch(self, kind: Hashable, payloads: Sequence[Any]) -> list[Any]:

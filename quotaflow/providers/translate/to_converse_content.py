@@ -164,7 +164,7 @@ def _tool_result(block: dict[str, Any], path: str) -> dict[str, Any]:
     only(block, path, {"type", "tool_use_id", "content", "is_error", "cache_control"})
     content = block.get("content")
     if isinstance(content, str):
-        parts = [{"text": content}]
+        parts: list[dict[str, Any]] = [{"text": content}]
     else:
         parts = []
         for n, part in enumerate(content or []):

@@ -10,6 +10,7 @@ Gemini does not fetch them. `cache_control` on a part is dropped: Gemini caches
 prompts by itself (explicit caches are objects of their own, not part of a request).
 """
 
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 import orjson
@@ -97,7 +98,7 @@ def _part(part: dict[str, Any], path: str) -> dict[str, Any]:
     raise refuse(path, f"a {kind!r} content part")
 
 
-def _only(part: dict[str, Any], path: str, keys: set[str]) -> None:
+def _only(part: dict[str, Any], path: str, keys: AbstractSet[str | None]) -> None:
     for key, value in part.items():
         if key not in keys and value is not None:
             raise refuse(f"{path}.{key}")
