@@ -28,6 +28,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
+from mock_provider.azure import AzureWire
 from mock_provider.shapes import chat_problem
 from quotaflow.constants import ENDPOINT_CHAT
 from quotaflow.providers.mock import simulated_body
@@ -78,7 +79,7 @@ def _answer(line: dict[str, Any]) -> dict[str, Any]:
 class AzureBatches:
     """Files and batches of Azure's Batch API; `wire` (azure.AzureWire) judges auth."""
 
-    def __init__(self, wire: Any, batch_seconds: float) -> None:
+    def __init__(self, wire: AzureWire, batch_seconds: float) -> None:
         self.wire, self.batch_seconds = wire, batch_seconds
         self.files: dict[str, bytes] = {}
         self.inputs: dict[str, list[dict[str, Any]]] = {}
