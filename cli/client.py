@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import orjson
 from httpx_sse import ServerSentEvent, SSEError, connect_sse
 
 from cli.exit_codes import FINAL
@@ -78,14 +79,15 @@ class ApiClient:
                    max_attempts: int | None = None, *, idempotency_key: str | None = None,
                    attempts: int = SUBMIT_ATTEMPTS, output_format: str | None = None,
                    dedup: bool | None = None,
-                   on_retry: Callable[[str], None] | None = None) -> dict[str, Any]:
+                   on_retry: Callable[[str], None] | None = None,
+                   filename: str | None = None) -> dict[str, Any]:
         """Upload the file as a job. The API answers once it has stored the whole file, so
         the answer may take minutes (the submit timeout); when it does not come, or the
         connection breaks, or the API says it is unavailable, the same upload is sent
         again with the same Idempotency-Key, which gets the job the first one made
         rather than a second job."""
         key = idempotency_key or new_idempotency_key()
-        options = {"queue": queue, "filename": path.name[:255]} | (
+        options = {"queue": queue, "filename": (filename or path.name)[:255]} | (
             {"metadata": metadata} if metadata else {})
         if max_attempts is not None:
             options["max_attempts"] = str(max_attempts)
@@ -237,6 +239,18 @@ class ApiClient:
                 yield from response.iter_bytes()
         except httpx.TransportError as exc:
             raise ServiceUnavailable(self._failure(exc)) from exc
+
+    def output_lines(self, job_id: str, errors: bool) -> Iterator[dict[str, Any]]:
+        """The job's result (or error) lines, parsed one at a time as they arrive."""
+        pending = b""
+        for chunk in self.stream_lines(job_id, errors):
+            pending += chunk
+            *lines, pending = pending.split(b"\n")
+            for line in lines:
+                if line.strip():
+                    yield orjson.loads(line)
+        if pending.strip():
+            yield orjson.loads(pending)
 
 
 def _raise_for_error(response: httpx.Response) -> None:

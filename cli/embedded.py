@@ -9,9 +9,8 @@ import asyncio
 import contextlib
 import signal
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import IO
 
 from sqlalchemy import select
 
@@ -30,15 +29,22 @@ from quotaflow.providers.local import close_engines, runner_for, shutting_down
 from quotaflow.results.output import iter_output
 from quotaflow.runtime import Runtime
 
+# The job's output lines: errors=False its results, errors=True its error lines.
+OutputLines = Callable[[bool], Iterator[str]]
+
 
 def uses_only_mock(deployments: Deployments) -> bool:
     return all(d.provider == MOCK_PROVIDER for d in deployments.deployments.values())
 
 
-def run_file(settings: Settings, input_path: Path, output: IO[str], errors_path: Path,
+def run_file(settings: Settings, input_path: Path, deliver: Callable[[OutputLines], None],
              queue: str, concurrency: int, dedup: bool | None = None,
-             quiet: bool = False) -> dict:
-    """Process the file and write results and errors; returns the final job object."""
+             quiet: bool = False, filename: str | None = None) -> dict:
+    """Process the file, hand its output to `deliver`; returns the final job object.
+
+    `deliver` gets a function of `errors` giving the job's result (or error) lines in
+    input order, each call on a session of its own, so that two may be read side by
+    side (a table out joins both to the input's rows)."""
     runtime = Runtime(settings, in_process=True, metrics=False)  # nothing serves them
     if uses_only_mock(runtime.deployments) and not quiet:
         stderr.print("[yellow]Using the built-in mock provider: every response is SIMULATED. "
@@ -50,7 +56,8 @@ def run_file(settings: Settings, input_path: Path, output: IO[str], errors_path:
     with input_path.open("rb") as handle:
         job = pipeline.create_job_in_process(
             sessions, handle, settings=settings, deployments=runtime.deployments,
-            dispatcher=dispatcher, queue=queue, filename=input_path.name, dedup=dedup)
+            dispatcher=dispatcher, queue=queue, filename=filename or input_path.name,
+            dedup=dedup)
     executor = runtime.executor
     with sessions() as session:
         pending = job_view.job_object(session, jobs.get_job(session, job.id))["request_counts"]
@@ -69,12 +76,13 @@ def run_file(settings: Settings, input_path: Path, output: IO[str], errors_path:
         raise KeyboardInterrupt from None
     finally:  # done or interrupted: a local model's engine ends now, not at exit
         _close_engines()
+
+    def lines(errors: bool) -> Iterator[str]:
+        with sessions() as session:
+            yield from iter_output(session, job.id, errors=errors)
+
+    deliver(lines)
     with sessions() as session:
-        for line in iter_output(session, job.id, errors=False):
-            output.write(line)
-        error_lines = list(iter_output(session, job.id, errors=True))
-        if error_lines:
-            errors_path.write_text("".join(error_lines), encoding="utf-8")
         return job_view.job_object(session, jobs.get_job(session, job.id))
 
 
