@@ -15,8 +15,7 @@ from typing import Any
 
 import click
 
-INPUT_KEY = "quotaflow_input"
-ID_COLUMN_KEY = "quotaflow_id_column"
+from quotaflow.tables import ID_COLUMN_KEY, INPUT_KEY
 
 
 def template_options(command: Callable[..., Any]) -> Callable[..., Any]:

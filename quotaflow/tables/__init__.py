@@ -4,3 +4,8 @@ its rows as a Parquet or CSV table. Plain data conversion, streamed a batch of r
 a time: no database, no server; `quotaflow submit`, `quotaflow run`, `quotaflow results`
 and the Python client call it on each side of the JSONL that ingest reads.
 """
+
+# What a job made from a table keeps in its metadata to find its rows again: the table's
+# path on the submitting machine, and its id column (none: rows are numbered from 1).
+INPUT_KEY = "quotaflow_input"
+ID_COLUMN_KEY = "quotaflow_id_column"
