@@ -113,8 +113,8 @@ class CsvSource(RowSource):
             schema = pa.schema([(name, pa.string()) for name in header])
             row_no = 0
             while True:
-                try:
-                    rows = list(itertools.islice(reader, BATCH_ROWS))
+                try:  # blank lines are no rows, as csv.DictReader has it
+                    rows = list(itertools.islice(filter(None, reader), BATCH_ROWS))
                 except (csv.Error, UnicodeDecodeError) as exc:
                     raise TableError(f"cannot read {self.name} as CSV near row "
                                      f"{reader.line_num - 1}: {exc}") from None

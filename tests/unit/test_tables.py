@@ -54,7 +54,7 @@ def test_each_format_gives_one_chat_line_per_row_in_order(tmp_path: Path, kind: 
 
 def test_the_id_column_names_each_line_and_csv_keeps_text_as_written(tmp_path: Path) -> None:
     path = tmp_path / "zips.csv"
-    path.write_text("zip,city\n01234,Nowhere\n98765,Elsewhere\n")
+    path.write_text("zip,city\n01234,Nowhere\n\n98765,Elsewhere\n\n")  # blank: no row
     lines = lines_of(open_table(path), "{{ city }} {{ zip }}", id_column="zip")
     assert [(line["custom_id"], line["body"]["messages"][0]["content"]) for line in lines] == [
         ("01234", "Nowhere 01234"), ("98765", "Elsewhere 98765")]
