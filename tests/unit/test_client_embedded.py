@@ -47,7 +47,7 @@ def test_a_table_file_and_its_id_column(client: Client, tmp_path: Path) -> None:
     out = job.to_table(tmp_path / "out.csv")
     assert out.read_text().splitlines()[0].startswith('"key","text","custom_id"')
     again = client.jobs.get(job.id)  # read by id: its rows found by its metadata
-    assert [r["custom_id"] for r in again.results()] == ["k1", "k2"]
+    assert [(r["key"], r["text"]) for r in again.results()] == [("k1", "a"), ("k2", "b")]
 
 
 def test_a_dataframe_and_the_async_client(client: Client) -> None:
