@@ -6,8 +6,9 @@ from quotaflow_client.http import (
     IDEMPOTENCY_HEADER,
     ApiClient,
     _raise_for_error,
+    count_lines,
     new_idempotency_key,
 )
 
 __all__ = ["ERROR_BY_STATUS", "IDEMPOTENCY_HEADER", "ApiClient", "_raise_for_error",
-           "new_idempotency_key"]
+           "count_lines", "new_idempotency_key"]

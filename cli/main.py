@@ -12,7 +12,7 @@ import click
 import orjson
 
 from cli import exit_codes
-from cli.client import ApiClient
+from cli.client import ApiClient, count_lines
 from cli.common import (
     DEDUP_OPTION,
     JSON_OPTION,
@@ -150,14 +150,18 @@ def submit(input_file: Path, queue: str, metadata: str | None, max_attempts: int
     settings = get_settings()
     choice = TemplateChoice(**shaping)
     api = client(submit_timeout=timeout or settings.submit_timeout_s)
-    with requests_for(input_file, choice) as requests:
+    with requests_for(input_file, choice) as requests, request_progress(quiet) as progress:
+        total = count_lines(requests)
+        task = progress.add_task(f"sending {input_file.name}", total=total, unit="lines")
         job = api.create_job(requests, queue,
                              merged_metadata(metadata, choice.metadata(input_file)),
                              max_attempts, idempotency_key=idempotency_key,
                              output_format=output_format, dedup=dedup,
                              on_retry=None if quiet else
                              lambda note: click.echo(f"note: {note}", err=True),
-                             filename=input_file.name)
+                             filename=input_file.name,
+                             on_sent=lambda lines: progress.update(task, completed=lines))
+        progress.update(task, completed=total, description=f"{job['id']} stored")
     if as_json:
         print_json(job)
     elif not quiet:
@@ -220,26 +224,48 @@ def _watch(api: ApiClient, job: dict, quiet: bool) -> dict:
               type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="For a table out: the table the job was made from (default: the one "
                    "its metadata names, where it is on this machine).")
-def results(job_id: str, output: Path, input_table: Path | None) -> None:
+@QUIET_OPTION
+def results(job_id: str, output: Path, input_table: Path | None, quiet: bool) -> None:
     """Download a job's result lines (in input order; partial while it runs)."""
     api = client()
+    job = api.get_job(job_id)
     if str(output) != "-" and is_table(output):
-        table, id_column = results_input(api.get_job(job_id), input_table)
-        write_table(output, table, id_column, api.output_lines(job_id, errors=False),
-                    api.output_lines(job_id, errors=True))
+        table, id_column = results_input(job, input_table)
+        with request_progress(quiet) as progress:
+            task = progress.add_task(f"{job_id} rows", total=job["request_counts"]["total"],
+                                     unit="rows")
+            rows = write_table(output, table, id_column, api.output_lines(job_id, errors=False),
+                               api.output_lines(job_id, errors=True),
+                               on_rows=lambda done: progress.update(task, completed=done))
+            progress.update(task, completed=rows)
         return
-    with click.open_file(str(output), "wb") as out:
-        for chunk in api.stream_lines(job_id, errors=False):
-            out.write(chunk)
+    _download(api, job, output, errors=False, quiet=quiet)
 
 
 @cli.command()
 @click.argument("job_id")
-@click.option("-o", "--output", type=click.File("wb"), default="-", help="Default: stdout.")
-def errors(job_id: str, output: IO[bytes]) -> None:
+@click.option("-o", "--output", type=click.Path(dir_okay=False, allow_dash=True, path_type=Path),
+              default="-", help="Default: stdout.")
+@QUIET_OPTION
+def errors(job_id: str, output: Path, quiet: bool) -> None:
     """Download a job's error lines: invalid lines, failed and cancelled requests."""
-    for chunk in client().stream_lines(job_id, errors=True):
-        output.write(chunk)
+    api = client()
+    _download(api, api.get_job(job_id), output, errors=True, quiet=quiet)
+
+
+def _download(api: ApiClient, job: dict, output: Path, errors: bool, quiet: bool) -> None:
+    """The job's lines to OUTPUT as they arrive, with the lines received as progress
+    (out of the lines ended so far: results are partial while a job runs)."""
+    counts = job["request_counts"]
+    expected = counts["failed"] if errors else counts["completed"]
+    received = 0
+    with click.open_file(str(output), "wb") as out, request_progress(quiet) as progress:
+        task = progress.add_task(f"{job['id']} {'errors' if errors else 'results'}",
+                                 total=expected, unit="lines")
+        for chunk in api.stream_lines(job["id"], errors=errors):
+            out.write(chunk)
+            received += chunk.count(b"\n")
+            progress.update(task, completed=received)
 
 
 @cli.command()

@@ -103,8 +103,10 @@ def merged_metadata(given: str | None, kept: dict[str, str]) -> str | None:
 
 
 def write_table(out: Path, input_file: Path, id_column: str | None,
-                results: Iterable[dict[str, Any]], errors: Iterable[dict[str, Any]]) -> int:
-    """The input's rows and their answers written to OUT (.parquet or .csv); the rows."""
+                results: Iterable[dict[str, Any]], errors: Iterable[dict[str, Any]],
+                on_rows: Callable[[int], None] | None = None) -> int:
+    """The input's rows and their answers written to OUT (.parquet or .csv); the rows.
+    `on_rows` hears the rows written so far, after each batch."""
     from quotaflow.tables.join import joined_batches
     from quotaflow.tables.sinks import TableSink
     from quotaflow.tables.sources import open_table
@@ -112,6 +114,8 @@ def write_table(out: Path, input_file: Path, id_column: str | None,
     with TableSink(out) as sink:
         for batch in joined_batches(open_table(input_file), id_column, results, errors):
             sink.write(batch)
+            if on_rows is not None:
+                on_rows(sink.rows)
     return sink.rows
 
 

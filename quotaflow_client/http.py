@@ -8,7 +8,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import httpx
 import orjson
@@ -97,7 +97,8 @@ class ApiClient:
                    attempts: int = SUBMIT_ATTEMPTS, output_format: str | None = None,
                    dedup: bool | None = None,
                    on_retry: Callable[[str], None] | None = None,
-                   filename: str | None = None) -> dict[str, Any]:
+                   filename: str | None = None,
+                   on_sent: Callable[[int], None] | None = None) -> dict[str, Any]:
         """Upload the file as a job. The API answers once it has stored the whole file, so
         the answer may take minutes (the submit timeout); when it does not come, or the
         connection breaks, or the API says it is unavailable, the same upload is sent
@@ -120,7 +121,8 @@ class ApiClient:
                     # The file as the body (POST /jobs/jsonl): the API stores its lines
                     # as they arrive, where a form is received whole first.
                     response = self._http.post(
-                        "/jobs/jsonl", content=handle, params=options,
+                        "/jobs/jsonl", params=options,
+                        content=handle if on_sent is None else _Counted(handle, on_sent),
                         headers={IDEMPOTENCY_HEADER: key, "Content-Type": JSONL},
                         timeout=timeout)
             except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
@@ -144,7 +146,8 @@ class ApiClient:
                 time.sleep(min(2.0 ** (attempt - 1), 10.0))
         raise ServiceUnavailable(
             f"{reason} ({attempts} attempts). The API may still make the job: "
-            f"`quotaflow submit {path} --idempotency-key {key}` returns it once it exists, "
+            f"`quotaflow submit {filename or path} ... --idempotency-key {key}` returns it "
+            "once it exists, "
             "without making a second one")
 
     def estimate(self, path: Path, queue: str) -> dict[str, Any]:
@@ -268,6 +271,38 @@ class ApiClient:
                     yield orjson.loads(line)
         if pending.strip():
             yield orjson.loads(pending)
+
+
+class _Counted:
+    """A file sent as a body, telling `on_sent` how many lines have gone each time a
+    piece is read (from 0 again when a retry sends it anew). Its fileno gives httpx the
+    length, so the body keeps its Content-Length."""
+
+    def __init__(self, handle: IO[bytes], on_sent: Callable[[int], None]) -> None:
+        self._handle, self._on_sent, self._lines = handle, on_sent, 0
+        on_sent(0)
+
+    def fileno(self) -> int:
+        return self._handle.fileno()
+
+    def read(self, size: int = -1) -> bytes:
+        piece = self._handle.read(size)
+        self._lines += piece.count(b"\n")
+        self._on_sent(self._lines)
+        return piece
+
+    def __iter__(self) -> Iterator[bytes]:
+        while piece := self.read(64 * 1024):
+            yield piece
+
+
+def count_lines(path: Path) -> int:
+    """Lines in a file, read a MiB at a time: the total a submit's progress shows."""
+    count = 0
+    with path.open("rb") as handle:
+        while piece := handle.read(1 << 20):
+            count += piece.count(b"\n")
+    return count
 
 
 def _raise_for_error(response: httpx.Response) -> None:

@@ -30,11 +30,13 @@ stderr = Console(stderr=True)
 
 
 class RateColumn(ProgressColumn):
-    """Requests per second, as rich measures the task's speed."""
+    """Requests per second (or the task's own `unit`: lines), as rich measures its speed."""
 
     def render(self, task: Task) -> Text:
         speed = task.finished_speed or task.speed
-        return Text("-- req/s" if speed is None else f"{speed:,.1f} req/s", style="cyan")
+        unit = task.fields.get("unit", "req")
+        return Text(f"-- {unit}/s" if speed is None else f"{speed:,.1f} {unit}/s",
+                    style="cyan")
 
 
 def bar_progress() -> Progress:
@@ -80,11 +82,12 @@ class LineProgress:
             if task["line"] != self.line(task_id):  # the last state, unless just written
                 self._write(task_id)
 
-    def add_task(self, description: str, total: float | None = None) -> TaskID:
+    def add_task(self, description: str, total: float | None = None,
+                 unit: str = "req") -> TaskID:
         task_id = TaskID(len(self._tasks))
         now = self._clock()
         self._tasks[task_id] = {"description": description, "total": total, "done": 0.0,
-                                "started": now, "written": now, "line": None}
+                                "started": now, "written": now, "line": None, "unit": unit}
         return task_id
 
     def update(self, task_id: TaskID, completed: float | None = None,
@@ -110,7 +113,7 @@ class LineProgress:
         text = f"{task['description']}: {done:,}"
         if total:
             text += f"/{int(total):,} ({done / total:.1%})"
-        text += f", {rate:,.1f} req/s"
+        text += f", {rate:,.1f} {task['unit']}/s"
         if total and done >= total:
             text += f", done in {eta_text(elapsed)}"
         elif total and rate > 0:

@@ -73,6 +73,9 @@ def test_a_parquet_table_submitted_and_its_answers_joined_back(cluster: Cluster)
     assert submitted.returncode == 0, submitted.stderr
     job = json.loads(submitted.stdout)
     assert job["request_counts"]["total"] == 40 and job["metadata"]["quotaflow_input"]
+    # no terminal: the upload's progress as plain lines, in lines sent
+    assert f"{job['id']} stored: 40/40 (100.0%), " in submitted.stderr, submitted.stderr
+    assert " lines/s" in submitted.stderr and "\x1b" not in submitted.stderr
     watched = cluster.cli("status", job["id"], "--watch", "--quiet")
     assert watched.returncode == 0, watched.stderr
     got = cluster.cli("results", job["id"], "-o", "out.parquet")  # rows found by metadata
@@ -90,8 +93,12 @@ def test_a_parquet_table_submitted_and_its_answers_joined_back(cluster: Cluster)
     assert as_csv.returncode == 0, as_csv.stderr
     with (cluster.workdir / "out.csv").open(newline="") as handle:
         assert [r["review_id"] for r in csv.DictReader(handle)] == ids
-    plain = cluster.cli("results", job["id"])  # JSONL as before
+    assert f"{job['id']} rows: 40/40 (100.0%)" in got.stderr, got.stderr
+    plain = cluster.cli("results", job["id"])  # JSONL as before, lines received on stderr
     assert [json.loads(line)["custom_id"] for line in plain.stdout.splitlines()] == ids
+    assert f"{job['id']} results: 40/40 (100.0%), " in plain.stderr, plain.stderr
+    quiet = cluster.cli("errors", job["id"], "--quiet")
+    assert (quiet.returncode, quiet.stdout, quiet.stderr) == (0, "", "")
 
 
 def test_a_failing_row_submits_nothing(cluster: Cluster) -> None:

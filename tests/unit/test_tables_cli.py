@@ -10,9 +10,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from cli import exit_codes
-from cli.client import ApiClient
+from cli.client import ApiClient, count_lines
 from cli.main import main
 from quotaflow.config import get_settings
+from quotaflow_client.http import _Counted
 
 
 @pytest.fixture
@@ -111,3 +112,14 @@ def test_a_good_table_is_sent_as_requests_with_where_it_came_from(
     assert '"quotaflow_input": "' + str(table.resolve()) + '"' in args[1]
     assert '"team": "t"' in args[1] and '"quotaflow_id_column": "id"' in args[1]
     assert bodies[0].count(b"\n") == 2 and b'"custom_id":"a"' in bodies[0]
+
+
+def test_an_upload_tells_the_lines_it_has_sent(tmp_path: Path) -> None:
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(b'{"prompt": "a"}\n' * 50_000)
+    seen: list[int] = []
+    with path.open("rb") as handle:
+        sent = b"".join(_Counted(handle, seen.append))
+    assert sent == path.read_bytes() and seen[0] == 0 and seen[-1] == 50_000
+    assert seen == sorted(seen) and len(seen) > 2  # piece by piece, not once at the end
+    assert count_lines(path) == 50_000
