@@ -6,9 +6,8 @@ from quotaflow_client.http import (
     IDEMPOTENCY_HEADER,
     ApiClient,
     _raise_for_error,
-    count_lines,
     new_idempotency_key,
 )
 
 __all__ = ["ERROR_BY_STATUS", "IDEMPOTENCY_HEADER", "ApiClient", "_raise_for_error",
-           "count_lines", "new_idempotency_key"]
+           "new_idempotency_key"]

@@ -12,7 +12,7 @@ import click
 import orjson
 
 from cli import exit_codes
-from cli.client import ApiClient, count_lines
+from cli.client import ApiClient
 from cli.common import (
     DEDUP_OPTION,
     JSON_OPTION,
@@ -28,7 +28,6 @@ from cli.tables import (
     is_table,
     merged_metadata,
     requests_for,
-    results_input,
     template_options,
     write_table,
 )
@@ -36,6 +35,7 @@ from quotaflow.config import get_settings
 from quotaflow.deployments.pricing import money
 from quotaflow.errors import QuotaflowError
 from quotaflow.observe import logs
+from quotaflow_client.uploads import count_lines
 
 if TYPE_CHECKING:
     from cli.embedded import OutputLines
@@ -217,59 +217,6 @@ def _watch(api: ApiClient, job: dict, quiet: bool) -> dict:
 
 @cli.command()
 @click.argument("job_id")
-@click.option("-o", "--output", type=click.Path(dir_okay=False, allow_dash=True, path_type=Path),
-              default="-", help="Default: stdout; a .parquet or .csv file: the input table's "
-                                "rows with their answers (docs/formats/tables.md).")
-@click.option("--input", "input_table", metavar="TABLE",
-              type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="For a table out: the table the job was made from (default: the one "
-                   "its metadata names, where it is on this machine).")
-@QUIET_OPTION
-def results(job_id: str, output: Path, input_table: Path | None, quiet: bool) -> None:
-    """Download a job's result lines (in input order; partial while it runs)."""
-    api = client()
-    job = api.get_job(job_id)
-    if str(output) != "-" and is_table(output):
-        table, id_column = results_input(job, input_table)
-        with request_progress(quiet) as progress:
-            task = progress.add_task(f"{job_id} rows", total=job["request_counts"]["total"],
-                                     unit="rows")
-            rows = write_table(output, table, id_column, api.output_lines(job_id, errors=False),
-                               api.output_lines(job_id, errors=True),
-                               on_rows=lambda done: progress.update(task, completed=done))
-            progress.update(task, completed=rows)
-        return
-    _download(api, job, output, errors=False, quiet=quiet)
-
-
-@cli.command()
-@click.argument("job_id")
-@click.option("-o", "--output", type=click.Path(dir_okay=False, allow_dash=True, path_type=Path),
-              default="-", help="Default: stdout.")
-@QUIET_OPTION
-def errors(job_id: str, output: Path, quiet: bool) -> None:
-    """Download a job's error lines: invalid lines, failed and cancelled requests."""
-    api = client()
-    _download(api, api.get_job(job_id), output, errors=True, quiet=quiet)
-
-
-def _download(api: ApiClient, job: dict, output: Path, errors: bool, quiet: bool) -> None:
-    """The job's lines to OUTPUT as they arrive, with the lines received as progress
-    (out of the lines ended so far: results are partial while a job runs)."""
-    counts = job["request_counts"]
-    expected = counts["failed"] if errors else counts["completed"]
-    received = 0
-    with click.open_file(str(output), "wb") as out, request_progress(quiet) as progress:
-        task = progress.add_task(f"{job['id']} {'errors' if errors else 'results'}",
-                                 total=expected, unit="lines")
-        for chunk in api.stream_lines(job["id"], errors=errors):
-            out.write(chunk)
-            received += chunk.count(b"\n")
-            progress.update(task, completed=received)
-
-
-@cli.command()
-@click.argument("job_id")
 @click.option("-o", "--output", type=click.File("w", encoding="utf-8"), default="-",
               help="Where the page goes (default: stdout), e.g. report.html.")
 def report(job_id: str, output: IO[str]) -> None:
@@ -339,8 +286,9 @@ def cost_text(cost: dict | None) -> str:
     return money(cost["total"], cost["currency"]) + ("" if cost.get("complete") else " +?")
 
 
-from cli import estimate, keys, limits, services, webhooks  # noqa: E402  (registers them)
+from cli import downloads, estimate, keys, limits, services, webhooks  # noqa: E402  (registers them)
 
+downloads.register(cli)
 services.register(cli)
 limits.register(cli)
 keys.register(cli)

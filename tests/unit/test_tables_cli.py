@@ -10,10 +10,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from cli import exit_codes
-from cli.client import ApiClient, count_lines
+from cli.client import ApiClient
 from cli.main import main
 from quotaflow.config import get_settings
-from quotaflow_client.http import _Counted
+from quotaflow_client.uploads import Counted, count_lines
 
 
 @pytest.fixture
@@ -119,7 +119,7 @@ def test_an_upload_tells_the_lines_it_has_sent(tmp_path: Path) -> None:
     path.write_bytes(b'{"prompt": "a"}\n' * 50_000)
     seen: list[int] = []
     with path.open("rb") as handle:
-        sent = b"".join(_Counted(handle, seen.append))
+        sent = b"".join(Counted(handle, seen.append))
     assert sent == path.read_bytes() and seen[0] == 0 and seen[-1] == 50_000
     assert seen == sorted(seen) and len(seen) > 2  # piece by piece, not once at the end
     assert count_lines(path) == 50_000
