@@ -20,13 +20,18 @@ from cli.tables import is_table, results_input, write_table
               type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="For a table out: the table the job was made from (default: the one "
                    "its metadata names, where it is on this machine).")
+@click.option("--id-column", metavar="COLUMN",
+              help="For a table out: the column that holds each row's custom_id (default: "
+                   "the job's --id-column; custom_id for a JSONL file of requests).")
 @QUIET_OPTION
-def results(job_id: str, output: Path, input_table: Path | None, quiet: bool) -> None:
+def results(job_id: str, output: Path, input_table: Path | None, id_column: str | None,
+            quiet: bool) -> None:
     """Download a job's result lines (in input order; partial while it runs)."""
     api = client()
     job = api.get_job(job_id)
     if str(output) != "-" and is_table(output):
-        table, id_column = results_input(job, input_table)
+        table, kept_column = results_input(job, input_table)
+        id_column = id_column or kept_column
         with request_progress(quiet) as progress:
             task = progress.add_task(f"{job_id} rows", total=job["request_counts"]["total"],
                                      unit="rows")

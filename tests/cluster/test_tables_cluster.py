@@ -151,3 +151,24 @@ def test_run_a_csv_to_a_parquet_table(tmp_path: Path) -> None:
         ("c2", "Lima", "c2", "simulated reply to: Weather in Lima"),
         ("c3", "Pune", "c3", "simulated reply to: Weather in Pune")]
     assert not (tmp_path / "out.errors.jsonl").exists()
+
+
+def test_a_jsonl_file_of_requests_gets_its_answers_as_a_table(cluster: Cluster) -> None:
+    requests = cluster.workdir / "requests.jsonl"
+    requests.write_text("".join(json.dumps(
+        {"custom_id": f"q{i}", "method": "POST", "url": "/v1/chat/completions",
+         "body": {"model": "fast", "messages": [{"role": "user", "content": f"hi {i}"}]}})
+        + "\n" for i in range(5)))
+    submitted = cluster.cli("submit", str(requests), "--json")
+    assert submitted.returncode == 0, submitted.stderr
+    job = json.loads(submitted.stdout)
+    assert cluster.cli("status", job["id"], "--watch", "--quiet").returncode == 0
+    unknown = cluster.cli("results", job["id"], "-o", "plain.parquet")
+    assert unknown.returncode == 2 and "give --input TABLE" in unknown.stderr
+    got = cluster.cli("results", job["id"], "-o", "plain.parquet", "--input", str(requests),
+                      "--id-column", "custom_id")
+    assert got.returncode == 0, got.stderr
+    rows = pq.read_table(cluster.workdir / "plain.parquet").to_pylist()
+    assert [(r["custom_id"], r["body"]["messages"][0]["content"], r["response_text"])
+            for r in rows] == [(f"q{i}", f"hi {i}", f"simulated reply to: hi {i}")
+                               for i in range(5)]
