@@ -194,7 +194,7 @@ def rows_source(rows: Any) -> RowSource:
     DataFrame (neither is a dependency: each is recognised by what it offers)."""
     if isinstance(rows, pa.Table):
         return MemoryRows(rows)
-    if hasattr(rows, "to_arrow"):  # polars, a Hugging Face datasets.Dataset's table
+    if hasattr(rows, "to_arrow"):  # a polars DataFrame
         return MemoryRows(rows.to_arrow())
     if type(rows).__module__.startswith("pandas"):
         return MemoryRows(pa.Table.from_pandas(rows, preserve_index=False))

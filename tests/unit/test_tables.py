@@ -155,12 +155,16 @@ def test_response_format_from_a_bare_schema_or_openais_own_form() -> None:
     assert line["body"]["response_format"]["json_schema"]["schema"] == schema
 
 
-def test_dataframes_and_arrow_tables_are_rows_too() -> None:
+def test_an_arrow_table_is_rows_too() -> None:
     table = pa.Table.from_pylist(ROWS)
     assert [line["custom_id"] for line in lines_of(rows_source(table), "{{ text }}",
                                                    id_column="id")] == ["a", "b"]
-    pandas = pytest.importorskip("pandas")
-    frame = pandas.DataFrame(ROWS)
+
+
+@pytest.mark.parametrize("library", ["pandas", "polars"])
+def test_a_dataframe_is_rows_too(library: str) -> None:
+    frames = pytest.importorskip(library)  # neither is a dependency
+    frame = frames.DataFrame(ROWS)
     assert [line["body"]["messages"][0]["content"]
             for line in lines_of(rows_source(frame), "{{ text }} {{ n }}")] == [
         "hello 1", "world 2"]
