@@ -151,7 +151,7 @@ def submit(input_file: Path, queue: str, metadata: str | None, max_attempts: int
     choice = TemplateChoice(**shaping)
     api = client(submit_timeout=timeout or settings.submit_timeout_s)
     with requests_for(input_file, choice) as requests, request_progress(quiet) as progress:
-        total = count_lines(requests)
+        total = None if quiet else count_lines(requests)  # a read of the file, for the bar
         task = progress.add_task(f"sending {input_file.name}", total=total, unit="lines")
         job = api.create_job(requests, queue,
                              merged_metadata(metadata, choice.metadata(input_file)),
@@ -161,7 +161,8 @@ def submit(input_file: Path, queue: str, metadata: str | None, max_attempts: int
                              lambda note: click.echo(f"note: {note}", err=True),
                              filename=input_file.name,
                              on_sent=lambda lines: progress.update(task, completed=lines))
-        progress.update(task, completed=total, description=f"{job['id']} stored")
+        if total is not None:
+            progress.update(task, completed=total, description=f"{job['id']} stored")
     if as_json:
         print_json(job)
     elif not quiet:
