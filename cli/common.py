@@ -25,10 +25,7 @@ def print_json(value: object) -> None:
 
 
 def client(submit_timeout: float | None = None) -> ApiClient:
-    settings = get_settings()
-    key = settings.api_key.get_secret_value() if settings.api_key else None
-    return ApiClient(settings.api_url, api_key=key,
-                     submit_timeout=submit_timeout or settings.submit_timeout_s)
+    return ApiClient.from_settings(get_settings(), submit_timeout)
 
 
 DEDUP_OPTION = click.option(

@@ -9,6 +9,7 @@ before a service can start (78, sysexits' EX_CONFIG). Anything else quotaflow re
 
 from typing import Any
 
+from quotaflow.constants import FINAL_STATUSES
 from quotaflow.errors import (
     ConfigError,
     InvalidRequest,
@@ -25,7 +26,7 @@ CONFIG = 78
 ABORTED = 130
 
 # Job statuses that end a job; `completed` with no failed line is the only success.
-FINAL = ("completed", "failed", "expired", "cancelled")
+FINAL = FINAL_STATUSES
 
 
 def for_error(exc: QuotaflowError) -> int:

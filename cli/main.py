@@ -6,9 +6,10 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import click
+import orjson
 
 from cli import exit_codes
 from cli.client import ApiClient
@@ -22,10 +23,22 @@ from cli.common import (
 )
 from cli.exit_codes import FINAL
 from cli.progress import request_progress
+from cli.tables import (
+    TemplateChoice,
+    is_table,
+    merged_metadata,
+    requests_for,
+    template_options,
+    write_table,
+)
 from quotaflow.config import get_settings
 from quotaflow.deployments.pricing import money
 from quotaflow.errors import QuotaflowError
 from quotaflow.observe import logs
+from quotaflow_client.uploads import count_lines
+
+if TYPE_CHECKING:
+    from cli.embedded import OutputLines
 
 
 @click.group()
@@ -39,8 +52,10 @@ def cli() -> None:
 
 @cli.command()
 @click.argument("input_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("-o", "--output", type=click.File("w", encoding="utf-8"), default="-",
-              help="Where result lines go (default: standard output).")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, allow_dash=True, path_type=Path),
+              default="-",
+              help="Where result lines go (default: standard output); a .parquet or .csv "
+                   "file: the input's rows with their answers (docs/formats/tables.md).")
 @click.option("--errors", "errors_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Where error lines go (default: OUTPUT with .errors.jsonl).")
 @QUEUE_OPTION
@@ -51,22 +66,43 @@ def cli() -> None:
 @click.option("--json", "as_json", is_flag=True,
               help="Print the ended job object as JSON on standard output (needs -o FILE "
                    "for the results).")
-def run(input_file: Path, output: IO[str], errors_path: Path | None, queue: str,
-        concurrency: int, dedup: bool | None, quiet: bool, as_json: bool) -> None:
+@template_options
+def run(input_file: Path, output: Path, errors_path: Path | None, queue: str,
+        concurrency: int, dedup: bool | None, quiet: bool, as_json: bool,
+        **shaping: Any) -> None:
     """Process INPUT_FILE in this process (no broker, no server) and write the results.
 
-    Exits 0 when every line succeeded, 3 when some failed (their error lines are written),
-    2 when the file is refused as a whole."""
-    if as_json and output.name == "<stdout>":
+    INPUT_FILE is a JSONL file of requests, or with --template a table whose rows become
+    requests. Exits 0 when every line succeeded, 3 when some failed (their error lines
+    are written), 2 when the file is refused as a whole."""
+    to_stdout = str(output) == "-"
+    if as_json and to_stdout:
         raise click.UsageError("--json prints the job object on standard output: give "
                                "-o FILE for the results")
+    choice = TemplateChoice(**shaping)
+    table_out = not to_stdout and is_table(output)
+    if table_out and choice.template is None:
+        raise click.UsageError(f"{output.name} is a table out: it joins the answers to a "
+                               "table's rows, so give --template too")
     if errors_path is None:
-        base = Path(output.name) if output.name != "<stdout>" else input_file
+        base = input_file if to_stdout else output
         errors_path = base.with_name(base.stem + ".errors.jsonl")
     from cli.embedded import run_file  # the whole engine: only this command needs it
 
-    job = run_file(get_settings(), input_file, output, errors_path, queue, concurrency,
-                   dedup=dedup, quiet=quiet)
+    def deliver(lines: "OutputLines") -> None:
+        if table_out:
+            write_table(output, input_file, choice.id_column,
+                        map(orjson.loads, lines(False)), map(orjson.loads, lines(True)))
+        else:
+            with click.open_file(str(output), "w", encoding="utf-8") as out:
+                out.writelines(lines(False))
+        error_lines = list(lines(True))
+        if error_lines:
+            errors_path.write_text("".join(error_lines), encoding="utf-8")
+
+    with requests_for(input_file, choice) as requests:
+        job = run_file(get_settings(), requests, deliver, queue, concurrency,
+                       dedup=dedup, quiet=quiet, filename=input_file.name)
     counts = job["request_counts"]
     if as_json:
         print_json(job)
@@ -98,22 +134,35 @@ def run(input_file: Path, output: IO[str], errors_path: Path | None, queue: str,
 @DEDUP_OPTION
 @QUIET_OPTION
 @JSON_OPTION
+@template_options
 def submit(input_file: Path, queue: str, metadata: str | None, max_attempts: int | None,
            idempotency_key: str | None, timeout: float | None,
-           output_format: str | None, dedup: bool | None, quiet: bool, as_json: bool) -> None:
+           output_format: str | None, dedup: bool | None, quiet: bool, as_json: bool,
+           **shaping: Any) -> None:
     """Upload INPUT_FILE to the API as a new job and print its id.
 
-    The API answers once the whole file is stored (a million lines take tens of
-    seconds); a retry after a timeout or a broken connection reuses the key, so
-    it never makes a second job.
+    INPUT_FILE is a JSONL file of requests, or with --template a table whose rows become
+    requests (every row is made into its request before anything is sent). The API
+    answers once the whole file is stored (a million lines take tens of seconds); a
+    retry after a timeout or a broken connection reuses the key, so it never makes a
+    second job.
     """
     settings = get_settings()
+    choice = TemplateChoice(**shaping)
     api = client(submit_timeout=timeout or settings.submit_timeout_s)
-    job = api.create_job(input_file, queue, metadata, max_attempts,
-                         idempotency_key=idempotency_key, output_format=output_format,
-                         dedup=dedup,
-                         on_retry=None if quiet else
-                         lambda note: click.echo(f"note: {note}", err=True))
+    with requests_for(input_file, choice) as requests, request_progress(quiet) as progress:
+        total = None if quiet else count_lines(requests)  # a read of the file, for the bar
+        task = progress.add_task(f"sending {input_file.name}", total=total, unit="lines")
+        job = api.create_job(requests, queue,
+                             merged_metadata(metadata, choice.metadata(input_file)),
+                             max_attempts, idempotency_key=idempotency_key,
+                             output_format=output_format, dedup=dedup,
+                             on_retry=None if quiet else
+                             lambda note: click.echo(f"note: {note}", err=True),
+                             filename=input_file.name,
+                             on_sent=lambda lines: progress.update(task, completed=lines))
+        if total is not None:
+            progress.update(task, completed=total, description=f"{job['id']} stored")
     if as_json:
         print_json(job)
     elif not quiet:
@@ -165,24 +214,6 @@ def _watch(api: ApiClient, job: dict[str, Any], quiet: bool) -> dict[str, Any]:
             progress.update(task, completed=counts["completed"] + counts["failed"],
                             description=f"{job['id']} {job['status']}")
         return job
-
-
-@cli.command()
-@click.argument("job_id")
-@click.option("-o", "--output", type=click.File("wb"), default="-", help="Default: stdout.")
-def results(job_id: str, output: IO[bytes]) -> None:
-    """Download a job's result lines (in input order; partial while it runs)."""
-    for chunk in client().stream_lines(job_id, errors=False):
-        output.write(chunk)
-
-
-@cli.command()
-@click.argument("job_id")
-@click.option("-o", "--output", type=click.File("wb"), default="-", help="Default: stdout.")
-def errors(job_id: str, output: IO[bytes]) -> None:
-    """Download a job's error lines: invalid lines, failed and cancelled requests."""
-    for chunk in client().stream_lines(job_id, errors=True):
-        output.write(chunk)
 
 
 @cli.command()
@@ -256,8 +287,9 @@ def cost_text(cost: dict[str, Any] | None) -> str:
     return money(cost["total"], cost["currency"]) + ("" if cost.get("complete") else " +?")
 
 
-from cli import estimate, keys, limits, services, webhooks  # noqa: E402  (registers them)
+from cli import downloads, estimate, keys, limits, services, webhooks  # noqa: E402  (registers them)
 
+downloads.register(cli)
 services.register(cli)
 limits.register(cli)
 keys.register(cli)

@@ -11,6 +11,9 @@ QUEUE_STANDARD: Final = "standard"
 QUEUE_BULK: Final = "bulk"
 QUEUES: Final = (QUEUE_REALTIME, QUEUE_STANDARD, QUEUE_BULK)
 DEFAULT_QUEUE: Final = QUEUE_STANDARD
+# Job statuses that end a job (models.JobStatus.FINAL, as the API reports them), for the
+# clients that follow a job over HTTP without the models.
+FINAL_STATUSES: Final = ("completed", "failed", "expired", "cancelled")
 
 # A local deployment's batches go to queues of their own, consumed only by the workers
 # that hold its model (`quotaflow worker --deployment NAME`): local.NAME.PRIORITY.

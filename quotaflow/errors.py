@@ -6,6 +6,9 @@
     │   ├── InvalidParameter   one parameter of a request is unusable (it is named)
     │   │   └── Untranslatable one field has no equivalent at the deployment's provider family
     │   ├── InputFileError     an uploaded JSONL file is rejected as a whole
+    │   ├── TableError         a table (CSV, Parquet, JSONL rows) cannot be read or used
+    │   │   └── RowError       one row cannot become a request (its row and column named)
+    │   ├── TemplateError      a prompt template does not compile
     │   ├── FileTooLarge       an upload is over QUOTAFLOW_MAX_UPLOAD_BYTES (HTTP 413)
     │   └── RequestTooLarge    a request costs more tokens than its deployment ever admits
     ├── NotFound               no such object, or not the caller's tenant's (HTTP 404)
@@ -77,6 +80,26 @@ class InputFileError(InvalidRequest):
         if more > 0:
             shown.append(f"  ... and {more} more")
         return "\n".join([self.message, *shown])
+
+
+class TableError(InvalidRequest):
+    """A table given as input (or to join answers to) cannot be read or used as given:
+    an unreadable file, an unknown format, a missing id column. Nothing was submitted."""
+
+
+class RowError(TableError):
+    """One row of a table cannot become a request: `row` is its number (1 for the first
+    row after a header) and `column` the column at fault, where one is."""
+
+    def __init__(self, row: int, column: str | None, message: str) -> None:
+        where = f"row {row}" + (f", column {column!r}" if column else "")
+        super().__init__(f"{where}: {message}")
+        self.row = row
+        self.column = column
+
+
+class TemplateError(InvalidRequest):
+    """A prompt template does not compile (its syntax), so no row was rendered."""
 
 
 class InvalidParameter(InvalidRequest):

@@ -1,0 +1,139 @@
+"""The CLI's side of tables: the template options of `submit` and `run`, and the table
+out of `run -o` and `results -o` (the conversion itself is quotaflow/tables/).
+
+A job made from a table keeps where the table was (`quotaflow_input`) and its id column
+(`quotaflow_id_column`) in its metadata, so `quotaflow results JOB -o out.parquet` on
+the same machine finds the rows to join the answers to without being told again.
+"""
+
+import contextlib
+import json
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import click
+
+from quotaflow.tables import ID_COLUMN_KEY, INPUT_KEY
+
+
+def template_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """--template and what shapes each row's request, on `submit` and `run`."""
+    options = [
+        click.option("--template", "template", metavar="PROMPT.j2",
+                     type=click.Path(exists=True, dir_okay=False, path_type=Path),
+                     help="A Jinja2 template over each row's columns: its text is the "
+                          "row's user message (INPUT_FILE is then a table: .parquet, .csv "
+                          "or .jsonl rows; docs/formats/tables.md)."),
+        click.option("--model", help="The model every row's request asks for."),
+        click.option("--system", help="A system message before every row's prompt."),
+        click.option("--max-tokens", type=click.IntRange(min=1),
+                     help="max_tokens of every row's request."),
+        click.option("--response-format", metavar="SCHEMA.json",
+                     type=click.Path(exists=True, dir_okay=False, path_type=Path),
+                     help="A JSON Schema the answers must follow (structured output)."),
+        click.option("--id-column", metavar="COLUMN",
+                     help="The column whose value is each row's custom_id (default: the "
+                          "row's number, from 1)."),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+@dataclass(frozen=True)
+class TemplateChoice:
+    template: Path | None
+    model: str | None
+    system: str | None
+    max_tokens: int | None
+    response_format: Path | None
+    id_column: str | None
+
+    def metadata(self, input_file: Path) -> dict[str, str]:
+        """What the job keeps to find its rows again (empty for a JSONL of requests)."""
+        if self.template is None:
+            return {}
+        found = {INPUT_KEY: str(input_file.resolve())}
+        return found | ({ID_COLUMN_KEY: self.id_column} if self.id_column else {})
+
+
+@contextlib.contextmanager
+def requests_for(input_file: Path, choice: TemplateChoice) -> Iterator[Path]:
+    """The JSONL file of requests to send: INPUT_FILE itself, or its rows made into
+    requests through the template (every row first: a failing row stops here)."""
+    from quotaflow.tables.sources import table_format
+
+    if choice.template is None:
+        shaping = [name for name, value in (
+            ("--model", choice.model), ("--system", choice.system),
+            ("--max-tokens", choice.max_tokens), ("--response-format", choice.response_format),
+            ("--id-column", choice.id_column)) if value is not None]
+        if table_format(input_file) in ("parquet", "csv"):
+            raise click.UsageError(f"{input_file.name} is a table: give --template PROMPT.j2 "
+                                   "to say what each row asks")
+        if shaping:
+            raise click.UsageError(f"{', '.join(shaping)} shape a table's rows: give "
+                                   "--template too")
+        yield input_file
+        return
+    from quotaflow.tables.requests import RequestShape, load_response_format, requests_file
+    from quotaflow.tables.sources import open_table
+    from quotaflow.tables.templates import PromptTemplate
+
+    shape = RequestShape(
+        model=choice.model, system=choice.system, max_tokens=choice.max_tokens,
+        response_format=(load_response_format(choice.response_format)
+                         if choice.response_format else None), id_column=choice.id_column)
+    with requests_file(open_table(input_file), PromptTemplate.from_path(choice.template),
+                       shape) as path:
+        yield path
+
+
+def merged_metadata(given: str | None, kept: dict[str, str]) -> str | None:
+    """--metadata's JSON object with what a table's job keeps added."""
+    if not kept:
+        return given
+    try:
+        value = json.loads(given) if given else {}
+    except ValueError:
+        return given  # the API refuses it, naming the parameter
+    return json.dumps(kept | value) if isinstance(value, dict) else given
+
+
+def write_table(out: Path, input_file: Path, id_column: str | None,
+                results: Iterable[dict[str, Any]], errors: Iterable[dict[str, Any]],
+                on_rows: Callable[[int], None] | None = None) -> int:
+    """The input's rows and their answers written to OUT (.parquet or .csv); the rows.
+    `on_rows` hears the rows written so far, after each batch."""
+    from quotaflow.tables.join import joined_batches
+    from quotaflow.tables.sinks import TableSink
+    from quotaflow.tables.sources import open_table
+
+    with TableSink(out) as sink:
+        for batch in joined_batches(open_table(input_file), id_column, results, errors):
+            sink.write(batch)
+            if on_rows is not None:
+                on_rows(sink.rows)
+    return sink.rows
+
+
+def results_input(job: dict[str, Any], given: Path | None) -> tuple[Path, str | None]:
+    """The table a job was made from: --input, or the one its metadata names."""
+    metadata = job.get("metadata") or {}
+    id_column = metadata.get(ID_COLUMN_KEY)
+    if given is not None:
+        return given, id_column
+    kept = metadata.get(INPUT_KEY)
+    if kept and Path(kept).is_file():
+        return Path(kept), id_column
+    where = f" ({kept} is not here)" if kept else ""
+    raise click.UsageError(f"a table out joins the answers to the job's input rows: give "
+                           f"--input TABLE, the table {job['id']} was made from{where}")
+
+
+def is_table(path: Path) -> bool:
+    from quotaflow.tables.sinks import out_format
+
+    return out_format(path) is not None
