@@ -2,6 +2,7 @@
 with the lines received as progress, or joined to its input rows as a table."""
 
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -54,7 +55,7 @@ def errors(job_id: str, output: Path, quiet: bool) -> None:
     _download(api, api.get_job(job_id), output, errors=True, quiet=quiet)
 
 
-def _download(api: ApiClient, job: dict, output: Path, errors: bool, quiet: bool) -> None:
+def _download(api: ApiClient, job: dict[str, Any], output: Path, errors: bool, quiet: bool) -> None:
     """The job's lines to OUTPUT as they arrive, with the lines received as progress
     (out of the lines ended so far: results are partial while a job runs)."""
     counts = job["request_counts"]

@@ -54,15 +54,16 @@ class Job:
 
     @property
     def id(self) -> str:
-        return self.data["id"]
+        return str(self.data["id"])
 
     @property
     def status(self) -> str:
-        return self.data["status"]
+        return str(self.data["status"])
 
     @property
     def request_counts(self) -> dict[str, int]:
-        return self.data["request_counts"]
+        counts: dict[str, int] = self.data["request_counts"]
+        return counts
 
     @property
     def done(self) -> bool:

@@ -138,7 +138,7 @@ class ApiClient:
             else:
                 if response.status_code not in RETRY_STATUSES:
                     _raise_for_error(response)
-                    return response.json()
+                    return _object(response)
                 reason = f"the quotaflow API is unavailable (HTTP {response.status_code})"
             if attempt < attempts:
                 if on_retry is not None:
@@ -157,12 +157,12 @@ class ApiClient:
         timeout = httpx.Timeout(self._timeout, read=self._submit_timeout,
                                 write=self._submit_timeout)
         with path.open("rb") as handle:
-            return self._request("POST", "/jobs", params={"dry_run": "true"},
-                                 files={"file": (path.name, handle)}, data={"queue": queue},
-                                 timeout=timeout).json()
+            return _object(self._request(
+                "POST", "/jobs", params={"dry_run": "true"},
+                files={"file": (path.name, handle)}, data={"queue": queue}, timeout=timeout))
 
     def get_job(self, job_id: str) -> dict[str, Any]:
-        return self._request("GET", f"/jobs/{job_id}").json()
+        return _object(self._request("GET", f"/jobs/{job_id}"))
 
     def watch_job(self, job_id: str, poll_s: float = 1.0) -> Iterator[dict[str, Any]]:
         """The job's states until a final one: from its event stream (GET
@@ -211,24 +211,24 @@ class ApiClient:
 
     def job_bound(self, job_id: str) -> dict[str, Any]:
         """What bound the job and what would make it faster (quotaflow/observe/bound.py)."""
-        return self._request("GET", f"/jobs/{job_id}/bound").json()
+        return _object(self._request("GET", f"/jobs/{job_id}/bound"))
 
     def list_jobs(self, limit: int) -> list[dict[str, Any]]:
-        return self._request("GET", "/jobs", params={"limit": limit}).json()["data"]
+        return _data(self._request("GET", "/jobs", params={"limit": limit}))
 
     def cancel_job(self, job_id: str) -> dict[str, Any]:
-        return self._request("POST", f"/jobs/{job_id}/cancel").json()
+        return _object(self._request("POST", f"/jobs/{job_id}/cancel"))
 
     def delete_job(self, job_id: str) -> dict[str, Any]:
-        return self._request("DELETE", f"/jobs/{job_id}").json()
+        return _object(self._request("DELETE", f"/jobs/{job_id}"))
 
     def retry_job(self, job_id: str) -> dict[str, Any]:
-        return self._request("POST", f"/jobs/{job_id}/retry").json()
+        return _object(self._request("POST", f"/jobs/{job_id}/retry"))
 
     def limits(self, name: str | None) -> list[dict[str, Any]]:
         if name:
-            return [self._request("GET", f"/limits/{name}").json()]
-        return self._request("GET", "/limits").json()["data"]
+            return [_object(self._request("GET", f"/limits/{name}"))]
+        return _data(self._request("GET", "/limits"))
 
     def report(self, job_id: str) -> str:
         """The job's report page (GET /jobs/{id}/report), HTML."""
@@ -236,19 +236,19 @@ class ApiClient:
 
     def create_webhook(self, url: str, events: list[str] | None) -> dict[str, Any]:
         """Register an endpoint: the answer holds its signing secret, this once."""
-        return self._request("POST", "/webhooks", json={"url": url, "events": events}).json()
+        return _object(self._request("POST", "/webhooks", json={"url": url, "events": events}))
 
     def list_webhooks(self) -> list[dict[str, Any]]:
-        return self._request("GET", "/webhooks").json()["data"]
+        return _data(self._request("GET", "/webhooks"))
 
     def remove_webhook(self, endpoint_id: str) -> dict[str, Any]:
-        return self._request("DELETE", f"/webhooks/{endpoint_id}").json()
+        return _object(self._request("DELETE", f"/webhooks/{endpoint_id}"))
 
     def webhook_deliveries(self, endpoint_id: str | None, limit: int) -> list[dict[str, Any]]:
         params: dict[str, Any] = {"limit": limit}
         if endpoint_id:
             params["endpoint"] = endpoint_id
-        return self._request("GET", "/webhooks/deliveries", params=params).json()["data"]
+        return _data(self._request("GET", "/webhooks/deliveries", params=params))
 
     def stream_lines(self, job_id: str, errors: bool) -> Iterator[bytes]:
         path = f"/jobs/{job_id}/{'errors' if errors else 'results'}"
@@ -272,6 +272,18 @@ class ApiClient:
                     yield orjson.loads(line)
         if pending.strip():
             yield orjson.loads(pending)
+
+
+def _object(response: httpx.Response) -> dict[str, Any]:
+    """The answer's JSON object."""
+    body: dict[str, Any] = response.json()
+    return body
+
+
+def _data(response: httpx.Response) -> list[dict[str, Any]]:
+    """The objects of a list answer (its "data")."""
+    data: list[dict[str, Any]] = response.json()["data"]
+    return data
 
 
 def _raise_for_error(response: httpx.Response) -> None:

@@ -71,7 +71,7 @@ class LineProgress:
     def __init__(self, out: IO[str], interval_s: float,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._out, self._interval, self._clock = out, interval_s, clock
-        self._tasks: dict[int, dict[str, Any]] = {}
+        self._tasks: dict[TaskID, dict[str, Any]] = {}
 
     def __enter__(self) -> "LineProgress":
         return self

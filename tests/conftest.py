@@ -195,12 +195,12 @@ def _needs_a_server(item: pytest.Item) -> list[str]:
 
 
 # tests/unit/ mirrors the code: a folder for each room of quotaflow/ (its subfolders for
-# a room's own parts, as providers/local/), for api/, cli/, workers/ and mock_provider/, and
-# project/ for the repository's own rules (layout, docs, deploy files).
+# a room's own parts, as providers/local/), for api/, cli/, workers/, mock_provider/ and
+# quotaflow_client/, and project/ for the repository's own rules (layout, docs, deploy files).
 _CODE = TESTS.parent / "quotaflow"
 UNIT_FOLDERS = frozenset(
     {p.stem for p in _CODE.iterdir() if p.suffix == ".py" or (p / "__init__.py").exists()}
-    | {"api", "cli", "workers", "mock_provider", "project"}) - {"__init__"}
+    | {"api", "cli", "workers", "mock_provider", "quotaflow_client", "project"}) - {"__init__"}
 
 
 def _unit_folder(item: pytest.Item) -> str | None:

@@ -48,9 +48,9 @@ def answer(line: dict[str, Any] | None) -> dict[str, Any]:
 
 
 def _body_error(body: Any) -> str | None:
-    if isinstance(body, dict) and isinstance(body.get("error"), dict):
-        return body["error"].get("message")
-    return None
+    error = body.get("error") if isinstance(body, dict) else None
+    message = error.get("message") if isinstance(error, dict) else None
+    return message if isinstance(message, str) else None
 
 
 def _openai(body: dict[str, Any], columns: dict[str, Any]) -> None:

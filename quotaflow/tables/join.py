@@ -33,7 +33,8 @@ class _Lines:
         head = self.head
         if head is None:
             return None
-        error = head.get("error") if isinstance(head.get("error"), dict) else {}
+        found = head.get("error")
+        error: dict[str, Any] = found if isinstance(found, dict) else {}
         if head.get("custom_id") == custom_id or (
                 head.get("custom_id") is None and error.get("line") == row_no):
             self.head = next(self._lines, None)

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from jinja2 import StrictUndefined, TemplateSyntaxError, UndefinedError
-from jinja2.sandbox import SandboxedEnvironment, SecurityError
+from jinja2.exceptions import SecurityError
+from jinja2.sandbox import SandboxedEnvironment
 
 from quotaflow.errors import RowError, TemplateError
 

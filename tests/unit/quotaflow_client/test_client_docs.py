@@ -10,7 +10,7 @@ import pytest
 
 from quotaflow.config import get_settings
 
-PAGE = Path(__file__).resolve().parents[2] / "docs" / "api" / "python-client.md"
+PAGE = Path(__file__).resolve().parents[3] / "docs" / "api" / "python-client.md"
 BLOCKS = [block for block in re.findall(r"```python\n(.*?)```", PAGE.read_text(), re.S)
           if "embedded(" in block]
 

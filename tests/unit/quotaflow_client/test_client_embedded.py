@@ -64,7 +64,7 @@ def test_a_dataframe_and_the_async_client(client: Client) -> None:
 
 
 def test_a_jsonl_file_of_requests_gives_its_output_lines(client: Client) -> None:
-    job = client.submit(Path(__file__).parents[2] / "examples" / "prompts.jsonl").wait()
+    job = client.submit(Path(__file__).parents[3] / "examples" / "prompts.jsonl").wait()
     first = next(job.results())
     assert first["custom_id"] == "request-0" and first["response"]["status_code"] == 200
     with pytest.raises(TableError, match="not made from rows or a table"):
