@@ -130,8 +130,10 @@ def test_partitions_of_a_worker_host_lose_nothing_and_send_nothing_twice(
     # outlasts all of them (B_CUT_S); at 20 requests a second, 2 s of C's make 40
     assert row.notes["results while B cut from Redis and PostgreSQL"] >= 40, row.notes
     # (cut from the provider, B's calls hold their admissions until they time out, and
-    # the job is near its end: 20, a second of the budget, shows C was not held up)
-    assert row.notes["results while B cut from the provider"] >= 20, row.notes
+    # the lines of B's claimed batches wait for B to hand them back: what C can claim
+    # meanwhile depends on how the batches fell, and CI once saw 15. Held up behind B, C
+    # would store none; 10, half a second of the budget, shows it carried on)
+    assert row.notes["results while B cut from the provider"] >= 10, row.notes
 
 
 def test_two_percent_packet_loss_on_every_link_slows_the_job_but_loses_nothing(
