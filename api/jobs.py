@@ -19,6 +19,7 @@ from api.deps import (
     AfterQuery,
     DeploymentsDep,
     DispatcherDep,
+    GrantDep,
     IdempotencyKey,
     IdPath,
     SessionDep,
@@ -68,7 +69,7 @@ JSONL_BODY = {"schema": {"type": "string", "format": "binary",
 def create_job(
     file: Annotated[UploadFile, File(description="JSONL input, OpenAI batch format")],
     sessions: SessionsDep, settings: SettingsDep, deployments: DeploymentsDep,
-    dispatcher: DispatcherDep, tenant: TenantDep, response: Response,
+    dispatcher: DispatcherDep, grant: GrantDep, response: Response,
     queue: Annotated[str, Form(json_schema_extra=QUEUE_RULE)] = DEFAULT_QUEUE,
     metadata: Annotated[str | None, Form(description=METADATA_DOC,
                                          json_schema_extra=JSON_OBJECT_OF_STRINGS)] = None,
@@ -96,12 +97,12 @@ def create_job(
         response.status_code = 200
         found = estimate.scan_file(file.file, settings, deployments, queue)
         with sessions() as session:
-            return estimate.estimate_object(found, session, settings, tenant)
+            return estimate.estimate_object(found, session, settings, grant.tenant)
     # Starlette has spooled the upload to a temporary file; ingest reads it once.
-    spec = ingest.JobSpec(queue=queue, tenant=tenant, filename=_filename(file.filename),
+    spec = ingest.JobSpec(queue=queue, tenant=grant.tenant, filename=_filename(file.filename),
                           metadata=_metadata(metadata), max_attempts=max_attempts,
                           idempotency_key=idempotency_key, output_format=output_format,
-                          dedup=dedup)
+                          dedup=dedup, allow=grant.allow)
     made = ingest.create_job(sessions, file.file, settings=settings,
                              deployments=deployments, dispatcher=dispatcher, spec=spec)
     return _created(sessions, made, response)
@@ -116,7 +117,7 @@ def create_job(
                         **responses(400, 401, 413)})
 async def create_job_from_body(
     request: Request, sessions: SessionsDep, settings: SettingsDep,
-    deployments: DeploymentsDep, dispatcher: DispatcherDep, tenant: TenantDep,
+    deployments: DeploymentsDep, dispatcher: DispatcherDep, grant: GrantDep,
     response: Response,
     queue: Annotated[str, Query(json_schema_extra=QUEUE_RULE)] = DEFAULT_QUEUE,
     metadata: Annotated[str | None, Query(description=METADATA_DOC,
@@ -132,10 +133,10 @@ async def create_job_from_body(
     with POST /jobs's options in the query string. The lines are read and stored as the
     body arrives, rather than after the whole upload as a form is (api/body_stream.py);
     the answers are POST /jobs's."""
-    spec = ingest.JobSpec(queue=queue, tenant=tenant, filename=_filename(filename),
+    spec = ingest.JobSpec(queue=queue, tenant=grant.tenant, filename=_filename(filename),
                           metadata=_metadata(metadata), max_attempts=max_attempts,
                           idempotency_key=idempotency_key, output_format=output_format,
-                          dedup=dedup)
+                          dedup=dedup, allow=grant.allow)
 
     def make(body: BodyReader) -> dict[str, Any]:
         made = ingest.create_job(sessions, body, settings=settings, deployments=deployments,

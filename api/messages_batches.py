@@ -21,6 +21,7 @@ from api.deps import (
     ID_PATTERN,
     DeploymentsDep,
     DispatcherDep,
+    GrantDep,
     IdempotencyKey,
     IdPath,
     SessionsDep,
@@ -118,7 +119,7 @@ def _found(sessions: sessionmaker[Session], batch_id: str, tenant: str) -> Job:
              responses=responses(400, 401, 413))
 def create_message_batch(
     # The key is checked before the body is read.
-    tenant: TenantDep, request: Request, body: Annotated[bytes, Depends(raw_body)],
+    grant: GrantDep, request: Request, body: Annotated[bytes, Depends(raw_body)],
     sessions: SessionsDep, settings: SettingsDep, deployments: DeploymentsDep,
     dispatcher: DispatcherDep, idempotency_key: IdempotencyKey = None,
     x_quotaflow_queue: Annotated[str | None, Header(
@@ -131,9 +132,9 @@ def create_message_batch(
 ) -> dict[str, Any]:
     """Store the requests as a job and queue them, or refuse the batch whole (400)."""
     created = message_batches.create_batch(
-        sessions, body, tenant=tenant, settings=settings, deployments=deployments,
+        sessions, body, tenant=grant.tenant, settings=settings, deployments=deployments,
         dispatcher=dispatcher, queue=x_quotaflow_queue, idempotency_key=idempotency_key,
-        anthropic_beta=anthropic_beta)
+        anthropic_beta=anthropic_beta, allow=grant.allow)
     if created.counts is not None:  # a new job: its counts are known
         return message_batches.batch_object(created.job, created.counts, _base_url(request))
     with sessions() as session:

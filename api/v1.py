@@ -19,6 +19,7 @@ from api.deps import (
     AfterQuery,
     DeploymentsDep,
     DispatcherDep,
+    GrantDep,
     IdempotencyKey,
     IdPath,
     SessionsDep,
@@ -177,14 +178,15 @@ def delete_file(file_id: IdPath, sessions: SessionsDep, tenant: TenantDep) -> di
 @router.post("/batches", response_model=Batch, responses=responses(400, 401, 404))
 def create_batch(
     body: CreateBatch, sessions: SessionsDep, settings: SettingsDep,
-    deployments: DeploymentsDep, dispatcher: DispatcherDep, tenant: TenantDep,
+    deployments: DeploymentsDep, dispatcher: DispatcherDep, grant: GrantDep,
     x_quotaflow_queue: Annotated[str | None, Header(json_schema_extra=QUEUE_HEADER)] = None,
     idempotency_key: IdempotencyKey = None,
 ) -> dict[str, Any]:
     """Make a batch of an uploaded file; the same Idempotency-Key again returns that batch."""
     request = batches.BatchRequest(
         input_file_id=body.input_file_id, endpoint=body.endpoint,
-        completion_window=body.completion_window, metadata=body.metadata, tenant=tenant,
+        completion_window=body.completion_window, metadata=body.metadata, tenant=grant.tenant,
+        allow=grant.allow,
         queue=x_quotaflow_queue, idempotency_key=idempotency_key,
         output_expires_after_s=retention.expires_after("output_expires_after",
                                                        body.output_expires_after))

@@ -276,6 +276,10 @@ class Tenant(Base):
     # (quotaflow/budget/fair_share.py): 3 gets three times the share of a tenant of weight 1.
     weight: Mapped[float] = mapped_column(Float, default=1.0, server_default="1")
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    # The models and deployments every key of the tenant may use (lists of names; None:
+    # any), beside each key's own (quotaflow/tenants/grants.py, migration 0024).
+    allowed_models: Mapped[list[str] | None] = mapped_column(JsonType)
+    allowed_deployments: Mapped[list[str] | None] = mapped_column(JsonType)
 
 
 class Spend(Base):
@@ -311,6 +315,17 @@ class ApiKey(Base):
     revoked_at: Mapped[datetime | None]
     # May read what spans every tenant (GET /limits): `quotaflow keys create --operator`.
     operator: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    # What it may do: "read", "submit" or "admin" (quotaflow/tenants/grants.py); keys made
+    # before scopes are "admin" (migration 0024).
+    scope: Mapped[str] = mapped_column(String(16), default="admin", server_default="admin")
+    # When it stops working: its own expiry, or the end of a rotation's grace period, when
+    # `replaced_by` names the key that took over. None: never.
+    expires_at: Mapped[datetime | None]
+    replaced_by: Mapped[str | None] = mapped_column(String(64))
+    # Written at most once a minute per key (quotaflow/tenants/key_cache.py), not per request.
+    last_used_at: Mapped[datetime | None]
+    allowed_models: Mapped[list[str] | None] = mapped_column(JsonType)
+    allowed_deployments: Mapped[list[str] | None] = mapped_column(JsonType)
 
 
 class File(Base):

@@ -47,6 +47,7 @@ from quotaflow.jobs import view as job_view
 from quotaflow.models import JobStatus
 from quotaflow.observe import bound_data, console_data, report_data
 from quotaflow.results import output
+from quotaflow.tenants.grants import Scope
 
 PAGE_SIZE = 20
 templates = Jinja2Templates(directory=Path(__file__).parent / "templates")
@@ -187,6 +188,7 @@ def download(job_id: IdPath, which: str, sessions: SessionsDep, who: ViewerDep) 
 def cancel(job_id: IdPath, request: Request, sessions: SessionsDep, who: ViewerDep,
            csrf_token: CsrfForm = None) -> Response:
     check_post(request, who, csrf_token)
+    who.require(Scope.SUBMIT, "cancelling a job")
     with sessions() as session:
         jobs.get_job(session, job_id, who.tenant)
     jobs.cancel_job(sessions, job_id)
@@ -199,6 +201,7 @@ def retry(job_id: IdPath, request: Request, sessions: SessionsDep, who: ViewerDe
           settings: SettingsDep, dispatcher: DispatcherDep,
           csrf_token: CsrfForm = None) -> Response:
     check_post(request, who, csrf_token)
+    who.require(Scope.SUBMIT, "retrying a job's failed lines")
     with sessions() as session:
         jobs.get_job(session, job_id, who.tenant)
     jobs.retry_failed(sessions, job_id, dispatcher, settings)
