@@ -20,7 +20,7 @@ from quotaflow.deployments.catalog import Deployments
 from quotaflow.dispatch.queues import Dispatcher
 from quotaflow.models import utcnow
 from quotaflow.runtime import Runtime
-from quotaflow.tenants import keys
+from quotaflow.tenants import audit, keys
 from quotaflow.tenants.grants import Grant, Scope
 from quotaflow.tenants.key_cache import KeyCache
 from quotaflow.tenants.keys import operator_tenant
@@ -149,6 +149,12 @@ async def grant(request: Request, key: Annotated[str | None, Depends(presented_k
     return found
 
 
+async def actor(request: Request, found: Annotated[Grant, Depends(grant)]) -> audit.Actor:
+    """Who acts, for the audit log: the key, its tenant and the client's address."""
+    return audit.Actor(found.tenant, None if found is OPEN_GRANT else found.key_id,
+                       request.client.host if request.client else None)
+
+
 async def tenant(found: Annotated[Grant, Depends(grant)]) -> str:
     """The tenant the request acts for: its API key's, or "default" when QUOTAFLOW_AUTH=off."""
     return found.tenant
@@ -186,3 +192,5 @@ LimiterDep = Annotated[Limiter, Depends(limiter_dep)]
 TenantDep = Annotated[str, Depends(tenant)]
 # The whole grant, for routes that need its allowlist (those that create jobs).
 GrantDep = Annotated[Grant, Depends(grant)]
+# Who acts, for the routes that change something (quotaflow/tenants/audit.py).
+ActorDep = Annotated[audit.Actor, Depends(actor)]

@@ -54,7 +54,7 @@ def create(tenant: str, max_enqueued_tokens: int | None, max_spend: float | None
     """Create a key for TENANT and print it (shown this once only)."""
     from quotaflow.db import translate_db_errors
     from quotaflow.runtime import Runtime
-    from quotaflow.tenants import grants
+    from quotaflow.tenants import audit, grants
     from quotaflow.tenants import keys as auth
 
     rules = auth.KeyRules(grants.Scope.named(scope),
@@ -64,7 +64,8 @@ def create(tenant: str, max_enqueued_tokens: int | None, max_spend: float | None
     with translate_db_errors():
         key = auth.create_key(Runtime(get_settings()).sessions, tenant,
                               max_enqueued_tokens, operator=operator,
-                              max_monthly_spend=max_spend, weight=weight, rules=rules)
+                              max_monthly_spend=max_spend, weight=weight, rules=rules,
+                              actor=audit.OPERATOR_CLI)
     click.echo(key.secret)
     click.echo(f"key {key.id} for tenant {key.tenant}{_described(key)}: store it now, it is "
                "not shown again", err=True)
@@ -87,14 +88,15 @@ def rotate(key_id: str, grace: str, expires_in: str | None) -> None:
     keeps working until the grace period ends, then gets 401."""
     from quotaflow.db import translate_db_errors
     from quotaflow.runtime import Runtime
-    from quotaflow.tenants import grants
+    from quotaflow.tenants import audit, grants
     from quotaflow.tenants import keys as auth
 
     lifetime = (grants.parse_duration(expires_in, "--expires-in")
                 if expires_in is not None else None)
     with translate_db_errors():
         key = auth.rotate_key(Runtime(get_settings()).sessions, key_id,
-                              grants.parse_duration(grace, "--grace"), lifetime)
+                              grants.parse_duration(grace, "--grace"), lifetime,
+                              actor=audit.OPERATOR_CLI)
     click.echo(key.secret)
     click.echo(f"key {key.id} for tenant {key.tenant}{_described(key)} replaces {key_id}, "
                f"which works for {grace} more: store the new key now, it is not shown again",
@@ -114,12 +116,13 @@ def tenant_lists(tenant: str, models: str | None, deployments: str | None,
     a line must be allowed by both)."""
     from quotaflow.db import translate_db_errors
     from quotaflow.runtime import Runtime
-    from quotaflow.tenants import grants
+    from quotaflow.tenants import audit, grants
     from quotaflow.tenants import keys as auth
 
     with translate_db_errors():
         auth.set_tenant_allowlist(Runtime(get_settings()).sessions, tenant,
-                                  grants.names(models), grants.names(deployments), clear)
+                                  grants.names(models), grants.names(deployments), clear,
+                                  actor=audit.OPERATOR_CLI)
     click.echo(f"tenant {tenant}: models {models or ('any' if clear else 'unchanged')}, "
                f"deployments {deployments or ('any' if clear else 'unchanged')}")
 
@@ -157,10 +160,11 @@ def revoke(key_id: str) -> None:
     """Revoke a key by its id: requests with it get 401 from now on."""
     from quotaflow.db import translate_db_errors
     from quotaflow.runtime import Runtime
+    from quotaflow.tenants import audit
     from quotaflow.tenants import keys as auth
 
     with translate_db_errors():
-        auth.revoke_key(Runtime(get_settings()).sessions, key_id)
+        auth.revoke_key(Runtime(get_settings()).sessions, key_id, actor=audit.OPERATOR_CLI)
     click.echo(f"{key_id} revoked")
 
 

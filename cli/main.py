@@ -256,13 +256,14 @@ def cost_text(cost: dict | None) -> str:
     return money(cost["total"], cost["currency"]) + ("" if cost.get("complete") else " +?")
 
 
-from cli import estimate, keys, limits, services, webhooks  # noqa: E402  (registers them)
+from cli import audit, estimate, keys, limits, services, webhooks  # noqa: E402  (registers them)
 
 services.register(cli)
 limits.register(cli)
 keys.register(cli)
 estimate.register(cli)
 webhooks.register(cli)
+audit.register(cli)
 
 
 def main() -> None:

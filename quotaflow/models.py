@@ -369,3 +369,23 @@ class BrokerRun(Base):
     name: Mapped[str] = mapped_column(String(32), primary_key=True)
     run_id: Mapped[str] = mapped_column(String(64))
     seen_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class AuditEvent(Base):
+    """One action on a job, file, batch, key or webhook endpoint: who (key, tenant, client
+    address), what, when. Written in the action's transaction (quotaflow/tenants/audit.py)."""
+
+    __tablename__ = "audit_events"
+    __table_args__ = (Index("ix_audit_events_tenant_id", "tenant", "id"),
+                      Index("ix_audit_events_at", "at"))
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"),
+                                    primary_key=True, autoincrement=True)
+    at: Mapped[datetime] = mapped_column(default=utcnow)
+    tenant: Mapped[str] = mapped_column(String(64))
+    # The key that acted; None for `quotaflow keys` on the database (the operator's CLI).
+    key_id: Mapped[str | None] = mapped_column(String(64))
+    action: Mapped[str] = mapped_column(String(32))  # create, cancel, retry, delete, ...
+    object_type: Mapped[str] = mapped_column(String(32))  # job, batch, file, key, ...
+    object_id: Mapped[str] = mapped_column(String(128))
+    client: Mapped[str | None] = mapped_column(String(64))  # the client's address

@@ -38,6 +38,7 @@ from quotaflow.jobs import tallies
 from quotaflow.jobs import view as job_view
 from quotaflow.models import ItemStatus, Job, JobStatus, utcnow
 from quotaflow.results.output import iter_output
+from quotaflow.tenants import audit
 from quotaflow.tenants.grants import Allowlist
 
 PREFIX = "msgbatch_"
@@ -77,7 +78,8 @@ def create_batch(sessions: sessionmaker[Session], body: bytes, *, tenant: str,
                  settings: Settings, deployments: Deployments, dispatcher: Dispatcher,
                  queue: str | None = None, idempotency_key: str | None = None,
                  anthropic_beta: str | None = None,
-                 allow: Allowlist | None = None) -> ingest.Created:
+                 allow: Allowlist | None = None,
+                 actor: audit.Actor | None = None) -> ingest.Created:
     """Ingest the body's requests as a job with Anthropic output, or refuse it whole
     (BatchBodyError, or ingest's errors) and store nothing. A new job comes with its
     items' counts, which need not be counted again. `anthropic_beta`, the request's
@@ -86,7 +88,7 @@ def create_batch(sessions: sessionmaker[Session], body: bytes, *, tenant: str,
         queue=batches.choose_queue(queue, None), tenant=tenant,
         idempotency_key=idempotency_key, max_lines=settings.max_message_batch_requests,
         completion_window_s=WINDOW_S, output_format=OUTPUT_ANTHROPIC, allow=allow,
-        refuse_disallowed=True)
+        refuse_disallowed=True, actor=actor)
     stream = open_requests(body, settings.max_message_batch_requests,
                            beta_names(anthropic_beta))
     try:

@@ -35,6 +35,7 @@ from quotaflow.jobs import service as jobs
 from quotaflow.jobs import view as job_view
 from quotaflow.models import Item, Job, JobStatus, Result, utcnow
 from quotaflow.providers.outcomes import FailureCode
+from quotaflow.tenants import audit
 from quotaflow.tenants.grants import Allowlist
 
 # Where a batch names its queue (quotaflow's extension; the X-Quotaflow-Queue header
@@ -62,6 +63,7 @@ class BatchRequest:
     idempotency_key: str | None = None
     # The models and deployments the request's key may use (None: any).
     allow: Allowlist | None = None
+    actor: audit.Actor | None = None  # who makes it, for the audit log
     # Seconds its output and error files are kept after it ends (OpenAI's
     # output_expires_after, checked by retention.expires_after); None: the default.
     output_expires_after_s: int | None = None
@@ -120,7 +122,7 @@ def create_batch(sessions: sessionmaker[Session], request: BatchRequest, *, sett
         # OpenAI's Batch API: its output file is OpenAI's, whatever shape the lines had.
         output_format=OUTPUT_OPENAI, dedup=dedup_choice(request.metadata),
         output_expires_after_s=request.output_expires_after_s,
-        allow=request.allow, refuse_disallowed=True)
+        allow=request.allow, refuse_disallowed=True, actor=request.actor)
     with sessions() as session:
         upload = files.get_file(session, request.input_file_id, request.tenant)
         spec = replace(spec, filename=upload.filename)

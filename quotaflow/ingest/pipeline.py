@@ -52,7 +52,7 @@ from quotaflow.ingest.jsonlines import read_lines
 from quotaflow.ingest.linescan import MAX_PROBLEMS, LineScan
 from quotaflow.jobs.service import MAX_ATTEMPTS_LIMIT
 from quotaflow.models import Item, ItemStatus, Job, JobStatus, utcnow
-from quotaflow.tenants import quotas, spend
+from quotaflow.tenants import audit, quotas, spend
 from quotaflow.tenants.grants import Allowlist
 
 log = logging.getLogger(__name__)
@@ -89,6 +89,8 @@ class JobSpec:
     # as a whole, as OpenAI's and Anthropic's Batch APIs do) it refuses the file.
     allow: Allowlist | None = None
     refuse_disallowed: bool = False
+    # Who creates it: a row of the audit log, in the transaction that stores the job.
+    actor: audit.Actor | None = None
 
 
 @dataclass(frozen=True)
@@ -241,6 +243,7 @@ def _fill(session: Session, job_id: str, stream: IO[bytes], spec: JobSpec, setti
         raise InvalidParameter("output_format", f"Anthropic output lines carry Messages; the "
                                                 f"file's requests are for {scan.endpoint}: use "
                                                 "output_format=openai")
+    audit.record(session, spec.actor, "create", "job", job_id)
     session.execute(update(Job).where(Job.id == job_id).values(
         total=scan.total, endpoint=scan.endpoint or "", status=JobStatus.IN_PROGRESS,
         in_progress_at=utcnow(), enqueued_tokens=scan.tokens, output_format=output_format))

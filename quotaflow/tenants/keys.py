@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from quotaflow.errors import AuthenticationError, InvalidParameter, NotFound, PermissionDenied
 from quotaflow.models import ApiKey, Tenant, utcnow
+from quotaflow.tenants import audit
 from quotaflow.tenants.grants import Allowlist, Grant, Scope, expired
 
 KEY_PREFIX = "qf-"
@@ -69,7 +70,8 @@ def check_tenant_name(name: str) -> str:
 def create_key(sessions: sessionmaker[Session], tenant: str,
                max_enqueued_tokens: int | None = None, operator: bool = False,
                max_monthly_spend: float | None = None,
-               weight: float | None = None, rules: KeyRules = KeyRules()) -> NewKey:
+               weight: float | None = None, rules: KeyRules = KeyRules(),
+               actor: audit.Actor | None = None) -> NewKey:
     """A new key for `tenant` (created if new); sets the tenant's token quota, monthly
     spend limit and fair-share weight when given.
     An operator key also reaches the routes that show every tenant's activity."""
@@ -86,7 +88,9 @@ def create_key(sessions: sessionmaker[Session], tenant: str,
         if weight is not None:
             row.weight = weight
         session.flush()
-        return _add_key(session, tenant, operator, rules)
+        made = _add_key(session, tenant, operator, rules)
+        audit.record(session, actor, "create", "key", made.id, tenant)
+        return made
 
 
 def _add_key(session: Session, tenant: str, operator: bool, rules: KeyRules) -> NewKey:
@@ -112,7 +116,8 @@ def _stored(names: Sequence[str] | None) -> list[str] | None:
 
 def rotate_key(sessions: sessionmaker[Session], key_id: str,
                grace: timedelta = DEFAULT_GRACE,
-               expires_in: timedelta | None = None) -> NewKey:
+               expires_in: timedelta | None = None,
+               actor: audit.Actor | None = None) -> NewKey:
     """A new key in place of `key_id`: the same tenant, operator flag, scope and
     allowlists; the old key works until `grace` has passed (or its own expiry, if sooner).
     The new key lives `expires_in`, else as long as the old one was made to, else for ever."""
@@ -134,12 +139,13 @@ def rotate_key(sessions: sessionmaker[Session], key_id: str,
         old.expires_at = (min(aware(old.expires_at), grace_end) if old.expires_at
                           else grace_end)
         old.replaced_by = made.id
+        audit.record(session, actor, "rotate", "key", key_id, old.tenant)
     return made
 
 
 def set_tenant_allowlist(sessions: sessionmaker[Session], tenant: str,
                          models: Sequence[str] | None, deployments: Sequence[str] | None,
-                         clear: bool = False) -> None:
+                         clear: bool = False, actor: audit.Actor | None = None) -> None:
     """Limit every key of `tenant` to these models and deployments (None leaves a list as
     it is; `clear` removes both lists)."""
     with sessions.begin() as session:
@@ -153,16 +159,19 @@ def set_tenant_allowlist(sessions: sessionmaker[Session], tenant: str,
             row.allowed_models = _stored(models)
         if deployments is not None:
             row.allowed_deployments = _stored(deployments)
+        audit.record(session, actor, "limit", "tenant", tenant, tenant)
 
 
-def revoke_key(sessions: sessionmaker[Session], key_id: str) -> None:
+def revoke_key(sessions: sessionmaker[Session], key_id: str,
+               actor: audit.Actor | None = None) -> None:
     with sessions.begin() as session:
-        done = session.execute(update(ApiKey).where(ApiKey.id == key_id,
-                                                    ApiKey.revoked_at.is_(None))
-                               .values(revoked_at=utcnow()))
-        if done.rowcount == 0:
+        tenant = session.scalar(update(ApiKey).where(ApiKey.id == key_id,
+                                                     ApiKey.revoked_at.is_(None))
+                                .values(revoked_at=utcnow()).returning(ApiKey.tenant))
+        if tenant is None:
             raise NotFound(f"no active key with id {key_id!r}; "
                            "`quotaflow keys list` shows them")
+        audit.record(session, actor, "revoke", "key", key_id, tenant)
 
 
 def list_keys(session: Session) -> list[ApiKey]:
