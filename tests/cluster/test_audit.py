@@ -2,10 +2,11 @@
 jobs, files, batches, Message Batches and webhook endpoints, and every key made, rotated
 or revoked, is a row naming the key, tenant, action, object and client; an action that
 was refused leaves none; GET /audit shows a tenant its own rows and an operator every
-tenant's; old rows are pruned by the retention sweep."""
+tenant's, as `quotaflow audit` prints it; old rows are pruned by the retention sweep."""
 
 import ipaddress
 import json
+import subprocess
 from collections.abc import Iterator
 from datetime import timedelta
 
@@ -21,7 +22,10 @@ from quotaflow.models import AuditEvent, Item, ItemStatus, Job, JobStatus, utcno
 from quotaflow.tenants import audit
 from quotaflow.tenants import keys as auth
 from tests.harness.api_app import app_client
+from tests.harness.api_thread import api_in_thread
 from tests.harness.factories import chat_line, jsonl
+from tests.harness.procs import quotaflow
+from tests.harness.servers import ROOT, service_env
 
 CHAT = "/v1/chat/completions"
 CLI = audit.OPERATOR_CLI
@@ -147,3 +151,24 @@ def test_events_older_than_the_retention_are_pruned(api: TestClient, pg_sessions
     assert swept.pruned_events == 1
     assert [r[4] for r in rows(pg_sessions)] == ["key_recent"]
     assert retention.sweep(pg_sessions, budget_s=5, audit_kept_s=0).pruned_events == 0
+
+
+def test_quotaflow_audit_prints_the_log_through_the_api(
+        settings: Settings, pg_sessions, monkeypatch: pytest.MonkeyPatch) -> None:
+    settings.api_rate_limit = None
+    monkeypatch.setattr(rate_limit, "get_settings", lambda: settings)
+    deps.key_cache.cache_clear()
+    with pg_sessions.begin() as session:
+        session.execute(AuditEvent.__table__.delete())
+    made = auth.create_key(pg_sessions, "cli-audit", actor=CLI)
+    with api_in_thread(settings, monkeypatch) as (_app, url):
+        env = service_env(QUOTAFLOW_API_URL=url, QUOTAFLOW_API_KEY=made.secret,
+                          PYTHONPATH=str(ROOT))
+        shown = subprocess.run(quotaflow("audit", "--json"), capture_output=True, text=True,
+                               timeout=60, cwd=ROOT, env=env)
+        table = subprocess.run(quotaflow("audit"), capture_output=True, text=True,
+                               timeout=60, cwd=ROOT, env=env)
+    assert shown.returncode == 0, shown.stderr
+    assert [(e["action"], e["object_id"], e["client"]) for e in json.loads(shown.stdout)] == [
+        ("create", made.id, "cli")]
+    assert f"cli-audit  (cli)  create key {made.id}  from cli" in table.stdout
