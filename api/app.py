@@ -4,10 +4,10 @@
 long-poll and its event stream), `api.limits` the deployments' budgets
 (operator keys), `api.webhooks` the tenant's webhook endpoints and deliveries, `api.v1`
 OpenAI's Files and Batch APIs, `api.messages_batches` Anthropic's Message Batches API,
-`api.metrics` Prometheus's /metrics (open), `api.console` the jobs console in the
-browser (/console). The OpenAPI
-docs are at /docs and list every status a route answers (api.openapi); errors become
-answers in one place (api.errors); every answer carries an x-request-id (api.request_id).
+`api.metrics` Prometheus's /metrics (open), `api.audit` the audit log (admin keys),
+`api.console` the jobs console in the browser (/console). The OpenAPI docs are at /docs
+and list every status a route answers (api.openapi); errors become answers in one place
+(api.errors); every answer carries an x-request-id (api.request_id).
 """
 
 from collections.abc import AsyncIterator
@@ -18,6 +18,7 @@ from fastapi import FastAPI
 from sqlalchemy import text
 
 from api import (
+    audit,
     console,
     errors,
     job_status,
@@ -87,6 +88,7 @@ def create_app() -> FastAPI:
     app.include_router(v1.router)
     app.include_router(messages_batches.router)
     app.include_router(webhooks.router)
+    app.include_router(audit.router)
     app.include_router(metrics.router)
     console.install(app)  # the jobs console at /console, after errors.install
     return app

@@ -1,14 +1,17 @@
 """FastAPI dependencies, as Annotated aliases the routes name in their signatures."""
 
+import asyncio
+import logging
 from collections.abc import AsyncIterator
 from functools import lru_cache
 from typing import Annotated
 
-from fastapi import Depends, Header, Path, Query
+from fastapi import Depends, Header, Path, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session, sessionmaker
 
+from api import scopes
 from api.job_reads import JobReads
 from quotaflow.budget.limiter import Limiter
 from quotaflow.config import Settings
@@ -16,10 +19,20 @@ from quotaflow.config import get_settings as get_settings  # job_status reads it
 from quotaflow.constants import DEFAULT_TENANT
 from quotaflow.deployments.catalog import Deployments
 from quotaflow.dispatch.queues import Dispatcher
+from quotaflow.models import utcnow
 from quotaflow.runtime import Runtime
+from quotaflow.tenants import audit, keys
+from quotaflow.tenants.grants import Grant, Scope
 from quotaflow.tenants.key_cache import KeyCache
 from quotaflow.tenants.keys import operator_tenant
 from workers.dispatch import CeleryDispatcher
+
+log = logging.getLogger("quotaflow.api")
+# What every request acts as with QUOTAFLOW_AUTH=off (development): the default tenant,
+# with every scope.
+OPEN_GRANT = Grant("none", DEFAULT_TENANT, True, Scope.ADMIN)
+# last_used_at writes in flight (kept so that the event loop does not drop them).
+_touches: set[asyncio.Future[None]] = set()
 
 
 @lru_cache
@@ -104,27 +117,54 @@ async def presented_key(
     return credentials.credentials if credentials else header_key
 
 
-async def _grant(key: str | None) -> tuple[str, bool]:
-    """The key's (tenant, operator): remembered by the process, else looked up on a thread."""
-    known = key_cache().cached(key)
-    if known is not None:
-        return known
-    return await run_in_threadpool(key_cache().lookup, sessions(), key)
+async def _grant(key: str | None) -> Grant:
+    """The key's grant: remembered by the process, else looked up on a thread; its
+    last_used_at written (off the request's path) when a minute has passed."""
+    cache = key_cache()
+    found = cache.cached(key)
+    if found is None:
+        found = await run_in_threadpool(cache.lookup, sessions(), key)
+    if cache.touch_due(found.key_id):
+        touch = asyncio.ensure_future(run_in_threadpool(_touch, found.key_id))
+        _touches.add(touch)
+        touch.add_done_callback(_touches.discard)
+    return found
 
 
-async def tenant(key: Annotated[str | None, Depends(presented_key)]) -> str:
-    """The tenant the request acts for: its API key's, or "default" when QUOTAFLOW_AUTH=off."""
+def _touch(key_id: str) -> None:
+    try:
+        keys.touch(sessions(), key_id, utcnow())
+    except Exception as exc:  # the request was served; the next minute writes it
+        log.warning("could not record key %s's last use: %r", key_id, exc)
+
+
+async def grant(request: Request, key: Annotated[str | None, Depends(presented_key)]) -> Grant:
+    """What the request's key may do, checked against what the route needs
+    (api/scopes.py): 401 without a valid key, 403 for a scope too low; with
+    QUOTAFLOW_AUTH=off, everything, as the tenant "default"."""
     if not get_settings().auth:
-        return DEFAULT_TENANT
-    return (await _grant(key))[0]
+        return OPEN_GRANT
+    found = await _grant(key)
+    path = request.url.path
+    found.require(scopes.needed(request.method, path), f"{request.method} {path}")
+    return found
 
 
-async def operator(key: Annotated[str | None, Depends(presented_key)]) -> str:
+async def actor(request: Request, found: Annotated[Grant, Depends(grant)]) -> audit.Actor:
+    """Who acts, for the audit log: the key, its tenant and the client's address."""
+    return audit.Actor(found.tenant, None if found is OPEN_GRANT else found.key_id,
+                       request.client.host if request.client else None)
+
+
+async def tenant(found: Annotated[Grant, Depends(grant)]) -> str:
+    """The tenant the request acts for: its API key's, or "default" when QUOTAFLOW_AUTH=off."""
+    return found.tenant
+
+
+async def operator(found: Annotated[Grant, Depends(grant)]) -> str:
     """The tenant of an operator key: routes showing every tenant's activity need one
     (401 without a key, 403 for a tenant's key); anyone when QUOTAFLOW_AUTH=off."""
-    if not get_settings().auth:
-        return DEFAULT_TENANT
-    return operator_tenant(*await _grant(key))
+    return operator_tenant(found.tenant, found.operator)
 
 
 # Ids quotaflow hands out (batch_..., file-..., key_...): anything else cannot name an
@@ -151,3 +191,7 @@ DeploymentsDep = Annotated[Deployments, Depends(deployments_dep)]
 DispatcherDep = Annotated[Dispatcher, Depends(dispatcher_dep)]
 LimiterDep = Annotated[Limiter, Depends(limiter_dep)]
 TenantDep = Annotated[str, Depends(tenant)]
+# The whole grant, for routes that need its allowlist (those that create jobs).
+GrantDep = Annotated[Grant, Depends(grant)]
+# Who acts, for the routes that change something (quotaflow/tenants/audit.py).
+ActorDep = Annotated[audit.Actor, Depends(actor)]

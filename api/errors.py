@@ -42,9 +42,12 @@ from quotaflow.errors import (
     InputFileError,
     InvalidRequest,
     JobStateError,
+    KeyExpired,
+    ModelNotAllowed,
     NotFound,
     PermissionDenied,
     QuotaflowError,
+    ScopeDenied,
     ServiceUnavailable,
     SpendLimitExceeded,
 )
@@ -72,6 +75,9 @@ STATUS_BY_ERROR: dict[type[QuotaflowError], int] = {
 # OpenAI's error codes, so SDK users can branch on `error.code` as they do there.
 CODE_BY_ERROR: dict[type[QuotaflowError], str] = {
     AuthenticationError: "invalid_api_key",
+    KeyExpired: "expired_api_key",
+    ScopeDenied: "insufficient_scope",
+    ModelNotAllowed: "model_not_allowed",
     EnqueuedTokenLimit: "token_limit_exceeded",
     SpendLimitExceeded: "spend_limit_exceeded",
     FileTooLarge: "file_too_large",
@@ -95,8 +101,9 @@ class ErrorBody(BaseModel):
 
 _DESCRIPTIONS = {
     400: "A parameter, the body or the input file is refused (`param` names the parameter)",
-    401: "No API key, or one that is unknown or revoked",
-    403: "The API key lacks the operator scope this route needs",
+    401: "No API key, or one that is unknown, revoked or expired",
+    403: "The API key's scope (read, submit, admin), or its operator flag, is below what "
+         "this route needs",
     404: "No such object for this key's tenant",
     409: "The job's status does not allow this action",
     413: "The upload is larger than the server's limit",

@@ -16,9 +16,11 @@ from starlette.requests import ClientDisconnect
 from api.body_stream import BodyReader, read_while_receiving
 from api.deps import (
     JSON_OBJECT_OF_STRINGS,
+    ActorDep,
     AfterQuery,
     DeploymentsDep,
     DispatcherDep,
+    GrantDep,
     IdempotencyKey,
     IdPath,
     SessionDep,
@@ -72,7 +74,7 @@ JSONL_BODY = {"schema": {"type": "string", "format": "binary",
 def create_job(
     file: Annotated[UploadFile, File(description="JSONL input, OpenAI batch format")],
     sessions: SessionsDep, settings: SettingsDep, deployments: DeploymentsDep,
-    dispatcher: DispatcherDep, tenant: TenantDep, response: Response,
+    dispatcher: DispatcherDep, grant: GrantDep, actor: ActorDep, response: Response,
     queue: Annotated[str, Form(json_schema_extra=QUEUE_RULE)] = DEFAULT_QUEUE,
     metadata: Annotated[str | None, Form(description=METADATA_DOC,
                                          json_schema_extra=JSON_OBJECT_OF_STRINGS)] = None,
@@ -100,12 +102,12 @@ def create_job(
         response.status_code = 200
         found = estimate.scan_file(file.file, settings, deployments, queue)
         with sessions() as session:
-            return estimate.estimate_object(found, session, settings, tenant)
+            return estimate.estimate_object(found, session, settings, grant.tenant)
     # Starlette has spooled the upload to a temporary file; ingest reads it once.
-    spec = ingest.JobSpec(queue=queue, tenant=tenant, filename=_filename(file.filename),
+    spec = ingest.JobSpec(queue=queue, tenant=grant.tenant, filename=_filename(file.filename),
                           metadata=_metadata(metadata), max_attempts=max_attempts,
                           idempotency_key=idempotency_key, output_format=output_format,
-                          dedup=dedup)
+                          dedup=dedup, allow=grant.allow, actor=actor)
     made = ingest.create_job(sessions, file.file, settings=settings,
                              deployments=deployments, dispatcher=dispatcher, spec=spec)
     return _created(sessions, made, response)
@@ -120,8 +122,8 @@ def create_job(
                         **responses(400, 401, 413)})
 async def create_job_from_body(
     request: Request, sessions: SessionsDep, settings: SettingsDep,
-    deployments: DeploymentsDep, dispatcher: DispatcherDep, tenant: TenantDep,
-    response: Response,
+    deployments: DeploymentsDep, dispatcher: DispatcherDep, grant: GrantDep,
+    actor: ActorDep, response: Response,
     queue: Annotated[str, Query(json_schema_extra=QUEUE_RULE)] = DEFAULT_QUEUE,
     metadata: Annotated[str | None, Query(description=METADATA_DOC,
                                           json_schema_extra=JSON_OBJECT_OF_STRINGS)] = None,
@@ -136,10 +138,10 @@ async def create_job_from_body(
     with POST /jobs's options in the query string. The lines are read and stored as the
     body arrives, rather than after the whole upload as a form is (api/body_stream.py);
     the answers are POST /jobs's."""
-    spec = ingest.JobSpec(queue=queue, tenant=tenant, filename=_filename(filename),
+    spec = ingest.JobSpec(queue=queue, tenant=grant.tenant, filename=_filename(filename),
                           metadata=_metadata(metadata), max_attempts=max_attempts,
                           idempotency_key=idempotency_key, output_format=output_format,
-                          dedup=dedup)
+                          dedup=dedup, allow=grant.allow, actor=actor)
 
     def make(body: BodyReader) -> dict[str, Any]:
         # The part of a binary file that ingest uses: read, and seekable (False).
@@ -183,9 +185,10 @@ def list_jobs(session: SessionDep, tenant: TenantDep,
             "has_more": len(page) > limit}
 
 @router.post("/jobs/{job_id}/cancel", response_model=Job, responses=responses(401, 404, 409))
-def cancel_job(job_id: IdPath, sessions: SessionsDep, tenant: TenantDep) -> dict[str, Any]:
+def cancel_job(job_id: IdPath, sessions: SessionsDep, tenant: TenantDep,
+               actor: ActorDep) -> dict[str, Any]:
     _own(sessions, job_id, tenant)
-    jobs.cancel_job(sessions, job_id)
+    jobs.cancel_job(sessions, job_id, actor)
     job_reads().forget(job_id)
     with sessions() as session:
         return job_view.job_object(session, jobs.get_job(session, job_id))
@@ -193,21 +196,22 @@ def cancel_job(job_id: IdPath, sessions: SessionsDep, tenant: TenantDep) -> dict
 @router.post("/jobs/{job_id}/retry", response_model=RetriedJob,
              responses=responses(401, 404, 409))
 def retry_job(job_id: IdPath, sessions: SessionsDep, settings: SettingsDep,
-              dispatcher: DispatcherDep, tenant: TenantDep) -> dict[str, Any]:
+              dispatcher: DispatcherDep, tenant: TenantDep, actor: ActorDep) -> dict[str, Any]:
     """Queue a job's failed requests again (not its invalid lines)."""
     _own(sessions, job_id, tenant)
-    retried = jobs.retry_failed(sessions, job_id, dispatcher, settings)
+    retried = jobs.retry_failed(sessions, job_id, dispatcher, settings, actor)
     job_reads().forget(job_id)
     with sessions() as session:
         return {**job_view.job_object(session, jobs.get_job(session, job_id)),
                 "retried": retried}
 
 @router.delete("/jobs/{job_id}", response_model=Job, responses=responses(401, 404, 409))
-def delete_job(job_id: IdPath, sessions: SessionsDep, tenant: TenantDep) -> dict[str, Any]:
+def delete_job(job_id: IdPath, sessions: SessionsDep, tenant: TenantDep,
+               actor: ActorDep) -> dict[str, Any]:
     """Delete a finished job's results and its lines' bodies; the job is kept as a
     tombstone (`deleted: true`, its counts and usage as they were). A job still running
     is a 409: cancel it first."""
-    job = retention.delete_job(sessions, job_id, tenant)
+    job = retention.delete_job(sessions, job_id, tenant, actor)
     job_reads().forget(job_id)
     with sessions() as session:
         return job_view.job_object(session, job)

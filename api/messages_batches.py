@@ -19,8 +19,10 @@ from sqlalchemy.orm import Session, sessionmaker
 from api.anthropic_errors import responses
 from api.deps import (
     ID_PATTERN,
+    ActorDep,
     DeploymentsDep,
     DispatcherDep,
+    GrantDep,
     IdempotencyKey,
     IdPath,
     SessionsDep,
@@ -118,7 +120,8 @@ def _found(sessions: sessionmaker[Session], batch_id: str, tenant: str) -> Job:
              responses=responses(400, 401, 413))
 def create_message_batch(
     # The key is checked before the body is read.
-    tenant: TenantDep, request: Request, body: Annotated[bytes, Depends(raw_body)],
+    grant: GrantDep, actor: ActorDep, request: Request,
+    body: Annotated[bytes, Depends(raw_body)],
     sessions: SessionsDep, settings: SettingsDep, deployments: DeploymentsDep,
     dispatcher: DispatcherDep, idempotency_key: IdempotencyKey = None,
     x_quotaflow_queue: Annotated[str | None, Header(
@@ -131,9 +134,9 @@ def create_message_batch(
 ) -> dict[str, Any]:
     """Store the requests as a job and queue them, or refuse the batch whole (400)."""
     created = message_batches.create_batch(
-        sessions, body, tenant=tenant, settings=settings, deployments=deployments,
+        sessions, body, tenant=grant.tenant, settings=settings, deployments=deployments,
         dispatcher=dispatcher, queue=x_quotaflow_queue, idempotency_key=idempotency_key,
-        anthropic_beta=anthropic_beta)
+        anthropic_beta=anthropic_beta, allow=grant.allow, actor=actor)
     if created.counts is not None:  # a new job: its counts are known
         return message_batches.batch_object(created.job, created.counts, _base_url(request))
     with sessions() as session:
@@ -167,12 +170,12 @@ def retrieve_message_batch(message_batch_id: IdPath, request: Request, sessions:
 @router.post("/{message_batch_id}/cancel", response_model=MessageBatch,
              responses=responses(400, 401, 404))
 def cancel_message_batch(message_batch_id: IdPath, request: Request, sessions: SessionsDep,
-                         tenant: TenantDep) -> dict[str, Any]:
+                         tenant: TenantDep, actor: ActorDep) -> dict[str, Any]:
     """Stop new requests (canceling); those in flight finish and keep their results. A
     batch that has already ended is returned as it is."""
     job = _found(sessions, message_batch_id, tenant)
     with contextlib.suppress(JobStateError):  # ended: nothing left to cancel
-        job = jobs.cancel_job(sessions, job.id)
+        job = jobs.cancel_job(sessions, job.id, actor)
     job_reads().forget(job.id)
     with sessions() as session:
         return _object(session, job, request)
@@ -181,12 +184,12 @@ def cancel_message_batch(message_batch_id: IdPath, request: Request, sessions: S
 @router.delete("/{message_batch_id}", response_model=DeletedMessageBatch,
                responses=responses(400, 401, 404))
 def delete_message_batch(message_batch_id: IdPath, sessions: SessionsDep,
-                         tenant: TenantDep) -> dict[str, str]:
+                         tenant: TenantDep, actor: ActorDep) -> dict[str, str]:
     """Delete an ended batch and its results; one still processing is refused (cancel it
     first), as at Anthropic."""
     job = _found(sessions, message_batch_id, tenant)
     try:
-        retention.delete_job(sessions, job.id, tenant)
+        retention.delete_job(sessions, job.id, tenant, actor)
         job_reads().forget(job.id)
     except JobStateError:
         raise InvalidRequest(f"message batch {message_batch_id} is still processing; cancel "

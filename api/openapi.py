@@ -36,7 +36,7 @@ def install(app: FastAPI) -> None:
         if app.openapi_schema is None:
             document = get_openapi(title=app.title, version=app.version,
                                    description=app.description, routes=app.routes)
-            app.openapi_schema = _never_null(_v1_answers_400(document))
+            app.openapi_schema = _never_null(_scoped_answer_403(_v1_answers_400(document)))
         return app.openapi_schema
 
     app.openapi = schema  # type: ignore[method-assign]  # FastAPI's way to extend it
@@ -53,6 +53,19 @@ def _v1_answers_400(document: dict[str, Any]) -> dict[str, Any]:
             if answers.pop("422", None) is not None and "400" not in answers:
                 answers["400"] = {"description": bad_request["description"],
                                   "content": {"application/json": {"schema": error_ref}}}
+    return document
+
+
+def _scoped_answer_403(document: dict[str, Any]) -> dict[str, Any]:
+    """Every route that takes a key (it answers 401) may answer 403: a key whose scope is
+    below the route's (api/scopes.py), in the same error shape as its 401."""
+    forbidden = responses(403)[403]
+    for operations in document.get("paths", {}).values():
+        for operation in operations.values():
+            answers = operation.get("responses", {})
+            if "401" in answers and "403" not in answers:
+                answers["403"] = {"description": forbidden["description"],
+                                  "content": answers["401"].get("content", {})}
     return document
 
 

@@ -16,9 +16,11 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from api.deps import (
     ID_PATTERN,
+    ActorDep,
     AfterQuery,
     DeploymentsDep,
     DispatcherDep,
+    GrantDep,
     IdempotencyKey,
     IdPath,
     SessionsDep,
@@ -96,7 +98,7 @@ def upload_file(
     file: Annotated[UploadFile, File(description="JSONL of batch requests")],
     purpose: Annotated[str, Form(description='"batch"',
                                  json_schema_extra={"enum": [files.PURPOSE_BATCH]})],
-    sessions: SessionsDep, settings: SettingsDep, tenant: TenantDep,
+    sessions: SessionsDep, settings: SettingsDep, tenant: TenantDep, actor: ActorDep,
     # As the OpenAI SDK sends `expires_after` in the multipart form.
     expires_anchor: Annotated[str | None, Form(
         alias="expires_after[anchor]", description='"created_at"',
@@ -112,7 +114,7 @@ def upload_file(
                else retention.expiry_seconds("expires_after", expires_anchor, expires_seconds))
     row = files.store_file(sessions, file.file, tenant=tenant, filename=file.filename or "",
                            purpose=purpose, max_bytes=settings.max_upload_bytes,
-                           expires_after_s=expires)
+                           expires_after_s=expires, actor=actor)
     return files.file_object(row)
 
 
@@ -164,10 +166,11 @@ def _chunks(sessions: sessionmaker[Session], file_id: str) -> Iterator[bytes]:
 
 @router.delete("/files/{file_id}", response_model=FileDeleted,
                responses=responses(400, 401, 404, 409))
-def delete_file(file_id: IdPath, sessions: SessionsDep, tenant: TenantDep) -> dict[str, Any]:
+def delete_file(file_id: IdPath, sessions: SessionsDep, tenant: TenantDep,
+                actor: ActorDep) -> dict[str, Any]:
     """An upload and its bytes; a batch's output or error file: that batch's results (409
     while it runs: cancel it first)."""
-    retention.delete_file(sessions, file_id, tenant)
+    retention.delete_file(sessions, file_id, tenant, actor)
     job_reads().forget_all()  # an output file's job is deleted with it
     return {"id": file_id, "object": "file", "deleted": True}
 
@@ -177,14 +180,15 @@ def delete_file(file_id: IdPath, sessions: SessionsDep, tenant: TenantDep) -> di
 @router.post("/batches", response_model=Batch, responses=responses(400, 401, 404))
 def create_batch(
     body: CreateBatch, sessions: SessionsDep, settings: SettingsDep,
-    deployments: DeploymentsDep, dispatcher: DispatcherDep, tenant: TenantDep,
+    deployments: DeploymentsDep, dispatcher: DispatcherDep, grant: GrantDep, actor: ActorDep,
     x_quotaflow_queue: Annotated[str | None, Header(json_schema_extra=QUEUE_HEADER)] = None,
     idempotency_key: IdempotencyKey = None,
 ) -> dict[str, Any]:
     """Make a batch of an uploaded file; the same Idempotency-Key again returns that batch."""
     request = batches.BatchRequest(
         input_file_id=body.input_file_id, endpoint=body.endpoint,
-        completion_window=body.completion_window, metadata=body.metadata, tenant=tenant,
+        completion_window=body.completion_window, metadata=body.metadata, tenant=grant.tenant,
+        allow=grant.allow, actor=actor,
         queue=x_quotaflow_queue, idempotency_key=idempotency_key,
         output_expires_after_s=retention.expires_after("output_expires_after",
                                                        body.output_expires_after))
@@ -221,11 +225,12 @@ async def get_batch(batch_id: IdPath, sessions: SessionsDep, tenant: TenantDep,
 
 @router.post("/batches/{batch_id}/cancel", response_model=Batch,
              responses=responses(400, 401, 404, 409))
-def cancel_batch(batch_id: IdPath, sessions: SessionsDep, tenant: TenantDep) -> dict[str, Any]:
+def cancel_batch(batch_id: IdPath, sessions: SessionsDep, tenant: TenantDep,
+                 actor: ActorDep) -> dict[str, Any]:
     """Stop new requests; those in flight finish and stay in the output file."""
     with sessions() as session:
         jobs.get_job(session, batch_id, tenant)
-    jobs.cancel_job(sessions, batch_id)
+    jobs.cancel_job(sessions, batch_id, actor)
     job_reads().forget(batch_id)
     with sessions() as session:
         return batches.batch_object(session, jobs.get_job(session, batch_id))

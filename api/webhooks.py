@@ -10,7 +10,15 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query
 from pydantic import BaseModel, Field
 
-from api.deps import ID_PATTERN, IdPath, SessionDep, SessionsDep, SettingsDep, TenantDep
+from api.deps import (
+    ID_PATTERN,
+    ActorDep,
+    IdPath,
+    SessionDep,
+    SessionsDep,
+    SettingsDep,
+    TenantDep,
+)
 from api.errors import responses
 from api.schemas.common import Deleted
 from api.schemas.webhooks import (
@@ -44,10 +52,10 @@ def _list(data: list[dict[str, Any]], has_more: bool = False) -> dict[str, Any]:
 @router.post("/webhooks", status_code=201, response_model=CreatedWebhookEndpoint,
              responses=responses(400, 401))
 def create_webhook(body: EndpointRequest, sessions: SessionsDep, settings: SettingsDep,
-                   tenant: TenantDep) -> dict[str, Any]:
+                   tenant: TenantDep, actor: ActorDep) -> dict[str, Any]:
     """Register an endpoint; the answer's `secret` (`whsec_...`) is shown this once."""
     endpoint, secret = endpoints.create_endpoint(sessions, settings, tenant, body.url,
-                                                 body.events)
+                                                 body.events, actor)
     return {**endpoints.endpoint_object(endpoint), "secret": secret}
 
 
@@ -76,9 +84,9 @@ def get_webhook(endpoint_id: IdPath, session: SessionDep, tenant: TenantDep) -> 
 
 @router.delete("/webhooks/{endpoint_id}", response_model=Deleted, responses=responses(401, 404))
 def delete_webhook(endpoint_id: IdPath, sessions: SessionsDep,
-                   tenant: TenantDep) -> dict[str, Any]:
+                   tenant: TenantDep, actor: ActorDep) -> dict[str, Any]:
     """Remove the endpoint; its deliveries not yet made are dropped."""
-    endpoints.remove_endpoint(sessions, endpoint_id, tenant)
+    endpoints.remove_endpoint(sessions, endpoint_id, tenant, actor)
     return {"id": endpoint_id, "object": "webhook_endpoint", "deleted": True}
 
 

@@ -287,7 +287,7 @@ def cost_text(cost: dict[str, Any] | None) -> str:
     return money(cost["total"], cost["currency"]) + ("" if cost.get("complete") else " +?")
 
 
-from cli import downloads, estimate, keys, limits, services, webhooks  # noqa: E402  (registers them)
+from cli import audit, downloads, estimate, keys, limits, services, webhooks  # noqa: E402  (registers them)
 
 downloads.register(cli)
 services.register(cli)
@@ -295,6 +295,7 @@ limits.register(cli)
 keys.register(cli)
 estimate.register(cli)
 webhooks.register(cli)
+audit.register(cli)
 
 
 def main() -> None:

@@ -161,7 +161,8 @@ class Settings(BaseSettings):
         "after the job ends, for jobs whose submitter set no `output_expires_after`; then the "
         "workers' sweep deletes it and the job stays as a tombstone. 30 days, as OpenAI keeps "
         "batch output. Fixed on each job when it is made, so a change applies to new jobs "
-        "only. 0: kept until deleted.")
+        "only. 0: kept until deleted. The audit log's events (GET /audit) are kept as long "
+        "(from when they happened, applying at once to every event).")
     file_retention_s: int = Field(
         default=30 * 24 * 3600, ge=0,
         description="How long an upload (`POST /v1/files`) sent without `expires_after` is "

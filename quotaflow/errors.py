@@ -6,6 +6,7 @@
     │   ├── InvalidParameter   one parameter of a request is unusable (it is named)
     │   │   └── Untranslatable one field has no equivalent at the deployment's provider family
     │   ├── InputFileError     an uploaded JSONL file is rejected as a whole
+    │   │   └── ModelNotAllowed a batch names a model its key or tenant may not use
     │   ├── TableError         a table (CSV, Parquet, JSONL rows) cannot be read or used
     │   │   └── RowError       one row cannot become a request (its row and column named)
     │   ├── TemplateError      a prompt template does not compile
@@ -17,7 +18,9 @@
     │   ├── ResultsDeleted     a job's results were deleted or expired (it is a tombstone)
     │   └── DeploymentNotFound no deployment with that name
     ├── AuthenticationError    no API key, or one quotaflow does not know
-    ├── PermissionDenied       a known key without the operator scope a route needs
+    │   └── KeyExpired         a key past its expiry, or a rotated key past its grace
+    ├── PermissionDenied       a known key without the operator flag a route needs
+    │   └── ScopeDenied        a key whose scope (read, submit, admin) is below the route's
     ├── EnqueuedTokenLimit     a batch would take its tenant over its token quota
     ├── SpendLimitExceeded     a batch may cost more than its tenant has left this month
     ├── JobStateError          the job is in a state that forbids the action
@@ -82,6 +85,11 @@ class InputFileError(InvalidRequest):
         return "\n".join([self.message, *shown])
 
 
+class ModelNotAllowed(InputFileError):
+    """A batch validated as a whole (OpenAI's Batch API, Message Batches) names a model
+    its key or tenant may not use: refused before anything is stored, naming the lines."""
+
+
 class TableError(InvalidRequest):
     """A table given as input (or to join answers to) cannot be read or used as given:
     an unreadable file, an unknown format, a missing id column. Nothing was submitted."""
@@ -142,8 +150,22 @@ class AuthenticationError(QuotaflowError):
     """The request carries no API key, or a key that is unknown or revoked."""
 
 
+class KeyExpired(AuthenticationError):
+    """The key was valid until its expiry (or, rotated, the end of its grace period)."""
+
+
 class PermissionDenied(QuotaflowError):
     """The key is valid but lacks the scope the action needs (operator routes)."""
+
+
+class ScopeDenied(PermissionDenied):
+    """The key's scope is below what the route needs; both are named, in the message and
+    as `have` / `needed`."""
+
+    def __init__(self, message: str, *, have: str, needed: str) -> None:
+        super().__init__(message)
+        self.have = have
+        self.needed = needed
 
 
 class EnqueuedTokenLimit(QuotaflowError):

@@ -280,6 +280,10 @@ class Tenant(Base):
     # (quotaflow/budget/fair_share.py): 3 gets three times the share of a tenant of weight 1.
     weight: Mapped[float] = mapped_column(Float, default=1.0, server_default="1")
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    # The models and deployments every key of the tenant may use (lists of names; None:
+    # any), beside each key's own (quotaflow/tenants/grants.py, migration 0024).
+    allowed_models: Mapped[list[str] | None] = mapped_column(JsonType)
+    allowed_deployments: Mapped[list[str] | None] = mapped_column(JsonType)
 
 
 class Spend(Base):
@@ -315,6 +319,17 @@ class ApiKey(Base):
     revoked_at: Mapped[datetime | None]
     # May read what spans every tenant (GET /limits): `quotaflow keys create --operator`.
     operator: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    # What it may do: "read", "submit" or "admin" (quotaflow/tenants/grants.py); keys made
+    # before scopes are "admin" (migration 0024).
+    scope: Mapped[str] = mapped_column(String(16), default="admin", server_default="admin")
+    # When it stops working: its own expiry, or the end of a rotation's grace period, when
+    # `replaced_by` names the key that took over. None: never.
+    expires_at: Mapped[datetime | None]
+    replaced_by: Mapped[str | None] = mapped_column(String(64))
+    # Written at most once a minute per key (quotaflow/tenants/key_cache.py), not per request.
+    last_used_at: Mapped[datetime | None]
+    allowed_models: Mapped[list[str] | None] = mapped_column(JsonType)
+    allowed_deployments: Mapped[list[str] | None] = mapped_column(JsonType)
 
 
 class File(Base):
@@ -358,3 +373,23 @@ class BrokerRun(Base):
     name: Mapped[str] = mapped_column(String(32), primary_key=True)
     run_id: Mapped[str] = mapped_column(String(64))
     seen_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class AuditEvent(Base):
+    """One action on a job, file, batch, key or webhook endpoint: who (key, tenant, client
+    address), what, when. Written in the action's transaction (quotaflow/tenants/audit.py)."""
+
+    __tablename__ = "audit_events"
+    __table_args__ = (Index("ix_audit_events_tenant_id", "tenant", "id"),
+                      Index("ix_audit_events_at", "at"))
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"),
+                                    primary_key=True, autoincrement=True)
+    at: Mapped[datetime] = mapped_column(default=utcnow)
+    tenant: Mapped[str] = mapped_column(String(64))
+    # The key that acted; None for `quotaflow keys` on the database (the operator's CLI).
+    key_id: Mapped[str | None] = mapped_column(String(64))
+    action: Mapped[str] = mapped_column(String(32))  # create, cancel, retry, delete, ...
+    object_type: Mapped[str] = mapped_column(String(32))  # job, batch, file, key, ...
+    object_id: Mapped[str] = mapped_column(String(128))
+    client: Mapped[str | None] = mapped_column(String(64))  # the client's address

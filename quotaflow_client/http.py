@@ -250,6 +250,12 @@ class ApiClient:
             params["endpoint"] = endpoint_id
         return _data(self._request("GET", "/webhooks/deliveries", params=params))
 
+    def audit_events(self, tenant: str | None, limit: int) -> list[dict[str, Any]]:
+        params: dict[str, Any] = {"limit": limit}
+        if tenant:
+            params["tenant"] = tenant
+        return _data(self._request("GET", "/audit", params=params))
+
     def stream_lines(self, job_id: str, errors: bool) -> Iterator[bytes]:
         path = f"/jobs/{job_id}/{'errors' if errors else 'results'}"
         try:

@@ -64,17 +64,18 @@ def reap_forever() -> None:
                                 requeued)
                 for job_id in expire_overdue(sessions):
                     log.warning("reaper: job %s passed its completion window: expired", job_id)
-                _lifecycle(sessions, interval)
+                _lifecycle(sessions, interval, settings.result_retention_s)
         except Exception:  # a Redis or Postgres outage must not end the reaper
             log.exception("reaper round failed; trying again in %.0fs", interval)
 
 
-def _lifecycle(sessions: sessionmaker[Session], interval: float) -> None:
+def _lifecycle(sessions: sessionmaker[Session], interval: float, audit_kept_s: int) -> None:
     """Batches left validating by a dead API fail; expired outputs and uploads, and
-    deletions cut off, are purged for at most half a round (the rest next round)."""
+    deletions cut off, are purged for at most half a round (the rest next round), and
+    audit events older than the results' retention are pruned."""
     for job_id in fail_abandoned(sessions, ABANDONED_AFTER):
         log.warning("reaper: batch %s was left validating: failed", job_id)
-    swept = retention.sweep(sessions, budget_s=interval / 2)
+    swept = retention.sweep(sessions, budget_s=interval / 2, audit_kept_s=audit_kept_s)
     for job_id in swept.expired_jobs:
         log.info("reaper: the output of job %s expired: deleting it", job_id)
     if swept.removed_files or swept.purged_jobs:

@@ -17,7 +17,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.console.routes import page, router
 from api.console.session import CsrfRefused, SignInRequired
-from quotaflow.errors import JobStateError, NotFound, QuotaflowError
+from quotaflow.errors import JobStateError, NotFound, PermissionDenied, QuotaflowError
 
 PREFIX = "/console"
 # The console's pages run no script but its own and load nothing from elsewhere; the
@@ -86,7 +86,7 @@ def _error_page(request: Request, exc: Exception) -> Response:
     status, title = 400, "Not done"
     if isinstance(exc, NotFound):
         status, title = 404, "Not found"
-    elif isinstance(exc, CsrfRefused):
+    elif isinstance(exc, CsrfRefused | PermissionDenied):
         status, title = 403, "Refused"
     elif isinstance(exc, JobStateError):
         status, title = 409, "Not possible now"

@@ -47,6 +47,8 @@ from quotaflow.jobs import view as job_view
 from quotaflow.models import JobStatus
 from quotaflow.observe import bound_data, console_data, report_data
 from quotaflow.results import output
+from quotaflow.tenants import audit
+from quotaflow.tenants.grants import Scope
 
 PAGE_SIZE = 20
 templates = Jinja2Templates(directory=Path(__file__).parent / "templates")
@@ -188,9 +190,10 @@ def download(job_id: IdPath, which: str, sessions: SessionsDep, who: ViewerDep) 
 def cancel(job_id: IdPath, request: Request, sessions: SessionsDep, who: ViewerDep,
            csrf_token: CsrfForm = None) -> Response:
     check_post(request, who, csrf_token)
+    who.require(Scope.SUBMIT, "cancelling a job")
     with sessions() as session:
         jobs.get_job(session, job_id, who.tenant)
-    jobs.cancel_job(sessions, job_id)
+    jobs.cancel_job(sessions, job_id, _actor(request, who))
     job_reads().forget(job_id)
     return RedirectResponse(f"/console/jobs/{job_id}", status_code=303)
 
@@ -200,9 +203,10 @@ def retry(job_id: IdPath, request: Request, sessions: SessionsDep, who: ViewerDe
           settings: SettingsDep, dispatcher: DispatcherDep,
           csrf_token: CsrfForm = None) -> Response:
     check_post(request, who, csrf_token)
+    who.require(Scope.SUBMIT, "retrying a job's failed lines")
     with sessions() as session:
         jobs.get_job(session, job_id, who.tenant)
-    jobs.retry_failed(sessions, job_id, dispatcher, settings)
+    jobs.retry_failed(sessions, job_id, dispatcher, settings, _actor(request, who))
     job_reads().forget(job_id)
     return RedirectResponse(f"/console/jobs/{job_id}", status_code=303)
 
@@ -218,6 +222,11 @@ def limits(request: Request, who: ViewerDep, deployments: DeploymentsDep,
     rows = [describe(d, limiter) for d in deployments.deployments.values()]
     return page(request, "limits.html", who=who, rows=rows, flower=settings.flower_url,
                 grafana=settings.grafana_url)
+
+
+def _actor(request: Request, who: Viewer) -> audit.Actor:
+    return audit.Actor(who.tenant, None if who.key_id == "none" else who.key_id,
+                       request.client.host if request.client else None)
 
 
 def _job_context(sessions: Any, job_id: str, who: Viewer) -> dict[str, Any]:

@@ -19,8 +19,9 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from quotaflow.config import Settings
 from quotaflow.constants import DEFAULT_TENANT
-from quotaflow.errors import AuthenticationError, PermissionDenied, QuotaflowError
-from quotaflow.tenants.keys import operator_for_key, tenant_for_key
+from quotaflow.errors import AuthenticationError, QuotaflowError
+from quotaflow.tenants.grants import Grant, Scope
+from quotaflow.tenants.keys import key_grant
 
 COOKIE = "quotaflow_console"
 CSRF_FIELD = "csrf_token"
@@ -40,6 +41,12 @@ class Viewer:
     tenant: str
     operator: bool
     cookie: str  # the key (or, auth off, a random stand-in): what the CSRF token binds to
+    scope: Scope = Scope.ADMIN
+    key_id: str = "none"
+
+    def require(self, needed: Scope, action: str) -> None:
+        """ScopeDenied (403) where the key's scope is below what `action` needs."""
+        Grant(self.key_id, self.tenant, self.operator, self.scope).require(needed, action)
 
     @property
     def csrf(self) -> str:
@@ -51,7 +58,7 @@ def csrf_token(cookie: str) -> str:
 
 
 def identify(sessions: sessionmaker[Session], settings: Settings, key: str | None) -> Viewer:
-    """The viewer a key stands for; SignInRequired for none or an unknown one."""
+    """The viewer a key stands for; SignInRequired for none, an unknown or an expired one."""
     if not settings.auth:
         if not key:
             raise SignInRequired("sign in")
@@ -60,15 +67,10 @@ def identify(sessions: sessionmaker[Session], settings: Settings, key: str | Non
         raise SignInRequired("sign in with an API key")
     with sessions() as session:
         try:
-            tenant = tenant_for_key(session, key)
+            grant = key_grant(session, key)
         except AuthenticationError as exc:
             raise SignInRequired(str(exc)) from exc
-        try:
-            operator_for_key(session, key)
-            operator = True
-        except PermissionDenied:
-            operator = False
-    return Viewer(tenant, operator, key)
+    return Viewer(grant.tenant, grant.operator, key, grant.scope, grant.key_id)
 
 
 def sign_in_value(settings: Settings, key: str) -> str:

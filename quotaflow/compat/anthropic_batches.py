@@ -25,13 +25,21 @@ from quotaflow.config import Settings
 from quotaflow.constants import OUTPUT_ANTHROPIC
 from quotaflow.deployments.catalog import Deployments
 from quotaflow.dispatch.queues import Dispatcher
-from quotaflow.errors import InputFileError, InvalidParameter, InvalidRequest, JobNotFound
+from quotaflow.errors import (
+    InputFileError,
+    InvalidParameter,
+    InvalidRequest,
+    JobNotFound,
+    ModelNotAllowed,
+)
 from quotaflow.ingest import pipeline as ingest
 from quotaflow.ingest.formats import BETA_NAME
 from quotaflow.jobs import tallies
 from quotaflow.jobs import view as job_view
 from quotaflow.models import ItemStatus, Job, JobStatus, utcnow
 from quotaflow.results.output import iter_output
+from quotaflow.tenants import audit
+from quotaflow.tenants.grants import Allowlist
 
 PREFIX = "msgbatch_"
 JOB_PREFIX = "batch_"
@@ -69,7 +77,9 @@ def get_batch(session: Session, message_batch_id: str, tenant: str | None) -> Jo
 def create_batch(sessions: sessionmaker[Session], body: bytes, *, tenant: str,
                  settings: Settings, deployments: Deployments, dispatcher: Dispatcher,
                  queue: str | None = None, idempotency_key: str | None = None,
-                 anthropic_beta: str | None = None) -> ingest.Created:
+                 anthropic_beta: str | None = None,
+                 allow: Allowlist | None = None,
+                 actor: audit.Actor | None = None) -> ingest.Created:
     """Ingest the body's requests as a job with Anthropic output, or refuse it whole
     (BatchBodyError, or ingest's errors) and store nothing. A new job comes with its
     items' counts, which need not be counted again. `anthropic_beta`, the request's
@@ -77,7 +87,8 @@ def create_batch(sessions: sessionmaker[Session], body: bytes, *, tenant: str,
     spec = ingest.JobSpec(
         queue=batches.choose_queue(queue, None), tenant=tenant,
         idempotency_key=idempotency_key, max_lines=settings.max_message_batch_requests,
-        completion_window_s=WINDOW_S, output_format=OUTPUT_ANTHROPIC)
+        completion_window_s=WINDOW_S, output_format=OUTPUT_ANTHROPIC, allow=allow,
+        refuse_disallowed=True, actor=actor)
     stream = open_requests(body, settings.max_message_batch_requests,
                            beta_names(anthropic_beta))
     try:
@@ -103,6 +114,8 @@ def _refusal(exc: InputFileError) -> BatchBodyError:
     reasons = [f"requests.{p.line_no - 1}: {p.reason}" for p in exc.problems[:REASONS_SHOWN]]
     if len(exc.problems) > REASONS_SHOWN:
         reasons.append(f"and {len(exc.problems) - REASONS_SHOWN} more")
+    if isinstance(exc, ModelNotAllowed):  # its message names a line; the reasons suffice
+        return BatchBodyError("; ".join(reasons) + " (nothing of the batch was stored)")
     return BatchBodyError("; ".join([exc.message, *reasons]))
 
 

@@ -32,6 +32,7 @@ from quotaflow.jobs import view as job_view
 from quotaflow.models import File, FileChunk, Job, utcnow
 from quotaflow.results import output
 from quotaflow.results.output_pieces import output_pieces, output_stream
+from quotaflow.tenants import audit
 
 CHUNK_BYTES = 1024 * 1024
 PURPOSE_BATCH = "batch"
@@ -45,7 +46,7 @@ JOB_PREFIX = "batch_"
 
 def store_file(sessions: sessionmaker[Session], stream: IO[bytes], *, tenant: str,
                filename: str, purpose: str, max_bytes: int,
-               expires_after_s: int | None = None) -> File:
+               expires_after_s: int | None = None, actor: audit.Actor | None = None) -> File:
     """Copy an upload into the database chunk by chunk; refuse it whole when too large.
     It expires `expires_after_s` after its creation (None: kept until deleted)."""
     if purpose != PURPOSE_BATCH:
@@ -71,6 +72,7 @@ def store_file(sessions: sessionmaker[Session], stream: IO[bytes], *, tenant: st
             session.execute(insert(FileChunk), [{"file_id": file_id, "seq": seq, "data": chunk}])
             seq += 1
         row.bytes = size
+        audit.record(session, actor, "create", "file", file_id)
     return row
 
 

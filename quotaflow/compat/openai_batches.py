@@ -30,11 +30,13 @@ from quotaflow.config import Settings
 from quotaflow.constants import DEFAULT_QUEUE, ENDPOINTS, OUTPUT_OPENAI, QUEUES
 from quotaflow.deployments.catalog import Deployments
 from quotaflow.dispatch.queues import Dispatcher
-from quotaflow.errors import InputFileError, InvalidParameter
+from quotaflow.errors import InputFileError, InvalidParameter, ModelNotAllowed
 from quotaflow.ingest import pipeline as ingest
 from quotaflow.jobs import view as job_view
 from quotaflow.models import Item, Job, JobStatus, Result, utcnow
 from quotaflow.providers.outcomes import FailureCode
+from quotaflow.tenants import audit
+from quotaflow.tenants.grants import Allowlist
 
 # Where a batch names its queue (quotaflow's extension; the X-Quotaflow-Queue header
 # takes precedence).
@@ -59,6 +61,9 @@ class BatchRequest:
     tenant: str
     queue: str | None = None
     idempotency_key: str | None = None
+    # The models and deployments the request's key may use (None: any).
+    allow: Allowlist | None = None
+    actor: audit.Actor | None = None  # who makes it, for the audit log
     # Seconds its output and error files are kept after it ends (OpenAI's
     # output_expires_after, checked by retention.expires_after); None: the default.
     output_expires_after_s: int | None = None
@@ -116,7 +121,8 @@ def create_batch(sessions: sessionmaker[Session], request: BatchRequest, *, sett
         completion_window_s=window_seconds(request.completion_window),
         # OpenAI's Batch API: its output file is OpenAI's, whatever shape the lines had.
         output_format=OUTPUT_OPENAI, dedup=dedup_choice(request.metadata),
-        output_expires_after_s=request.output_expires_after_s)
+        output_expires_after_s=request.output_expires_after_s,
+        allow=request.allow, refuse_disallowed=True, actor=request.actor)
     with sessions() as session:
         upload = files.get_file(session, request.input_file_id, request.tenant)
         spec = replace(spec, filename=upload.filename)
@@ -135,15 +141,23 @@ def create_batch(sessions: sessionmaker[Session], request: BatchRequest, *, sett
                 sessions, files.open_stored(session, upload.id), settings=settings,
                 deployments=deployments, dispatcher=dispatcher, spec=spec, job_id=job_id,
                 reopen=lambda: files.open_stored(session, upload.id)).job
+    except ModelNotAllowed:
+        _discard(sessions, job_id)  # refused as a request: 400, and no batch
+        raise
     except InputFileError as exc:
         return _refused(sessions, job_id, exc)
     except BaseException:
         # Refused as a request (quota, spend) or cut off: no batch, as before it began.
-        # With the database out of reach too, fail_abandoned fails it later.
-        with contextlib.suppress(SQLAlchemyError), sessions.begin() as session:
-            session.execute(delete(Job).where(Job.id == job_id,
-                                              Job.status == JobStatus.VALIDATING))
+        _discard(sessions, job_id)
         raise
+
+
+def _discard(sessions: sessionmaker[Session], job_id: str) -> None:
+    """The `validating` row of a batch refused as a request. With the database out of
+    reach too, fail_abandoned fails it later."""
+    with contextlib.suppress(SQLAlchemyError), sessions.begin() as session:
+        session.execute(delete(Job).where(Job.id == job_id,
+                                          Job.status == JobStatus.VALIDATING))
 
 
 def _by_key(sessions: sessionmaker[Session], spec: ingest.JobSpec) -> Job:

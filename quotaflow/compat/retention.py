@@ -45,6 +45,7 @@ from quotaflow.jobs import view as job_view
 from quotaflow.models import File, FileChunk, Item, ItemStatus, Job, JobStatus, Result, utcnow
 from quotaflow.offload import OWNER as PROVIDER_BATCH_OWNER
 from quotaflow.offload.batch_tables import ProviderBatch, ProviderBatchLine
+from quotaflow.tenants import audit
 
 # OpenAI's bounds for `expires_after` and `output_expires_after`: 1 hour to 30 days.
 MIN_EXPIRY_S = 3600
@@ -105,7 +106,8 @@ def require_results(job: Job) -> None:
 
 # --- deleting on request -----------------------------------------------------------
 
-def delete_job(sessions: sessionmaker[Session], job_id: str, tenant: str) -> Job:
+def delete_job(sessions: sessionmaker[Session], job_id: str, tenant: str,
+               actor: audit.Actor | None = None) -> Job:
     """Delete a finished job's results and its lines' bodies; the job stays, a tombstone
     (`deleted`), which is returned. Deleting it again returns it again.
 
@@ -127,22 +129,25 @@ def delete_job(sessions: sessionmaker[Session], job_id: str, tenant: str) -> Job
                 raise JobStateError(f"job {job_id} has calls still in flight; delete it once "
                                     "they have finished (within QUOTAFLOW_LEASE_S)")
             _mark(session, job, DELETED, now)
+            audit.record(session, actor, "delete", "job", job_id)
     purge_job(sessions, job_id, deadline=time.monotonic() + INLINE_PURGE_S)
     with sessions() as session:
         return session.get_one(Job, job_id)
 
 
-def delete_file(sessions: sessionmaker[Session], file_id: str, tenant: str) -> None:
+def delete_file(sessions: sessionmaker[Session], file_id: str, tenant: str,
+                actor: audit.Actor | None = None) -> None:
     """DELETE /v1/files/{id}: an upload and its bytes; a batch's output or error file
     deletes that batch's results (delete_job): both files are views of them."""
     with sessions() as session:
         virtual = files.virtual_file(session, file_id, tenant)
     if virtual is not None:
-        delete_job(sessions, virtual.job_id, tenant)
+        delete_job(sessions, virtual.job_id, tenant, actor)
         return
     now = utcnow()
     with sessions.begin() as session:
         files.get_file(session, file_id, tenant).expires_at = now
+        audit.record(session, actor, "delete", "file", file_id)
     deadline = time.monotonic() + INLINE_PURGE_S
     _drain(sessions, _one(File, File.id == file_id, File.expires_at <= now), _purge_file_chunk,
            deadline)
@@ -163,17 +168,19 @@ def purge_job(sessions: sessionmaker[Session], job_id: str,
 @dataclass
 class Swept:
     """What one sweep did: jobs whose output expired (marked), files and jobs whose last
-    rows it removed."""
+    rows it removed, audit events pruned."""
 
     expired_jobs: list[str] = field(default_factory=list)
     removed_files: int = 0
     purged_jobs: int = 0
+    pruned_events: int = 0
 
 
 def sweep(sessions: sessionmaker[Session], *, budget_s: float,
-          now: datetime | None = None) -> Swept:
+          now: datetime | None = None, audit_kept_s: int = 0) -> Swept:
     """Mark what has expired, then purge, for about `budget_s` seconds (the rest next
-    time). Safe on every worker at once; PostgreSQL only (SKIP LOCKED, make_interval)."""
+    time), and prune audit events older than `audit_kept_s` (0: kept). Safe on every
+    worker at once; PostgreSQL only (SKIP LOCKED, make_interval)."""
     now = now or utcnow()
     deadline = time.monotonic() + budget_s
     swept = Swept()
@@ -195,6 +202,12 @@ def sweep(sessions: sessionmaker[Session], *, budget_s: float,
     swept.purged_jobs = _drain(sessions, _one(Job, Job.deleted_at.is_not(None),
                                               Job.purged_at.is_(None), order=Job.deleted_at),
                                _purge_job_chunk, deadline)
+    while audit_kept_s > 0:  # one batch at least, however the purges spent the time
+        with sessions.begin() as session:
+            pruned = audit.prune(session, audit_kept_s, now)
+        swept.pruned_events += pruned
+        if pruned < audit.PRUNE_BATCH or time.monotonic() >= deadline:
+            break
     return swept
 
 

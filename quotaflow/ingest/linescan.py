@@ -35,6 +35,7 @@ from quotaflow.ingest.jsonlines import load_object, read_screened_lines
 from quotaflow.jobs.service import new_request_id
 from quotaflow.providers.outcomes import FailureCode
 from quotaflow.tenants import quotas
+from quotaflow.tenants.grants import Allowlist
 
 # A line asking for cache writes (Anthropic's cache_control, on a block or the request)
 # names this key; a line that merely quotes it is counted as asking, which only raises
@@ -69,8 +70,14 @@ class LineScan:
 
     def __init__(self, job_id: str, settings: Settings, deployments: Deployments,
                  room: quotas.Headroom | None, max_lines: int | None = None,
-                 batch_endpoint: str | None = None, dedup: bool | None = None) -> None:
+                 batch_endpoint: str | None = None, dedup: bool | None = None,
+                 allow: Allowlist | None = None, refuse_disallowed: bool = False) -> None:
         self.job_id = job_id
+        # The models and deployments the job's key may use; a line outside them fails
+        # `model_not_allowed`, or, for a batch validated as a whole, refuses the file.
+        self.allow = allow if allow is not None and allow.limits else None
+        self.refuse_disallowed = refuse_disallowed
+        self.not_allowed: list[LineProblem] = []
         # The job's choice on sharing identical lines (None: dedup.answer_is_fixed's rule).
         self.dedup = dedup
         self.settings = settings
@@ -133,6 +140,13 @@ class LineScan:
             route, reason = self._route(line_no, request.url, request.body)
             if route is None:
                 self._bad(writer, line_no, request.custom_id, reason)
+                continue
+            if self.allow is not None and (refused := self.allow.refusal(
+                    request.body.get("model"), route, self.deployments)) is not None:
+                if self.refuse_disallowed and len(self.not_allowed) < MAX_PROBLEMS:
+                    self.not_allowed.append(LineProblem(line_no, refused))
+                self._bad(writer, line_no, request.custom_id, refused,
+                          FailureCode.MODEL_NOT_ALLOWED)
                 continue
             body = canonical_body(request.body)
             # Hashed only where an identical line may share its answer (in this job, or a
@@ -217,10 +231,11 @@ class LineScan:
                           "add a route for it to the deployments file")
         return route, ""
 
-    def _bad(self, writer: RowWriter, line_no: int, custom_id: str | None, reason: str) -> None:
+    def _bad(self, writer: RowWriter, line_no: int, custom_id: str | None, reason: str,
+             code: FailureCode = FailureCode.INVALID_REQUEST) -> None:
         """A refused line: a failed item and its error row, never a lost line."""
         if len(self.problems) < MAX_PROBLEMS:
             self.problems.append(LineProblem(line_no, reason))
-        error = orjson.dumps({"code": str(FailureCode.INVALID_REQUEST), "line": line_no,
+        error = orjson.dumps({"code": str(code), "line": line_no,
                               "message": f"line {line_no}: {reason}"})
         writer.invalid(line_no, custom_id, new_request_id(), error)

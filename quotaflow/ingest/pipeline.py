@@ -40,6 +40,7 @@ from quotaflow.errors import (
     InvalidParameter,
     JobStateError,
     LineProblem,
+    ModelNotAllowed,
     ServiceUnavailable,
 )
 from quotaflow.ingest.bulkwrite import DuplicateCustomId, row_writer
@@ -51,7 +52,8 @@ from quotaflow.ingest.jsonlines import read_lines
 from quotaflow.ingest.linescan import MAX_PROBLEMS, LineScan
 from quotaflow.jobs.service import MAX_ATTEMPTS_LIMIT
 from quotaflow.models import Item, ItemStatus, Job, JobStatus, utcnow
-from quotaflow.tenants import quotas, spend
+from quotaflow.tenants import audit, quotas, spend
+from quotaflow.tenants.grants import Allowlist
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +84,13 @@ class JobSpec:
     dedup: bool | None = None
     # Seconds its output is kept after it ends; None: QUOTAFLOW_RESULT_RETENTION_S.
     output_expires_after_s: int | None = None
+    # The models and deployments its key and tenant may use (None: any). A line outside
+    # them fails `model_not_allowed`; with `refuse_disallowed` (a batch that is validated
+    # as a whole, as OpenAI's and Anthropic's Batch APIs do) it refuses the file.
+    allow: Allowlist | None = None
+    refuse_disallowed: bool = False
+    # Who creates it: a row of the audit log, in the transaction that stores the job.
+    actor: audit.Actor | None = None
 
 
 @dataclass(frozen=True)
@@ -199,10 +208,15 @@ def _fill(session: Session, job_id: str, stream: IO[bytes], spec: JobSpec, setti
     room = quotas.headroom(session, settings, spec.tenant) if spec.enforce_quota else None
     lease_until = utcnow() + timedelta(seconds=settings.queue_patience_s)
     scan = LineScan(job_id, settings, deployments, room, spec.max_lines, spec.endpoint,
-                    dedup=spec.dedup)
+                    dedup=spec.dedup, allow=spec.allow,
+                    refuse_disallowed=spec.refuse_disallowed)
     try:
         with row_writer(session, job_id, lease_until) as writer:
             scan.run(stream, writer)
+            if scan.not_allowed:
+                first = scan.not_allowed[0]
+                raise ModelNotAllowed(f"line {first.line_no}: {first.reason}; nothing of the "
+                                      "batch was stored", scan.not_allowed)
             if scan.wrong_endpoint:
                 raise InputFileError(f"the input file has requests for another endpoint than "
                                      f"{spec.endpoint}", scan.wrong_endpoint[:MAX_PROBLEMS])
@@ -228,6 +242,7 @@ def _fill(session: Session, job_id: str, stream: IO[bytes], spec: JobSpec, setti
         raise InvalidParameter("output_format", f"Anthropic output lines carry Messages; the "
                                                 f"file's requests are for {scan.endpoint}: use "
                                                 "output_format=openai")
+    audit.record(session, spec.actor, "create", "job", job_id)
     session.execute(update(Job).where(Job.id == job_id).values(
         total=scan.total, endpoint=scan.endpoint or "", status=JobStatus.IN_PROGRESS,
         in_progress_at=utcnow(), enqueued_tokens=scan.tokens, output_format=output_format))

@@ -16,6 +16,7 @@ from quotaflow.config import Settings
 from quotaflow.dispatch.queues import Dispatcher, batch_refs
 from quotaflow.errors import JobNotFound, JobStateError
 from quotaflow.models import Item, ItemStatus, Job, JobStatus, Result, utcnow
+from quotaflow.tenants import audit
 
 # A job may ask for more tries per request than the default, within reason.
 MAX_ATTEMPTS_LIMIT = 20
@@ -58,14 +59,17 @@ def list_jobs(session: Session, limit: int = 20, after: str | None = None,
     return list(session.scalars(query))
 
 
-def cancel_job(sessions: sessionmaker[Session], job_id: str) -> Job:
-    """Stop new calls for the job; calls in flight finish and keep their results."""
+def cancel_job(sessions: sessionmaker[Session], job_id: str,
+               actor: audit.Actor | None = None) -> Job:
+    """Stop new calls for the job; calls in flight finish and keep their results. The
+    actor's cancel is in the audit log (quotaflow/tenants/audit.py) when it took effect."""
     with sessions.begin() as session:
         job = get_job(session, job_id)
         if job.status in (JobStatus.CANCELLING, JobStatus.CANCELLED):
             return job
         if job.status not in JobStatus.ACTIVE:
             raise JobStateError(f"job {job_id} is {job.status} and can no longer be cancelled")
+        audit.record(session, actor, "cancel", "job", job_id)
         job.status = JobStatus.CANCELLING
         job.cancelling_at = utcnow()
         session.execute(update(Item)
@@ -78,9 +82,10 @@ def cancel_job(sessions: sessionmaker[Session], job_id: str) -> Job:
 
 
 def retry_failed(sessions: sessionmaker[Session], job_id: str, dispatcher: Dispatcher,
-                 settings: Settings) -> int:
+                 settings: Settings, actor: audit.Actor | None = None) -> int:
     """Run a job's failed requests again; invalid lines are not retried (they would fail
-    the same way). Returns how many requests were queued again."""
+    the same way). Returns how many requests were queued again (a retry that queued any
+    is in the audit log)."""
     with sessions.begin() as session:
         # Held: a retention sweep marking its results deleted waits for, or is seen by, this.
         job = session.get(Job, job_id, with_for_update={"key_share": True}) or get_job(
@@ -105,6 +110,7 @@ def retry_failed(sessions: sessionmaker[Session], job_id: str, dispatcher: Dispa
             .returning(Item.line_no)).all()
         if not lines and not waiting:
             return 0
+        audit.record(session, actor, "retry", "job", job_id)
         session.execute(delete(Result).where(Result.job_id == job_id,
                                              Result.line_no.in_([*lines, *waiting])))
         job.status = JobStatus.IN_PROGRESS

@@ -31,6 +31,8 @@ class FailureCode(StrEnum):
     BATCH_EXPIRED = "batch_expired"
     # Never sent: the tenant reached its monthly spend limit (quotaflow/tenants/spend.py).
     SPEND_LIMIT_EXCEEDED = "spend_limit_exceeded"
+    # Refused at ingest: its key or tenant may not use the model (quotaflow/tenants/grants.py).
+    MODEL_NOT_ALLOWED = "model_not_allowed"
 
 
 # A line that was never sent, by its item's status (models.ItemStatus): its error

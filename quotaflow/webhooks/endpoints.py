@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from quotaflow.config import Settings
 from quotaflow.errors import InvalidParameter, InvalidRequest, NotFound
 from quotaflow.models import utcnow
+from quotaflow.tenants import audit
 from quotaflow.webhooks import EVENT_TYPES, guard, signing
 from quotaflow.webhooks.webhook_tables import WebhookAttempt, WebhookDelivery, WebhookEndpoint
 
@@ -46,7 +47,8 @@ def parse_events(events: Sequence[str] | None) -> list[str]:
 
 
 def create_endpoint(sessions: sessionmaker[Session], settings: Settings, tenant: str,
-                    url: str, events: Sequence[str] | None) -> tuple[WebhookEndpoint, str]:
+                    url: str, events: Sequence[str] | None,
+                    actor: audit.Actor | None = None) -> tuple[WebhookEndpoint, str]:
     """Store a new endpoint; it and its signing secret (shown this once)."""
     chosen = parse_events(events)
     guard.resolve(url, settings.webhook_allowed_networks)
@@ -60,6 +62,7 @@ def create_endpoint(sessions: sessionmaker[Session], settings: Settings, tenant:
             raise InvalidRequest(f"tenant {tenant} already has {count} webhook endpoints, the "
                                  f"most allowed; remove one first (`quotaflow webhooks remove`)")
         session.add(endpoint)
+        audit.record(session, actor, "create", "webhook", endpoint.id)
     return endpoint, signing.endpoint_secret(settings.webhook_secret_key, endpoint.id)
 
 
@@ -75,10 +78,12 @@ def list_endpoints(session: Session, tenant: str) -> list[WebhookEndpoint]:
                                 .order_by(WebhookEndpoint.created_at, WebhookEndpoint.id)))
 
 
-def remove_endpoint(sessions: sessionmaker[Session], endpoint_id: str, tenant: str) -> None:
+def remove_endpoint(sessions: sessionmaker[Session], endpoint_id: str, tenant: str,
+                    actor: audit.Actor | None = None) -> None:
     """Remove the endpoint with its deliveries: what was not sent yet never will be."""
     with sessions.begin() as session:
         get_endpoint(session, endpoint_id, tenant)
+        audit.record(session, actor, "delete", "webhook", endpoint_id)
         session.execute(delete(WebhookEndpoint).where(WebhookEndpoint.id == endpoint_id))
 
 

@@ -67,8 +67,11 @@ def test_every_import_points_down() -> None:
 
 def test_the_rooms_are_few_arrows_apart() -> None:
     # Counted this way, the 59 flat rooms had 248 arrows between them before the rooms were
-    # folders (20 rooms, 107 arrows when they were made): at most half of that
-    assert len(_rooms_arrows()) <= 248 // 2
+    # folders, over 4 a room (20 rooms, 107 arrows when they were made). A new room (tables,
+    # say) brings its own arrows, so the bound is per room: at most 5 on average, and never
+    # more than the flat layout's.
+    arrows = len(_rooms_arrows())
+    assert arrows <= 5 * len(FLOORS) and arrows < 248, (arrows, len(FLOORS))
 
 
 def test_the_layout_page_gives_the_counted_figures() -> None:
