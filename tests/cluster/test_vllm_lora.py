@@ -53,6 +53,7 @@ def test_each_line_runs_with_its_own_adapter_in_one_continuous_batch(run: LoraRu
     run_mixed_and_alone(run)
     # And vLLM's scheduler ran both adapters' requests and the base model's in one step
     log = log_path.read_text(errors="replace")
-    steps = re.findall(r"vLLM ran requests of (\d+) models in one step \(([^)]*)\)", log)
+    steps = re.findall(r"vLLM ran requests of (\d+) models in one step \((.*)\)$", log,
+                       re.MULTILINE)
     assert any(int(count) == 3 and all(f"{a}: " in held for a in ADAPTERS)
                for count, held in steps), (steps, log[-6000:])

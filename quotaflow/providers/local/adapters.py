@@ -57,7 +57,12 @@ def adapter_rank(path: Path) -> int:
 
 def vllm_lora_args(deployment: Deployment) -> dict[str, Any]:
     """vLLM's LoRA engine arguments: every adapter may run in one batch (max_loras), at
-    the smallest rank vLLM builds its kernels for that holds the largest adapter's."""
+    the smallest rank vLLM builds its kernels for that holds the largest adapter's.
+
+    One slot more than there are adapters, left empty: vLLM's CPU LoRA ops (0.32) index
+    a base-model row's "no adapter" (-1) as the last slot, so with every slot taken the
+    base model's lines in a batch with adapters ran with the last adapter. The empty
+    slot's weights are zeros, and cost one adapter's memory on other platforms."""
     if not deployment.adapters:
         return {}
     largest = max(adapter_rank(path) for path in adapter_dirs(deployment).values())
@@ -65,7 +70,7 @@ def vllm_lora_args(deployment: Deployment) -> dict[str, Any]:
     if rank is None:
         raise ConfigError(f"deployment {deployment.name!r}: an adapter of rank {largest} is "
                           f"above vLLM's largest LoRA rank, {VLLM_RANKS[-1]}")
-    count = len(deployment.adapters)
+    count = len(deployment.adapters) + 1  # the empty slot
     return {"enable_lora": True, "max_loras": count, "max_cpu_loras": count,
             "max_lora_rank": rank}
 
