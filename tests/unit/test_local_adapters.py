@@ -7,12 +7,14 @@ from pathlib import Path
 
 import pytest
 
+from quotaflow.constants import ANTHROPIC_PARAMS
 from quotaflow.deployments.catalog import Deployments, load_deployments
 from quotaflow.deployments.deployment import Deployment
 from quotaflow.errors import ConfigError, PermanentProviderError
 from quotaflow.providers.local.adapters import adapter_for, adapter_ids, vllm_lora_args
 from quotaflow.providers.local.requests import Part, batch_kind, split_kind
 from quotaflow.providers.local.vllm_options import engine_args
+from quotaflow.providers.translate.body import request_body
 
 
 def write_adapter(path: Path, rank: int, pattern: dict[str, int] | None = None) -> str:
@@ -113,3 +115,14 @@ def test_deployments_without_adapters_route_as_before() -> None:
     table = Deployments(deployments={"m": Deployment(name="m", provider="mock", model="x",
                                                      rpm=10, tpm=1000)}, routes={})
     assert table.route_name_for("x") == "x" and table.route_name_for("y") is None
+
+
+def test_a_local_deployment_with_adapters_is_sent_the_lines_own_model(tmp_path: Path) -> None:
+    body = {"model": "support", "messages": [{"role": "user", "content": "hi"}]}
+    # With adapters, the line's model reaches the local provider, which picks by it
+    assert request_body(body, local(tmp_path, support="/a"))["model"] == "support"
+    anthropic = {ANTHROPIC_PARAMS: {"model": "support", "max_tokens": 4,
+                                    "messages": [{"role": "user", "content": "hi"}]}}
+    assert request_body(anthropic, local(tmp_path, support="/a"))["model"] == "support"
+    # Without, the deployment's model, as for every OpenAI-compatible deployment
+    assert request_body(body, local(tmp_path))["model"] == "tiny"
