@@ -105,3 +105,35 @@ def test_an_image_url_line_is_answered_from_its_image(
     seen = {key: [(t["token"], round(t["logprob"], 4))
                   for t in a["choices"][0]["logprobs"]["content"]] for key, a in answers.items()}
     assert seen["red"] == seen["red-again"] != seen["green"], seen
+
+
+def test_an_anthropic_image_block_reaches_the_model(worker: tuple[Proc, Settings, Path],
+                                                    pg_url: str) -> None:
+    proc, settings, model_dir = worker
+    sessions = session_factory(pg_url)
+    # Given an Anthropic Message Batches line with a base64 image block
+    data = png_data_url((200, 30, 30)).split(",", 1)[1]
+    params = {"model": "vlm", "max_tokens": 4, "messages": [{"role": "user", "content": [
+        {"type": "text", "text": QUESTION},
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                     "data": data}}]}]}
+    deployments = settings.load_deployments()
+    dispatcher = PlacingDispatcher(CeleryDispatcher(REDIS_URL), sessions, deployments)
+    job = pipeline.create_job_in_process(
+        sessions, io.BytesIO(jsonl([{"custom_id": "anthropic", "params": params}])),
+        settings=settings, deployments=deployments, dispatcher=dispatcher,
+        queue="standard").id
+    deadline = time.monotonic() + 300
+    while (status := job_status(sessions, job)) == "in_progress":
+        assert time.monotonic() < deadline, proc.log()
+        time.sleep(0.3)
+    with sessions() as session:
+        rows = [json.loads(text) for text in output.iter_output(session, job, False)]
+    # Then it was answered, its prompt counting the image's tokens beside the text
+    assert status == "completed" and len(rows) == 1, (status, rows, proc.log())
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": QUESTION}], chat_template=CHAT_TEMPLATE, tokenize=False,
+        add_generation_prompt=True)
+    prompt = len(tokenizer(text, add_special_tokens=False)["input_ids"])
+    assert f'"input_tokens": {prompt + QUERY_TOKENS}' in json.dumps(rows[0]), rows[0]
