@@ -155,17 +155,18 @@ class Deployments(BaseModel):
         with it: the model itself where a route or a deployment names it, else "*"
         where the file has that route, else None (nothing serves the model)."""
         if model is not None and (model in self.routes or any(
-                d.model == model for d in self.deployments.values())):
+                d.serves(model) for d in self.deployments.values())):
             return model
         return "*" if "*" in self.routes else None
 
     def route_named(self, name: str | None) -> Route | None:
-        """The route of that name: an explicit one, or every deployment of that model."""
+        """The route of that name: an explicit one, or every deployment serving that model
+        (its own, or one of its LoRA adapters)."""
         if name is None:
             return None
         if name in self.routes:
             return self.routes[name]
-        same = [d.name for d in self.deployments.values() if d.model == name]
+        same = [d.name for d in self.deployments.values() if d.serves(name)]
         return Route(deployments=same) if same else None
 
 

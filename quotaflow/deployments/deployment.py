@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
+from quotaflow.deployments.adapters import check_adapters, served_models
 from quotaflow.deployments.extras import ExtraValue, check_headers
 from quotaflow.deployments.google import check_google
 from quotaflow.deployments.limits import Budget, Refunds
@@ -206,6 +207,14 @@ class Deployment(BaseModel):
         default=None,
         description="`local` (required): a directory written by `save_pretrained` (weights "
         "and tokenizer), or a hub id where the worker may download.")
+    adapters: dict[str, str] = Field(
+        default_factory=dict, json_schema_extra={"default_text": "none"},
+        description="`local`: LoRA adapters, name -> a directory written by peft's "
+        "`save_pretrained` (e.g. `{ support = \"/models/support-lora\" }`). A line whose "
+        "`model` is an adapter's name runs with that adapter, one whose `model` is `model` on "
+        "the base weights; routes find the deployment by its adapters' names too, and with "
+        "adapters any other model fails its line. vLLM serves them in one continuous batch; "
+        "transformers runs one adapter per model batch (peft).")
     dtype: LocalDtype = Field(
         default="auto",
         description="`local`: `auto` is bfloat16 on a GPU that supports it (float16 without "
@@ -301,6 +310,7 @@ class Deployment(BaseModel):
         if self.provider in ("azure", "azure-batch"):
             self._check_azure()
         check_headers(self.headers)
+        check_adapters(self.provider, self.model, self.adapters)
         if (self.headers or self.query) and self.provider in ("mock", "local"):
             raise ValueError(f"provider {self.provider!r} makes no HTTP calls: headers and "
                              "query apply to the kinds that do")
@@ -358,6 +368,10 @@ class Deployment(BaseModel):
         elif not self.tpm:
             more = " (or itpm and otpm)" if self.provider == "anthropic" else ""
             raise ValueError(f"tpm{more} is required: the provider's tokens-per-minute limit")
+
+    def serves(self, model: str) -> bool:
+        """Whether a line of that model can run here: its own model, or one of its adapters."""
+        return model in served_models(self.model, self.adapters)
 
     @property
     def is_batch(self) -> bool:

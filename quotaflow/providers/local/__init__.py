@@ -19,7 +19,7 @@ from quotaflow.errors import EngineStopped, RetryableProviderError
 from quotaflow.providers.base import ProviderResponse
 from quotaflow.providers.local import runners
 from quotaflow.providers.local.answers import answer_body
-from quotaflow.providers.local.requests import Part, parts_for
+from quotaflow.providers.local.requests import Part, batch_kind, parts_for
 from quotaflow.providers.local.runners import (  # the package's API: __all__
     Runner,
     _runners,
@@ -77,7 +77,7 @@ class LocalProvider:
             futures = [runner.engine.answer(p, priority) for p in parts]  # type: ignore[attr-defined]
         else:
             futures = [asyncio.wrap_future(runner.batcher.submit(
-                p.kind, p.prompt_tokens, p.max_new_tokens, p.payload, priority))
+                batch_kind(p), p.prompt_tokens, p.max_new_tokens, p.payload, priority))
                 for p in parts]
         try:
             answers = await asyncio.wait_for(asyncio.gather(*futures), deployment.timeout_s)

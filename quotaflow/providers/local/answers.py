@@ -19,12 +19,14 @@ FINGERPRINT = "quotaflow-local"
 
 def answer_body(url: str, deployment: Deployment, parts: list[Part],
                 answers: list[Any]) -> dict[str, Any]:
-    """The OpenAI-shaped body for a request's parts and their answers."""
+    """The OpenAI-shaped body for a request's parts and their answers; its `model` is the
+    adapter's name where the line ran with one, as vLLM's server answers."""
     prompt_tokens = sum(p.prompt_tokens for p in parts)
+    model = parts[0].adapter or deployment.model
     if url == ENDPOINT_EMBEDDINGS:
         return {
             "object": "list",
-            "model": deployment.model,
+            "model": model,
             "data": [{"object": "embedding", "index": i, "embedding": vector}
                      for i, vector in enumerate(answers)],
             "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
@@ -44,7 +46,7 @@ def answer_body(url: str, deployment: Deployment, parts: list[Part],
         "id": f"{prefix}-{uuid.uuid4().hex[:24]}",
         "object": kind,
         "created": int(time.time()),
-        "model": deployment.model,
+        "model": model,
         "system_fingerprint": f"{FINGERPRINT}-{deployment.engine}",
         "choices": choices,
         "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,

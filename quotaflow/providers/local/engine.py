@@ -9,6 +9,7 @@ steps after it cost only what the rows still generating need; transformers'
 generate() would carry it, padded, until the longest row ends.
 """
 
+import contextlib
 import inspect
 import os
 import threading
@@ -20,8 +21,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
 from quotaflow.deployments.deployment import Deployment
 from quotaflow.errors import ConfigError, EngineStopped, RetryableProviderError
+from quotaflow.providers.local.lora import LoraAdapters
 from quotaflow.providers.local.prompt_ids import PromptIds
-from quotaflow.providers.local.requests import EMBED, Generated, GenerationRequest
+from quotaflow.providers.local.requests import EMBED, Generated, GenerationRequest, split_kind
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -106,6 +108,8 @@ class TransformersEngine(PromptIds):
                 "weights, tokenizer files)") from exc
         # transformers types the wrapper of .to as unbound (its self the model).
         self.model = model.to(self.device).eval()  # type: ignore[arg-type]
+        # LoRA adapters go into the model's own layers: the calls below stay as they are.
+        self.adapters = LoraAdapters(self.model, deployment) if deployment.adapters else None
         # The prompt's pass needs the logits of its last position only: over a vocabulary of
         # 150k, all of them would take more memory than the rest of the batch.
         accepts = inspect.signature(model.forward).parameters
@@ -136,9 +140,11 @@ class TransformersEngine(PromptIds):
         self.stopped = True
 
     def run_batch(self, kind: Hashable, payloads: Sequence[Any]) -> list[Any]:
-        """The batcher's callback: errors of the device become retryable provider errors."""
+        """The batcher's callback: errors of the device become retryable provider errors.
+        A batch's kind names its LoRA adapter, if any (the batcher groups by it)."""
+        kind, adapter = split_kind(kind)
         try:
-            with torch.inference_mode():
+            with torch.inference_mode(), self._adapter(adapter):
                 if kind == EMBED:
                     return self.embed(payloads)
                 return self.generate(payloads)
@@ -148,6 +154,13 @@ class TransformersEngine(PromptIds):
                 "max_batch_tokens or max_batch_size") from exc
         except RuntimeError as exc:
             raise RetryableProviderError(f"{self.name}: the model failed: {exc}") from exc
+
+    def _adapter(self, adapter: str | None) -> Any:
+        """The adapter's context for a batch: nothing to switch on a model without any (a
+        request names an adapter only where its deployment has them: adapters.py)."""
+        if self.adapters is None:
+            return contextlib.nullcontext()
+        return self.adapters.use(adapter)
 
     def _left_padded(self, rows: Sequence[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         width = max(len(r) for r in rows)

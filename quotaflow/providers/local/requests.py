@@ -14,6 +14,7 @@ from typing import Any, Protocol
 from quotaflow.budget.tokens import max_output_tokens
 from quotaflow.constants import ENDPOINT_CHAT, ENDPOINT_COMPLETIONS, ENDPOINT_EMBEDDINGS
 from quotaflow.deployments.deployment import Deployment
+from quotaflow.providers.local.adapters import adapter_for
 from quotaflow.providers.local.content import ImageRef, template_messages
 from quotaflow.providers.local.sampling import bad_request, extra_sampling
 
@@ -97,17 +98,32 @@ class Part:
     prompt_tokens: int
     max_new_tokens: int
     payload: Any
+    adapter: str | None = None  # the LoRA adapter its line's model names; None: base
+
+
+def batch_kind(part: Part) -> Hashable:
+    """What the batcher groups by: the work's kind, and its adapter where it has one (a
+    model batch of the transformers engine runs with one adapter, or none)."""
+    return part.kind if part.adapter is None else (part.kind, part.adapter)
+
+
+def split_kind(kind: Hashable) -> tuple[Hashable, str | None]:
+    """batch_kind's answer as (kind, adapter)."""
+    if isinstance(kind, tuple):
+        return kind[0], kind[1]
+    return kind, None
 
 
 def parts_for(url: str, body: dict[str, Any], engine: Tokenizer,
               deployment: Deployment) -> list[Part]:
     """The batcher work for one request; refuses what the engine cannot do (HTTP 400)."""
+    adapter = adapter_for(body, deployment)
     if url == ENDPOINT_EMBEDDINGS:
         inputs = body.get("input")
         texts = [inputs] if isinstance(inputs, str) else inputs
         if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
             raise bad_request("input must be a string or a non-empty list of strings")
-        return [_checked(Part(EMBED, len(ids), 0, ids), engine)
+        return [_checked(Part(EMBED, len(ids), 0, ids, adapter), engine)
                 for ids in (engine.text_ids(text) for text in texts)]
     images: tuple[ImageRef, ...] = ()
     if url == ENDPOINT_CHAT:
@@ -133,7 +149,7 @@ def parts_for(url: str, body: dict[str, Any], engine: Tokenizer,
         ids, limit,
         float(deployment.default_temperature if temperature is None else temperature),
         float(deployment.default_top_p if top_p is None else top_p), images=images, **extra)
-    return [_checked(Part(GENERATE, len(ids), limit, request), engine)]
+    return [_checked(Part(GENERATE, len(ids), limit, request, adapter), engine)]
 
 
 def _checked(part: Part, engine: Tokenizer) -> Part:

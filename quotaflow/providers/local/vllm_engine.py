@@ -43,6 +43,7 @@ from quotaflow.providers.local.requests import (
     Part,
 )
 from quotaflow.providers.local.sampling import VLLM_APPLIES, bad_request
+from quotaflow.providers.local.vllm_adapters import adapter_steps, lora_requests
 from quotaflow.providers.local.vllm_options import (
     check_device,
     check_model_path,
@@ -62,6 +63,7 @@ try:
     from transformers import AutoProcessor, AutoTokenizer
     from vllm import AsyncEngineArgs, PoolingParams, SamplingParams, TokensPrompt
     from vllm.exceptions import VLLMClientError
+    from vllm.lora.request import LoRARequest
     from vllm.platforms import current_platform
     from vllm.sampling_params import RequestOutputKind
     from vllm.utils.gc_utils import freeze_gc_heap
@@ -87,6 +89,8 @@ class VllmEngine(PromptIds):
         self.name = deployment.name
         check_model_path(deployment)
         check_device(deployment, current_platform.device_type or "")
+        # Each LoRA adapter's request, its directory checked before minutes of loading.
+        self._loras: dict[str, LoRARequest] = lora_requests(deployment)
         self.tokenizer = AutoTokenizer.from_pretrained(deployment.model_path)
         self.tokenizer_lock = threading.Lock()  # the Rust tokenizer is not re-entrant
         self._loop = asyncio.new_event_loop()
@@ -97,7 +101,8 @@ class VllmEngine(PromptIds):
         log.info("%s: loading %s on vLLM %s (%s)", self.name, deployment.model_path,
                  vllm.__version__, current_platform.device_type)
         try:
-            self.llm: AsyncLLM = self._call(self._start(args)).result(LOAD_TIMEOUT_S)
+            self.llm: AsyncLLM = self._call(self._start(args, self.name, self._loras)).result(
+                LOAD_TIMEOUT_S)
         except Exception as exc:
             self._loop.call_soon_threadsafe(self._loop.stop)
             raise ConfigError(f"deployment {self.name!r}: vLLM could not load "
@@ -129,8 +134,17 @@ class VllmEngine(PromptIds):
                 self.templater = processor
 
     @staticmethod
-    async def _start(args: "AsyncEngineArgs") -> "AsyncLLM":
-        return AsyncLLM.from_engine_args(args)
+    async def _start(args: "AsyncEngineArgs", name: str,
+                     loras: dict[str, "LoRARequest"]) -> "AsyncLLM":
+        """The engine, with its LoRA adapters loaded (and their steps logged) where it
+        has any: their first lines do not pay for reading them."""
+        if not loras:
+            return AsyncLLM.from_engine_args(args)
+        llm = AsyncLLM.from_engine_args(args, stat_loggers=[adapter_steps(name)])
+        for lora in loras.values():
+            await llm.add_lora(lora)
+        log.info("%s: LoRA adapters %s loaded", name, ", ".join(loras))
+        return llm
 
     def _call(self, coroutine: Coroutine[Any, Any, Any]) -> Future[Any]:
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop)
@@ -157,15 +171,16 @@ class VllmEngine(PromptIds):
     async def _one(self, part: Part, priority: int) -> Any:
         request_id = uuid.uuid4().hex
         try:
+            lora = self._loras[part.adapter] if part.adapter else None
             if part.kind == EMBED:
                 prompt = TokensPrompt(prompt_token_ids=part.payload)
-                return await self._embed(prompt, request_id, priority)
+                return await self._embed(prompt, request_id, priority, lora)
             request: GenerationRequest = part.payload
             # A fetch blocks: off the engine's loop, and only for a prompt with images.
             images = (await asyncio.to_thread(lambda: [load_image(i) for i in request.images])
                       if request.images else [])
             prompt = TokensPrompt(**prompt_kwargs(request, images))
-            return await self._generate(prompt, request, request_id, priority)
+            return await self._generate(prompt, request, request_id, priority, lora)
         except asyncio.CancelledError:  # vLLM's generate() has aborted it on the way out
             log.info("%s: request %s aborted in vLLM (priority %d)", self.name, request_id,
                      priority)
@@ -183,25 +198,27 @@ class VllmEngine(PromptIds):
             raise RetryableProviderError(f"{self.name}: vLLM failed: {exc}") from exc
 
     async def _generate(self, prompt: "TokensPrompt", request: GenerationRequest,
-                        request_id: str, priority: int) -> list[Generated]:
+                        request_id: str, priority: int,
+                        lora: "LoRARequest | None" = None) -> list[Generated]:
         params = SamplingParams(**sampling_kwargs(request, STRUCTURED),
                                 output_kind=RequestOutputKind.FINAL_ONLY)
         final = None
-        async for output in self.llm.generate(prompt, params, request_id, priority=priority):
+        async for output in self.llm.generate(prompt, params, request_id, priority=priority,
+                                              lora_request=lora):
             final = output
         if final is None or not final.outputs:
             raise RetryableProviderError(f"{self.name}: vLLM ended request {request_id} "
                                          "without an answer")
         return generated_from(final, request)
 
-    async def _embed(self, prompt: "TokensPrompt", request_id: str,
-                     priority: int) -> list[float]:
+    async def _embed(self, prompt: "TokensPrompt", request_id: str, priority: int,
+                     lora: "LoRARequest | None" = None) -> list[float]:
         if not self.serves_embeddings:
                 raise bad_request(f"deployment {self.name!r} runs its model for generation; "
                               "embeddings need runner = 'pooling'")
         final = None
         async for output in self.llm.encode(prompt, PoolingParams(task="embed"), request_id,
-                                            priority=priority):
+                                            priority=priority, lora_request=lora):
             final = output
         assert final is not None
         return [float(x) for x in final.outputs.data.tolist()]

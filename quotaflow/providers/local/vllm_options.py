@@ -11,6 +11,7 @@ from typing import Any
 
 from quotaflow.deployments.deployment import Deployment
 from quotaflow.errors import ConfigError
+from quotaflow.providers.local.adapters import vllm_lora_args
 from quotaflow.providers.local.children import descendants
 
 INSTALL_HINT = (
@@ -37,6 +38,7 @@ def engine_args(deployment: Deployment) -> dict[str, Any]:
                 "enable_prefix_caching": deployment.enable_prefix_caching,
                 "max_num_seqs": deployment.max_num_seqs}
     args.update({k: v for k, v in optional.items() if v is not None})
+    args.update(vllm_lora_args(deployment))  # LoRA adapters, where the deployment names any
     return args
 
 

@@ -28,5 +28,14 @@ def request_body(body: dict[str, Any], deployment: Deployment) -> dict[str, Any]
         return generate_request(body, deployment.default_max_tokens)
     params = body.get(ANTHROPIC_PARAMS)
     if params is not None:  # an Anthropic line, to an OpenAI-compatible deployment
-        return chat_request(params, deployment.model)
-    return {**body, "model": deployment.model}
+        return chat_request(params, sent_model(params.get("model"), deployment))
+    return {**body, "model": sent_model(body.get("model"), deployment)}
+
+
+def sent_model(model: Any, deployment: Deployment) -> Any:
+    """The model a deployment is sent: its own, but for a local one with LoRA adapters,
+    where the line's model picks the adapter (or fails the line, if it names none:
+    quotaflow/providers/local/adapters.py)."""
+    if deployment.provider == "local" and deployment.adapters and model is not None:
+        return model
+    return deployment.model
