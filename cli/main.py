@@ -5,7 +5,6 @@ import itertools
 import logging
 import os
 import sys
-from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 import click
@@ -22,6 +21,7 @@ from cli.common import (
     print_json,
 )
 from cli.exit_codes import FINAL
+from cli.locations import INPUT, OUTPUT
 from cli.progress import request_progress
 from cli.tables import (
     TemplateChoice,
@@ -35,6 +35,8 @@ from quotaflow.config import get_settings
 from quotaflow.deployments.pricing import money
 from quotaflow.errors import QuotaflowError
 from quotaflow.observe import logs
+from quotaflow.tables import storage
+from quotaflow.tables.storage import Location
 from quotaflow_client.uploads import count_lines
 
 if TYPE_CHECKING:
@@ -51,12 +53,12 @@ def cli() -> None:
 
 
 @cli.command()
-@click.argument("input_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("-o", "--output", type=click.Path(dir_okay=False, allow_dash=True, path_type=Path),
-              default="-",
+@click.argument("input_file", type=INPUT)
+@click.option("-o", "--output", type=OUTPUT, default="-",
               help="Where result lines go (default: standard output); a .parquet or .csv "
-                   "file: the input's rows with their answers (docs/formats/tables.md).")
-@click.option("--errors", "errors_path", type=click.Path(dir_okay=False, path_type=Path),
+                   "file: the input's rows with their answers (docs/formats/tables.md); a "
+                   "path or an s3://, gs:// or az:// URL (docs/formats/storage.md).")
+@click.option("--errors", "errors_path", type=OUTPUT,
               help="Where error lines go (default: OUTPUT with .errors.jsonl).")
 @QUEUE_OPTION
 @click.option("--concurrency", default=4, show_default=True, type=click.IntRange(1, 256),
@@ -67,7 +69,7 @@ def cli() -> None:
               help="Print the ended job object as JSON on standard output (needs -o FILE "
                    "for the results).")
 @template_options
-def run(input_file: Path, output: Path, errors_path: Path | None, queue: str,
+def run(input_file: Location, output: Location, errors_path: Location | None, queue: str,
         concurrency: int, dedup: bool | None, quiet: bool, as_json: bool,
         **shaping: Any) -> None:
     """Process INPUT_FILE in this process (no broker, no server) and write the results.
@@ -82,11 +84,12 @@ def run(input_file: Path, output: Path, errors_path: Path | None, queue: str,
     choice = TemplateChoice(**shaping)
     table_out = not to_stdout and is_table(output)
     if table_out and choice.template is None:
-        raise click.UsageError(f"{output.name} is a table out: it joins the answers to a "
-                               "table's rows, so give --template too")
-    if errors_path is None:
-        base = input_file if to_stdout else output
-        errors_path = base.with_name(base.stem + ".errors.jsonl")
+        raise click.UsageError(f"{storage.name_of(output)} is a table out: it joins the "
+                               "answers to a table's rows, so give --template too")
+    errors_to = errors_path or storage.sibling(input_file if to_stdout else output,
+                                               ".errors.jsonl")
+    for location in (output, errors_to):  # an unknown scheme: before the job runs
+        storage.check_location(location)
     from cli.embedded import run_file  # the whole engine: only this command needs it
 
     def deliver(lines: "OutputLines") -> None:
@@ -94,15 +97,17 @@ def run(input_file: Path, output: Path, errors_path: Path | None, queue: str,
             write_table(output, input_file, choice.id_column,
                         map(orjson.loads, lines(False)), map(orjson.loads, lines(True)))
         else:
-            with click.open_file(str(output), "w", encoding="utf-8") as out:
+            with storage.local_output(output) as target, \
+                    click.open_file(str(target), "w", encoding="utf-8") as out:
                 out.writelines(lines(False))
         error_lines = list(lines(True))
         if error_lines:
-            errors_path.write_text("".join(error_lines), encoding="utf-8")
+            with storage.local_output(errors_to) as target:
+                target.write_text("".join(error_lines), encoding="utf-8")
 
     with requests_for(input_file, choice) as requests:
         job = run_file(get_settings(), requests, deliver, queue, concurrency,
-                       dedup=dedup, quiet=quiet, filename=input_file.name)
+                       dedup=dedup, quiet=quiet, filename=storage.name_of(input_file))
     counts = job["request_counts"]
     if as_json:
         print_json(job)
@@ -110,12 +115,12 @@ def run(input_file: Path, output: Path, errors_path: Path | None, queue: str,
         click.echo(f"job {job['id']} {job['status']}: {counts['completed']} succeeded, "
                    f"{counts['failed']} failed of {counts['total']}", err=True)
         if counts["failed"]:
-            click.echo(f"error lines written to {errors_path}", err=True)
+            click.echo(f"error lines written to {errors_to}", err=True)
     sys.exit(exit_codes.for_job(job))
 
 
 @cli.command()
-@click.argument("input_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("input_file", type=INPUT)
 @QUEUE_OPTION
 @click.option("--metadata", help='JSON object of strings, e.g. \'{"team": "search"}\'.')
 @click.option("--max-attempts", type=click.IntRange(1, 20),
@@ -135,7 +140,7 @@ def run(input_file: Path, output: Path, errors_path: Path | None, queue: str,
 @QUIET_OPTION
 @JSON_OPTION
 @template_options
-def submit(input_file: Path, queue: str, metadata: str | None, max_attempts: int | None,
+def submit(input_file: Location, queue: str, metadata: str | None, max_attempts: int | None,
            idempotency_key: str | None, timeout: float | None,
            output_format: str | None, dedup: bool | None, quiet: bool, as_json: bool,
            **shaping: Any) -> None:
@@ -152,14 +157,15 @@ def submit(input_file: Path, queue: str, metadata: str | None, max_attempts: int
     api = client(submit_timeout=timeout or settings.submit_timeout_s)
     with requests_for(input_file, choice) as requests, request_progress(quiet) as progress:
         total = None if quiet else count_lines(requests)  # a read of the file, for the bar
-        task = progress.add_task(f"sending {input_file.name}", total=total, unit="lines")
+        task = progress.add_task(f"sending {storage.name_of(input_file)}", total=total,
+                                 unit="lines")
         job = api.create_job(requests, queue,
                              merged_metadata(metadata, choice.metadata(input_file)),
                              max_attempts, idempotency_key=idempotency_key,
                              output_format=output_format, dedup=dedup,
                              on_retry=None if quiet else
                              lambda note: click.echo(f"note: {note}", err=True),
-                             filename=input_file.name,
+                             filename=storage.name_of(input_file),
                              on_sent=lambda lines: progress.update(task, completed=lines))
         if total is not None:
             progress.update(task, completed=total, description=f"{job['id']} stored")

@@ -15,7 +15,8 @@ from typing import Any
 
 import click
 
-from quotaflow.tables import ID_COLUMN_KEY, INPUT_KEY
+from quotaflow.tables import ID_COLUMN_KEY, INPUT_KEY, storage
+from quotaflow.tables.storage import Location
 
 
 def template_options(command: Callable[..., Any]) -> Callable[..., Any]:
@@ -51,18 +52,20 @@ class TemplateChoice:
     response_format: Path | None
     id_column: str | None
 
-    def metadata(self, input_file: Path) -> dict[str, str]:
+    def metadata(self, input_file: Location) -> dict[str, str]:
         """What the job keeps to find its rows again (empty for a JSONL of requests)."""
         if self.template is None:
             return {}
-        found = {INPUT_KEY: str(input_file.resolve())}
+        where = str(input_file) if storage.is_url(input_file) else str(Path(input_file).resolve())
+        found = {INPUT_KEY: where}
         return found | ({ID_COLUMN_KEY: self.id_column} if self.id_column else {})
 
 
 @contextlib.contextmanager
-def requests_for(input_file: Path, choice: TemplateChoice) -> Iterator[Path]:
-    """The JSONL file of requests to send: INPUT_FILE itself, or its rows made into
-    requests through the template (every row first: a failing row stops here)."""
+def requests_for(input_file: Location, choice: TemplateChoice) -> Iterator[Path]:
+    """The JSONL file of requests to send: INPUT_FILE itself (an object's streamed local
+    copy), or its rows made into requests through the template (every row first: a
+    failing row stops here)."""
     from quotaflow.tables.sources import table_format
 
     if choice.template is None:
@@ -70,13 +73,15 @@ def requests_for(input_file: Path, choice: TemplateChoice) -> Iterator[Path]:
             ("--model", choice.model), ("--system", choice.system),
             ("--max-tokens", choice.max_tokens), ("--response-format", choice.response_format),
             ("--id-column", choice.id_column)) if value is not None]
-        if table_format(input_file) in ("parquet", "csv"):
-            raise click.UsageError(f"{input_file.name} is a table: give --template PROMPT.j2 "
+        name = storage.name_of(input_file)
+        if table_format(Path(name)) in ("parquet", "csv"):
+            raise click.UsageError(f"{name} is a table: give --template PROMPT.j2 "
                                    "to say what each row asks")
         if shaping:
             raise click.UsageError(f"{', '.join(shaping)} shape a table's rows: give "
                                    "--template too")
-        yield input_file
+        with storage.local_input(input_file) as local:
+            yield local
         return
     from quotaflow.tables.requests import RequestShape, load_response_format, requests_file
     from quotaflow.tables.sources import open_table
@@ -102,11 +107,11 @@ def merged_metadata(given: str | None, kept: dict[str, str]) -> str | None:
     return json.dumps(kept | value) if isinstance(value, dict) else given
 
 
-def write_table(out: Path, input_file: Path, id_column: str | None,
+def write_table(out: Location, input_file: Location, id_column: str | None,
                 results: Iterable[dict[str, Any]], errors: Iterable[dict[str, Any]],
                 on_rows: Callable[[int], None] | None = None) -> int:
-    """The input's rows and their answers written to OUT (.parquet or .csv); the rows.
-    `on_rows` hears the rows written so far, after each batch."""
+    """The input's rows and their answers written to OUT (.parquet or .csv, a path or an
+    object); the rows. `on_rows` hears the rows written so far, after each batch."""
     from quotaflow.tables.join import joined_batches
     from quotaflow.tables.sinks import TableSink
     from quotaflow.tables.sources import open_table
@@ -119,13 +124,17 @@ def write_table(out: Path, input_file: Path, id_column: str | None,
     return sink.rows
 
 
-def results_input(job: dict[str, Any], given: Path | None) -> tuple[Path, str | None]:
-    """The table a job was made from: --input, or the one its metadata names."""
+def results_input(job: dict[str, Any],
+                  given: Location | None) -> tuple[Location, str | None]:
+    """The table a job was made from: --input, or the one its metadata names (a local
+    path where it is on this machine, or an object's URL)."""
     metadata = job.get("metadata") or {}
     id_column = metadata.get(ID_COLUMN_KEY)
     if given is not None:
         return given, id_column
     kept = metadata.get(INPUT_KEY)
+    if kept and storage.is_url(kept):
+        return str(kept), id_column
     if kept and Path(kept).is_file():
         return Path(kept), id_column
     where = f" ({kept} is not here)" if kept else ""
@@ -133,7 +142,7 @@ def results_input(job: dict[str, Any], given: Path | None) -> tuple[Path, str | 
                            f"--input TABLE, the table {job['id']} was made from{where}")
 
 
-def is_table(path: Path) -> bool:
+def is_table(path: Location) -> bool:
     from quotaflow.tables.sinks import out_format
 
     return out_format(path) is not None

@@ -25,7 +25,7 @@ import pyarrow as pa
 from quotaflow.config import Settings, get_settings
 from quotaflow.constants import DEFAULT_QUEUE, FINAL_STATUSES
 from quotaflow.errors import TableError
-from quotaflow.tables import ID_COLUMN_KEY, INPUT_KEY
+from quotaflow.tables import ID_COLUMN_KEY, INPUT_KEY, storage
 from quotaflow.tables.join import joined_batches
 from quotaflow.tables.requests import (
     RequestShape,
@@ -103,15 +103,16 @@ class Job:
         for batch in self._batches():
             yield from batch.to_pylist()
 
-    def to_table(self, path: str | Path | None = None) -> pa.Table | Path:
+    def to_table(self, path: str | Path | None = None) -> pa.Table | str | Path:
         """The rows with their answers: a pyarrow Table, or written to `path` (.parquet or
-        .csv) a batch at a time, without holding the job in memory."""
+        .csv; a local path or an s3://, gs:// or az:// URL) a batch at a time, without
+        holding the job in memory."""
         if path is None:
             return pa.Table.from_batches(list(self._batches()))
-        with TableSink(Path(path)) as sink:
+        with TableSink(path) as sink:
             for batch in self._batches():
                 sink.write(batch)
-        return Path(path)
+        return path if storage.is_url(path) else Path(path)
 
     def to_pandas(self) -> Any:
         """to_table() as a pandas DataFrame (needs pandas installed)."""
@@ -145,7 +146,8 @@ def _job(backend: Backend, data: dict[str, Any]) -> Job:
     """A job read by id: its rows are found again where its metadata names a table here."""
     metadata = data.get("metadata") or {}
     kept = metadata.get(INPUT_KEY)
-    source = open_table(Path(kept)) if kept and Path(kept).is_file() else None
+    here = kept and (storage.is_url(kept) or Path(kept).is_file())
+    source = open_table(kept) if kept and here else None
     return Job(backend, data, source, metadata.get(ID_COLUMN_KEY))
 
 
@@ -203,17 +205,19 @@ class Client:
         if template is None:
             if not isinstance(data, str | Path):
                 raise TableError("rows need a template: submit(rows, template=...)")
-            path = Path(data)
-            if table_format(path) in ("parquet", "csv"):
-                raise TableError(f"{path.name} is a table: give template=... to say what "
+            name = storage.name_of(data)
+            if table_format(Path(name)) in ("parquet", "csv"):
+                raise TableError(f"{name} is a table: give template=... to say what "
                                  "each row asks")
-            made = self._backend.create(path, queue=queue, metadata=given or None,
-                                        max_attempts=max_attempts, dedup=dedup,
-                                        filename=path.name)
+            with storage.local_input(data) as path:
+                made = self._backend.create(path, queue=queue, metadata=given or None,
+                                            max_attempts=max_attempts, dedup=dedup,
+                                            filename=name)
             return Job(self._backend, made)
         if isinstance(data, str | Path):
-            source, name = open_table(Path(data)), Path(data).name
-            given = {INPUT_KEY: str(Path(data).resolve())} | given
+            source, name = open_table(data), storage.name_of(data)
+            where = str(data) if storage.is_url(data) else str(Path(data).resolve())
+            given = {INPUT_KEY: where} | given
         else:
             source, name = rows_source(data), "rows"
         if id_column is not None:
