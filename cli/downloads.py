@@ -34,7 +34,7 @@ def results(job_id: str, output: Location, input_table: Location | None,
     api = client()
     job = api.get_job(job_id)
     if str(output) != "-" and is_table(output):
-        table, kept_column = results_input(job, input_table)
+        table, kept_column = results_input(job, input_table, api.get_job, api.output_lines)
         id_column = id_column or kept_column
         with request_progress(quiet) as progress:
             task = progress.add_task(f"{job_id} rows", total=job["request_counts"]["total"],

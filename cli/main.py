@@ -5,6 +5,7 @@ import itertools
 import logging
 import os
 import sys
+from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 import click
@@ -25,6 +26,7 @@ from cli.locations import INPUT, OUTPUT
 from cli.progress import request_progress
 from cli.tables import (
     TemplateChoice,
+    check_input,
     is_table,
     merged_metadata,
     requests_for,
@@ -53,7 +55,7 @@ def cli() -> None:
 
 
 @cli.command()
-@click.argument("input_file", type=INPUT)
+@click.argument("input_file", type=INPUT, required=False)
 @click.option("-o", "--output", type=OUTPUT, default="-",
               help="Where result lines go (default: standard output); a .parquet or .csv "
                    "file: the input's rows with their answers (docs/formats/tables.md); a "
@@ -69,7 +71,7 @@ def cli() -> None:
               help="Print the ended job object as JSON on standard output (needs -o FILE "
                    "for the results).")
 @template_options
-def run(input_file: Location, output: Location, errors_path: Location | None, queue: str,
+def run(input_file: Location | None, output: Location, errors_path: Location | None, queue: str,
         concurrency: int, dedup: bool | None, quiet: bool, as_json: bool,
         **shaping: Any) -> None:
     """Process INPUT_FILE in this process (no broker, no server) and write the results.
@@ -82,19 +84,34 @@ def run(input_file: Location, output: Location, errors_path: Location | None, qu
         raise click.UsageError("--json prints the job object on standard output: give "
                                "-o FILE for the results")
     choice = TemplateChoice(**shaping)
+    check_input(input_file, choice)
     table_out = not to_stdout and is_table(output)
     if table_out and choice.template is None:
         raise click.UsageError(f"{storage.name_of(output)} is a table out: it joins the "
                                "answers to a table's rows, so give --template too")
-    errors_to = errors_path or storage.sibling(input_file if to_stdout else output,
+    named: Location = input_file if input_file is not None else Path(f"{choice.after}.jsonl")
+    errors_to = errors_path or storage.sibling(named if to_stdout else output,
                                                ".errors.jsonl")
     for location in (output, errors_to):  # an unknown scheme: before the job runs
         storage.check_location(location)
-    from cli.embedded import run_file  # the whole engine: only this command needs it
+    from cli.embedded import Embedded, run_file  # the whole engine: only this command
+
+    engine, rows = None, None
+    if choice.after is not None:  # else no database until every row is a request
+        from quotaflow.tables.stages import stage_rows
+
+        engine = Embedded(get_settings(), quiet)
+
+        def job_lines(job_id: str, errors: bool, engine: Embedded = engine) -> Any:
+            return map(orjson.loads, engine.lines(job_id, errors))
+
+        rows = stage_rows(engine.job(choice.after), engine.job, job_lines,
+                          choice.include_failed)
 
     def deliver(lines: "OutputLines") -> None:
         if table_out:
-            write_table(output, input_file, choice.id_column,
+            write_table(output, rows.for_join() if rows is not None else named,
+                        "custom_id" if rows is not None else choice.id_column,
                         map(orjson.loads, lines(False)), map(orjson.loads, lines(True)))
         else:
             with storage.local_output(output) as target, \
@@ -105,9 +122,10 @@ def run(input_file: Location, output: Location, errors_path: Location | None, qu
             with storage.local_output(errors_to) as target:
                 target.write_text("".join(error_lines), encoding="utf-8")
 
-    with requests_for(input_file, choice) as requests:
-        job = run_file(get_settings(), requests, deliver, queue, concurrency,
-                       dedup=dedup, quiet=quiet, filename=storage.name_of(input_file))
+    with requests_for(input_file, choice, rows) as requests:
+        job = run_file(get_settings(), requests, deliver, queue, concurrency, dedup=dedup,
+                       quiet=quiet, filename=storage.name_of(named), engine=engine,
+                       metadata=choice.metadata(input_file) or None)
     counts = job["request_counts"]
     if as_json:
         print_json(job)
@@ -120,7 +138,7 @@ def run(input_file: Location, output: Location, errors_path: Location | None, qu
 
 
 @cli.command()
-@click.argument("input_file", type=INPUT)
+@click.argument("input_file", type=INPUT, required=False)
 @QUEUE_OPTION
 @click.option("--metadata", help='JSON object of strings, e.g. \'{"team": "search"}\'.')
 @click.option("--max-attempts", type=click.IntRange(1, 20),
@@ -140,7 +158,7 @@ def run(input_file: Location, output: Location, errors_path: Location | None, qu
 @QUIET_OPTION
 @JSON_OPTION
 @template_options
-def submit(input_file: Location, queue: str, metadata: str | None, max_attempts: int | None,
+def submit(input_file: Location | None, queue: str, metadata: str | None, max_attempts: int | None,
            idempotency_key: str | None, timeout: float | None,
            output_format: str | None, dedup: bool | None, quiet: bool, as_json: bool,
            **shaping: Any) -> None:
@@ -154,18 +172,26 @@ def submit(input_file: Location, queue: str, metadata: str | None, max_attempts:
     """
     settings = get_settings()
     choice = TemplateChoice(**shaping)
+    check_input(input_file, choice)
     api = client(submit_timeout=timeout or settings.submit_timeout_s)
-    with requests_for(input_file, choice) as requests, request_progress(quiet) as progress:
+    rows = None
+    if choice.after is not None:
+        from quotaflow.tables.stages import stage_rows
+
+        rows = stage_rows(api.get_job(choice.after), api.get_job, api.output_lines,
+                          choice.include_failed)
+    name = storage.name_of(input_file) if input_file is not None else f"{choice.after}.jsonl"
+    with requests_for(input_file, choice, rows) as requests, \
+            request_progress(quiet) as progress:
         total = None if quiet else count_lines(requests)  # a read of the file, for the bar
-        task = progress.add_task(f"sending {storage.name_of(input_file)}", total=total,
-                                 unit="lines")
+        task = progress.add_task(f"sending {name}", total=total, unit="lines")
         job = api.create_job(requests, queue,
                              merged_metadata(metadata, choice.metadata(input_file)),
                              max_attempts, idempotency_key=idempotency_key,
                              output_format=output_format, dedup=dedup,
                              on_retry=None if quiet else
                              lambda note: click.echo(f"note: {note}", err=True),
-                             filename=storage.name_of(input_file),
+                             filename=name,
                              on_sent=lambda lines: progress.update(task, completed=lines))
         if total is not None:
             progress.update(task, completed=total, description=f"{job['id']} stored")
