@@ -187,3 +187,30 @@ def test_no_credentials_is_said_with_the_path(cluster: Cluster) -> None:
     assert refused.returncode == 2, refused.stderr
     assert f"cannot read {url}: access denied or no credentials" in refused.stderr
     assert "Traceback" not in refused.stderr and cluster.job_ids() == before
+
+
+def test_generate_then_judge_through_the_api(cluster: Cluster) -> None:
+    url = cluster.put("in/facts.parquet", _parquet(pa.table(
+        {"key": ["k1", "k2", "k3"], "city": ["Oslo", "Lima", "Pune"]})))
+    (cluster.workdir / "fact.j2").write_text("A fact about {{ city }}")
+    (cluster.workdir / "judge.j2").write_text("Judge ({{ city }}): {{ response_text }}")
+    first = json.loads(cluster.cli("submit", url, "--template", "fact.j2", "--model", "fast",
+                                   "--id-column", "key", "--json").stdout)
+    running = cluster.cli("submit", "--after", first["id"], "--template", "judge.j2")
+    if running.returncode != 0:  # refused while the first stage runs, nothing submitted
+        assert f"job {first['id']} is " in running.stderr and "Traceback" not in running.stderr
+    assert cluster.cli("status", first["id"], "--watch", "--quiet").returncode == 0
+    submitted = cluster.cli("submit", "--after", first["id"], "--template", "judge.j2",
+                            "--model", "fast", "--json")
+    assert submitted.returncode == 0, submitted.stderr
+    second = json.loads(submitted.stdout)
+    assert second["metadata"]["quotaflow_after"] == first["id"]
+    assert cluster.cli("status", second["id"], "--watch", "--quiet").returncode == 0
+    got = cluster.cli("results", second["id"], "-o", f"s3://{BUCKET}/out/judged.parquet")
+    assert got.returncode == 0, got.stderr
+    rows = pq.read_table(io.BytesIO(cluster.get("out/judged.parquet"))).to_pylist()
+    assert [(r["key"], r["custom_id"], r["response_text"], r["previous_response_text"])
+            for r in rows] == [
+        (k, k, f"simulated reply to: Judge ({c}): simulated reply to: A fact about {c}",
+         f"simulated reply to: A fact about {c}")
+        for k, c in (("k1", "Oslo"), ("k2", "Lima"), ("k3", "Pune"))]
