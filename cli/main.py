@@ -77,8 +77,9 @@ def run(input_file: Location | None, output: Location, errors_path: Location | N
     """Process INPUT_FILE in this process (no broker, no server) and write the results.
 
     INPUT_FILE is a JSONL file of requests, or with --template a table whose rows become
-    requests. Exits 0 when every line succeeded, 3 when some failed (their error lines
-    are written), 2 when the file is refused as a whole."""
+    requests (a path or an s3://, gs:// or az:// URL); with --after JOB instead, the rows
+    are that earlier `run`'s results. Exits 0 when every line succeeded, 3 when some
+    failed (their error lines are written), 2 when the file is refused as a whole."""
     to_stdout = str(output) == "-"
     if as_json and to_stdout:
         raise click.UsageError("--json prints the job object on standard output: give "
@@ -165,7 +166,8 @@ def submit(input_file: Location | None, queue: str, metadata: str | None, max_at
     """Upload INPUT_FILE to the API as a new job and print its id.
 
     INPUT_FILE is a JSONL file of requests, or with --template a table whose rows become
-    requests (every row is made into its request before anything is sent). The API
+    requests (every row is made into its request before anything is sent); a path or
+    an s3://, gs:// or az:// URL. With --after JOB instead, the rows are JOB's results. The API
     answers once the whole file is stored (a million lines take tens of seconds); a
     retry after a timeout or a broken connection reuses the key, so it never makes a
     second job.

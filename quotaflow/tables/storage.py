@@ -103,17 +103,6 @@ def open_object(url: str, mode: str = "rb") -> IO[bytes]:
     return handle
 
 
-def exists(location: Location) -> bool:
-    """Whether a local file or an object is there (False where it cannot be told)."""
-    if not is_url(location):
-        return Path(location).is_file()
-    try:
-        fs, path = _filesystem(str(location))
-        return bool(fs.isfile(path))
-    except Exception:
-        return False
-
-
 def download(url: str, target: Path) -> None:
     """The object copied to `target`, a block at a time."""
     try:
