@@ -22,9 +22,11 @@ from cli.common import (
     print_json,
 )
 from cli.exit_codes import FINAL
+from cli.locations import INPUT, OUTPUT
 from cli.progress import request_progress
 from cli.tables import (
     TemplateChoice,
+    check_input,
     is_table,
     merged_metadata,
     requests_for,
@@ -35,6 +37,8 @@ from quotaflow.config import get_settings
 from quotaflow.deployments.pricing import money
 from quotaflow.errors import QuotaflowError
 from quotaflow.observe import logs
+from quotaflow.tables import storage
+from quotaflow.tables.storage import Location
 from quotaflow_client.uploads import count_lines
 
 if TYPE_CHECKING:
@@ -51,12 +55,12 @@ def cli() -> None:
 
 
 @cli.command()
-@click.argument("input_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("-o", "--output", type=click.Path(dir_okay=False, allow_dash=True, path_type=Path),
-              default="-",
+@click.argument("input_file", type=INPUT, required=False)
+@click.option("-o", "--output", type=OUTPUT, default="-",
               help="Where result lines go (default: standard output); a .parquet or .csv "
-                   "file: the input's rows with their answers (docs/formats/tables.md).")
-@click.option("--errors", "errors_path", type=click.Path(dir_okay=False, path_type=Path),
+                   "file: the input's rows with their answers (docs/formats/tables.md); a "
+                   "path or an s3://, gs:// or az:// URL (docs/formats/storage.md).")
+@click.option("--errors", "errors_path", type=OUTPUT,
               help="Where error lines go (default: OUTPUT with .errors.jsonl).")
 @QUEUE_OPTION
 @click.option("--concurrency", default=4, show_default=True, type=click.IntRange(1, 256),
@@ -67,42 +71,62 @@ def cli() -> None:
               help="Print the ended job object as JSON on standard output (needs -o FILE "
                    "for the results).")
 @template_options
-def run(input_file: Path, output: Path, errors_path: Path | None, queue: str,
+def run(input_file: Location | None, output: Location, errors_path: Location | None, queue: str,
         concurrency: int, dedup: bool | None, quiet: bool, as_json: bool,
         **shaping: Any) -> None:
     """Process INPUT_FILE in this process (no broker, no server) and write the results.
 
     INPUT_FILE is a JSONL file of requests, or with --template a table whose rows become
-    requests. Exits 0 when every line succeeded, 3 when some failed (their error lines
-    are written), 2 when the file is refused as a whole."""
+    requests (a path or an s3://, gs:// or az:// URL); with --after JOB instead, the rows
+    are that earlier `run`'s results. Exits 0 when every line succeeded, 3 when some
+    failed (their error lines are written), 2 when the file is refused as a whole."""
     to_stdout = str(output) == "-"
     if as_json and to_stdout:
         raise click.UsageError("--json prints the job object on standard output: give "
                                "-o FILE for the results")
     choice = TemplateChoice(**shaping)
+    check_input(input_file, choice)
     table_out = not to_stdout and is_table(output)
     if table_out and choice.template is None:
-        raise click.UsageError(f"{output.name} is a table out: it joins the answers to a "
-                               "table's rows, so give --template too")
-    if errors_path is None:
-        base = input_file if to_stdout else output
-        errors_path = base.with_name(base.stem + ".errors.jsonl")
-    from cli.embedded import run_file  # the whole engine: only this command needs it
+        raise click.UsageError(f"{storage.name_of(output)} is a table out: it joins the "
+                               "answers to a table's rows, so give --template too")
+    named: Location = input_file if input_file is not None else Path(f"{choice.after}.jsonl")
+    errors_to = errors_path or storage.sibling(named if to_stdout else output,
+                                               ".errors.jsonl")
+    for location in (output, errors_to):  # an unknown scheme: before the job runs
+        storage.check_location(location)
+    from cli.embedded import Embedded, run_file  # the whole engine: only this command
+
+    engine, rows = None, None
+    if choice.after is not None:  # else no database until every row is a request
+        from quotaflow.tables.stages import stage_rows
+
+        engine = Embedded(get_settings(), quiet)
+
+        def job_lines(job_id: str, errors: bool, engine: Embedded = engine) -> Any:
+            return map(orjson.loads, engine.lines(job_id, errors))
+
+        rows = stage_rows(engine.job(choice.after), engine.job, job_lines,
+                          choice.include_failed)
 
     def deliver(lines: "OutputLines") -> None:
         if table_out:
-            write_table(output, input_file, choice.id_column,
+            write_table(output, rows.for_join() if rows is not None else named,
+                        "custom_id" if rows is not None else choice.id_column,
                         map(orjson.loads, lines(False)), map(orjson.loads, lines(True)))
         else:
-            with click.open_file(str(output), "w", encoding="utf-8") as out:
+            with storage.local_output(output) as target, \
+                    click.open_file(str(target), "w", encoding="utf-8") as out:
                 out.writelines(lines(False))
         error_lines = list(lines(True))
         if error_lines:
-            errors_path.write_text("".join(error_lines), encoding="utf-8")
+            with storage.local_output(errors_to) as target:
+                target.write_text("".join(error_lines), encoding="utf-8")
 
-    with requests_for(input_file, choice) as requests:
-        job = run_file(get_settings(), requests, deliver, queue, concurrency,
-                       dedup=dedup, quiet=quiet, filename=input_file.name)
+    with requests_for(input_file, choice, rows) as requests:
+        job = run_file(get_settings(), requests, deliver, queue, concurrency, dedup=dedup,
+                       quiet=quiet, filename=storage.name_of(named), engine=engine,
+                       metadata=choice.metadata(input_file) or None)
     counts = job["request_counts"]
     if as_json:
         print_json(job)
@@ -110,12 +134,12 @@ def run(input_file: Path, output: Path, errors_path: Path | None, queue: str,
         click.echo(f"job {job['id']} {job['status']}: {counts['completed']} succeeded, "
                    f"{counts['failed']} failed of {counts['total']}", err=True)
         if counts["failed"]:
-            click.echo(f"error lines written to {errors_path}", err=True)
+            click.echo(f"error lines written to {errors_to}", err=True)
     sys.exit(exit_codes.for_job(job))
 
 
 @cli.command()
-@click.argument("input_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("input_file", type=INPUT, required=False)
 @QUEUE_OPTION
 @click.option("--metadata", help='JSON object of strings, e.g. \'{"team": "search"}\'.')
 @click.option("--max-attempts", type=click.IntRange(1, 20),
@@ -135,31 +159,41 @@ def run(input_file: Path, output: Path, errors_path: Path | None, queue: str,
 @QUIET_OPTION
 @JSON_OPTION
 @template_options
-def submit(input_file: Path, queue: str, metadata: str | None, max_attempts: int | None,
+def submit(input_file: Location | None, queue: str, metadata: str | None, max_attempts: int | None,
            idempotency_key: str | None, timeout: float | None,
            output_format: str | None, dedup: bool | None, quiet: bool, as_json: bool,
            **shaping: Any) -> None:
     """Upload INPUT_FILE to the API as a new job and print its id.
 
     INPUT_FILE is a JSONL file of requests, or with --template a table whose rows become
-    requests (every row is made into its request before anything is sent). The API
+    requests (every row is made into its request before anything is sent); a path or
+    an s3://, gs:// or az:// URL. With --after JOB instead, the rows are JOB's results. The API
     answers once the whole file is stored (a million lines take tens of seconds); a
     retry after a timeout or a broken connection reuses the key, so it never makes a
     second job.
     """
     settings = get_settings()
     choice = TemplateChoice(**shaping)
+    check_input(input_file, choice)
     api = client(submit_timeout=timeout or settings.submit_timeout_s)
-    with requests_for(input_file, choice) as requests, request_progress(quiet) as progress:
+    rows = None
+    if choice.after is not None:
+        from quotaflow.tables.stages import stage_rows
+
+        rows = stage_rows(api.get_job(choice.after), api.get_job, api.output_lines,
+                          choice.include_failed)
+    name = storage.name_of(input_file) if input_file is not None else f"{choice.after}.jsonl"
+    with requests_for(input_file, choice, rows) as requests, \
+            request_progress(quiet) as progress:
         total = None if quiet else count_lines(requests)  # a read of the file, for the bar
-        task = progress.add_task(f"sending {input_file.name}", total=total, unit="lines")
+        task = progress.add_task(f"sending {name}", total=total, unit="lines")
         job = api.create_job(requests, queue,
                              merged_metadata(metadata, choice.metadata(input_file)),
                              max_attempts, idempotency_key=idempotency_key,
                              output_format=output_format, dedup=dedup,
                              on_retry=None if quiet else
                              lambda note: click.echo(f"note: {note}", err=True),
-                             filename=input_file.name,
+                             filename=name,
                              on_sent=lambda lines: progress.update(task, completed=lines))
         if total is not None:
             progress.update(task, completed=total, description=f"{job['id']} stored")

@@ -10,6 +10,7 @@
     │   ├── TableError         a table (CSV, Parquet, JSONL rows) cannot be read or used
     │   │   └── RowError       one row cannot become a request (its row and column named)
     │   ├── TemplateError      a prompt template does not compile
+    │   ├── StorageError       an s3://, gs:// or az:// object cannot be read or written
     │   ├── FileTooLarge       an upload is over QUOTAFLOW_MAX_UPLOAD_BYTES (HTTP 413)
     │   └── RequestTooLarge    a request costs more tokens than its deployment ever admits
     ├── NotFound               no such object, or not the caller's tenant's (HTTP 404)
@@ -108,6 +109,12 @@ class RowError(TableError):
 
 class TemplateError(InvalidRequest):
     """A prompt template does not compile (its syntax), so no row was rendered."""
+
+
+class StorageError(InvalidRequest):
+    """An object storage path (s3://, gs://, az://) cannot be used: an unknown scheme, a
+    missing object, refused credentials, its library not installed. The message names
+    the path; nothing was submitted or written."""
 
 
 class InvalidParameter(InvalidRequest):

@@ -107,6 +107,9 @@ class AsyncClient:
     async def aclose(self) -> None:
         await asyncio.to_thread(self.sync.close)
 
-    async def submit(self, data: Any, **options: Any) -> AsyncJob:
-        """Client.submit's arguments; the job, not yet waited for."""
+    async def submit(self, data: Any = None, **options: Any) -> AsyncJob:
+        """Client.submit's arguments (`after` may be an AsyncJob); the job, not yet waited
+        for."""
+        if isinstance(options.get("after"), AsyncJob):
+            options["after"] = options["after"].sync
         return AsyncJob(await asyncio.to_thread(lambda: self.sync.submit(data, **options)))

@@ -25,7 +25,7 @@ import pyarrow as pa
 from quotaflow.config import Settings, get_settings
 from quotaflow.constants import DEFAULT_QUEUE, FINAL_STATUSES
 from quotaflow.errors import TableError
-from quotaflow.tables import ID_COLUMN_KEY, INPUT_KEY
+from quotaflow.tables import ID_COLUMN_KEY, INPUT_KEY, storage
 from quotaflow.tables.join import joined_batches
 from quotaflow.tables.requests import (
     RequestShape,
@@ -35,6 +35,7 @@ from quotaflow.tables.requests import (
 )
 from quotaflow.tables.sinks import TableSink
 from quotaflow.tables.sources import RowSource, open_table, rows_source, table_format
+from quotaflow.tables.stages import STAGE_ID_COLUMN, StageRows, job_rows, stage_metadata
 from quotaflow.tables.templates import PromptTemplate
 from quotaflow_client.backends import Backend, EmbeddedBackend, HttpBackend
 from quotaflow_client.http import ApiClient
@@ -103,15 +104,16 @@ class Job:
         for batch in self._batches():
             yield from batch.to_pylist()
 
-    def to_table(self, path: str | Path | None = None) -> pa.Table | Path:
+    def to_table(self, path: str | Path | None = None) -> pa.Table | str | Path:
         """The rows with their answers: a pyarrow Table, or written to `path` (.parquet or
-        .csv) a batch at a time, without holding the job in memory."""
+        .csv; a local path or an s3://, gs:// or az:// URL) a batch at a time, without
+        holding the job in memory."""
         if path is None:
             return pa.Table.from_batches(list(self._batches()))
-        with TableSink(Path(path)) as sink:
+        with TableSink(path) as sink:
             for batch in self._batches():
                 sink.write(batch)
-        return Path(path)
+        return path if storage.is_url(path) else Path(path)
 
     def to_pandas(self) -> Any:
         """to_table() as a pandas DataFrame (needs pandas installed)."""
@@ -142,10 +144,13 @@ class Jobs:
 
 
 def _job(backend: Backend, data: dict[str, Any]) -> Job:
-    """A job read by id: its rows are found again where its metadata names a table here."""
+    """A job read by id: its rows are found again where its metadata names a table here
+    (or, for a stage, the previous job)."""
     metadata = data.get("metadata") or {}
-    kept = metadata.get(INPUT_KEY)
-    source = open_table(Path(kept)) if kept and Path(kept).is_file() else None
+    try:
+        source = job_rows(data, backend.job, backend.lines)
+    except TableError:  # its table is not on this machine: its lines are its answers
+        source = None
     return Job(backend, data, source, metadata.get(ID_COLUMN_KEY))
 
 
@@ -188,36 +193,78 @@ class Client:
     def close(self) -> None:
         self._backend.close()
 
-    def submit(self, data: str | Path | Any, *, template: str | Path | None = None,
+    def submit(self, data: str | Path | Any = None, *, template: str | Path | None = None,
                model: str | None = None, system: str | None = None,
                max_tokens: int | None = None,
                response_format: Mapping[str, Any] | str | Path | None = None,
                id_column: str | None = None, queue: str = DEFAULT_QUEUE,
                metadata: Mapping[str, str] | None = None, max_attempts: int | None = None,
-               dedup: bool | None = None) -> Job:
+               dedup: bool | None = None, after: "Job | str | None" = None,
+               include_failed: bool = False) -> Job:
         """Submit a JSONL file of requests, or (with `template`) a table's rows: a path to
         a .parquet, .csv or .jsonl file, a list of dicts, a pyarrow Table or a pandas or
         polars DataFrame. `template` is the template's text, or a Path to its file;
-        `response_format` a JSON Schema (a dict, or a path to its file)."""
+        `response_format` a JSON Schema (a dict, or a path to its file). `after` (a Job or
+        a job id) makes a stage: its rows are that ended job's rows with their answers
+        (custom_id, response_text, response_json, ...; failed ones only with
+        `include_failed`)."""
         given = dict(metadata or {})
+        if after is not None:
+            if data is not None or template is None or id_column is not None:
+                raise TableError("a stage takes after=job and a template, and no data or "
+                                 "id_column: its rows keep their custom_id")
+            stage = self._stage_rows(after, include_failed)
+            given = stage_metadata(stage.job_id, include_failed) | given
+            job = self._submit_rows(stage, STAGE_ID_COLUMN, f"{stage.job_id}.jsonl",
+                                    template, model, system, max_tokens, response_format,
+                                    queue, given, max_attempts, dedup)
+            job._source = stage.for_join()
+            return job
         if template is None:
             if not isinstance(data, str | Path):
                 raise TableError("rows need a template: submit(rows, template=...)")
-            path = Path(data)
-            if table_format(path) in ("parquet", "csv"):
-                raise TableError(f"{path.name} is a table: give template=... to say what "
+            name = storage.name_of(data)
+            if table_format(Path(name)) in ("parquet", "csv"):
+                raise TableError(f"{name} is a table: give template=... to say what "
                                  "each row asks")
-            made = self._backend.create(path, queue=queue, metadata=given or None,
-                                        max_attempts=max_attempts, dedup=dedup,
-                                        filename=path.name)
+            with storage.local_input(data) as path:
+                made = self._backend.create(path, queue=queue, metadata=given or None,
+                                            max_attempts=max_attempts, dedup=dedup,
+                                            filename=name)
             return Job(self._backend, made)
         if isinstance(data, str | Path):
-            source, name = open_table(Path(data)), Path(data).name
-            given = {INPUT_KEY: str(Path(data).resolve())} | given
+            source, name = open_table(data), storage.name_of(data)
+            where = str(data) if storage.is_url(data) else str(Path(data).resolve())
+            given = {INPUT_KEY: where} | given
         else:
             source, name = rows_source(data), "rows"
         if id_column is not None:
             given = {ID_COLUMN_KEY: id_column} | given
+        return self._submit_rows(source, id_column, name, template, model, system,
+                                 max_tokens, response_format, queue, given, max_attempts,
+                                 dedup)
+
+    def _stage_rows(self, after: "Job | str", include_failed: bool) -> StageRows:
+        """The rows of a stage after `after`: a Job that holds its rows (a program's) joins
+        its answers to them; a job id finds them from its metadata."""
+        from quotaflow.tables.stages import stage_rows
+
+        if isinstance(after, Job):
+            previous = after.refresh()
+            if previous._source is not None:
+                stage_rows(previous.data, self._backend.job, self._backend.lines)  # ended?
+                return StageRows(previous.id, previous._source, previous._id_column,
+                                 self._backend.lines, include_failed)
+            after = previous.id
+        return stage_rows(self._backend.job(after), self._backend.job, self._backend.lines,
+                          include_failed)
+
+    def _submit_rows(self, source: RowSource, id_column: str | None, name: str,
+                     template: str | Path, model: str | None, system: str | None,
+                     max_tokens: int | None,
+                     response_format: Mapping[str, Any] | str | Path | None, queue: str,
+                     given: dict[str, str], max_attempts: int | None,
+                     dedup: bool | None) -> Job:
         prompt = (PromptTemplate.from_path(template) if isinstance(template, Path)
                   else PromptTemplate(template))
         shape = RequestShape(model=model, system=system, max_tokens=max_tokens,

@@ -122,11 +122,15 @@ class Embedded:
 
 def run_file(settings: Settings, input_path: Path, deliver: Callable[[OutputLines], None],
              queue: str, concurrency: int, dedup: bool | None = None,
-             quiet: bool = False, filename: str | None = None) -> dict[str, Any]:
+             quiet: bool = False, filename: str | None = None,
+             engine: "Embedded | None" = None,
+             metadata: dict[str, str] | None = None) -> dict[str, Any]:
     """`quotaflow run`: process the file, hand its output to `deliver` (a function of
-    `errors` giving the job's result or error lines); returns the final job object."""
-    engine = Embedded(settings, quiet)
-    job = engine.create(input_path, queue, dedup=dedup, filename=filename)
+    `errors` giving the job's result or error lines); returns the final job object.
+    `engine` is one already made (a stage read its previous job's results from it)."""
+    engine = engine or Embedded(settings, quiet)
+    job = engine.create(input_path, queue, dedup=dedup, filename=filename,
+                        metadata=metadata)
     engine.run_pending(concurrency, quiet, label=job["id"])
     deliver(lambda errors: engine.lines(job["id"], errors))
     return engine.job(job["id"])

@@ -2,12 +2,15 @@
 
 The file is written beside its name (`out.parquet.part`) and moved into place only
 once complete, so a download cut short or a join that finds the wrong input leaves no
-file that looks whole. CSV has no nested types: a list or struct column is written as
+file that looks whole. An s3://, gs:// or az:// output is written so to a temporary
+folder, then uploaded as one multipart upload (quotaflow/tables/storage.py): the object
+appears whole or not at all. CSV has no nested types: a list or struct column is written as
 its JSON text.
 """
 
 import contextlib
 import os
+import tempfile
 from pathlib import Path
 from types import TracebackType
 
@@ -17,22 +20,33 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from quotaflow.errors import TableError
+from quotaflow.tables import storage
 
 OUT_FORMATS = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv"}
 
 
-def out_format(path: Path) -> str | None:
+def out_format(path: str | Path) -> str | None:
     """'parquet' or 'csv' for a table out, by suffix; None for anything else (JSONL)."""
-    return OUT_FORMATS.get(path.suffix.lower())
+    return OUT_FORMATS.get(Path(storage.name_of(path)).suffix.lower())
 
 
 class TableSink:
     """A context manager: write(batch) for each batch, all with the first one's schema."""
 
-    def __init__(self, path: Path) -> None:
-        kind = out_format(path)
+    def __init__(self, location: str | Path) -> None:
+        kind = out_format(location)
         if kind is None:
-            raise TableError(f"{path.name}: a table out is a .parquet or .csv file")
+            raise TableError(f"{storage.name_of(location)}: a table out is a .parquet or "
+                             ".csv file")
+        self._url: str | None = None
+        self._folder: tempfile.TemporaryDirectory[str] | None = None
+        if storage.is_url(location):
+            storage.check_location(location)
+            self._url = str(location)
+            self._folder = tempfile.TemporaryDirectory(prefix="quotaflow-out-")
+            path = Path(self._folder.name) / storage.name_of(location)
+        else:
+            path = Path(location)
         self.path, self.kind = path, kind
         self._part = path.with_name(path.name + ".part")
         self._writer: pq.ParquetWriter | pacsv.CSVWriter | None = None
@@ -58,11 +72,17 @@ class TableSink:
                  tb: TracebackType | None) -> None:
         if self._writer is not None:
             self._writer.close()
-        if kind is None and self._writer is not None:
-            os.replace(self._part, self.path)
-        else:
-            with contextlib.suppress(FileNotFoundError):
-                self._part.unlink()
+        try:
+            if kind is None and self._writer is not None:
+                os.replace(self._part, self.path)
+                if self._url is not None:
+                    storage.upload(self.path, self._url)
+            else:
+                with contextlib.suppress(FileNotFoundError):
+                    self._part.unlink()
+        finally:
+            if self._folder is not None:
+                self._folder.cleanup()
 
 
 def _flat(batch: pa.RecordBatch) -> pa.RecordBatch:

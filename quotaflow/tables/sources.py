@@ -178,8 +178,16 @@ class MemoryRows(RowSource):
             yield [dict(row) for row in self._rows[start:start + BATCH_ROWS]]
 
 
-def open_table(path: Path) -> RowSource:
-    """The table at `path`, by its suffix (.parquet, .pq, .csv, .jsonl, .ndjson)."""
+def open_table(location: str | Path) -> RowSource:
+    """The table at a path or an s3://, gs:// or az:// URL, by its suffix (.parquet,
+    .pq, .csv, .jsonl, .ndjson)."""
+    from quotaflow.tables.storage import is_url
+
+    if is_url(location):
+        from quotaflow.tables.remote import RemoteTable  # imports this module
+
+        return RemoteTable(str(location))
+    path = Path(location)
     kind = table_format(path)
     if kind is None:
         raise TableError(f"{path.name}: not a table quotaflow reads (give a .parquet, .csv "

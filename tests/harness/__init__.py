@@ -19,6 +19,7 @@ Servers and processes
     promtool         Prometheus's checker on deploy/monitoring/
     redis_cluster    a real Redis Cluster on loopback (masters, replicas, a master
                      killed by pid, its failover awaited)
+    s3_server        moto's S3 server on loopback, a bucket made: object storage paths
     browser          Debian's headless Chromium driven over the DevTools protocol
                      (navigate, evaluate, click, screenshot): the console's test
 

@@ -1,0 +1,89 @@
+"""Object storage paths told from local ones, refused when quotaflow cannot read them,
+and an upload that fails discarded rather than left as a partial object."""
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from quotaflow.errors import StorageError
+from quotaflow.tables import storage
+from quotaflow.tables.sinks import TableSink, out_format
+from quotaflow.tables.sources import open_table
+
+
+def test_urls_and_local_paths() -> None:
+    assert storage.is_url("s3://bucket/key.jsonl") and storage.is_url("ftp://x/y")
+    assert not storage.is_url(Path("s3:/bucket")) and not storage.is_url("data/in.jsonl")
+    assert storage.name_of("gs://b/folder/in.parquet") == "in.parquet"
+    assert storage.sibling("az://c/out/run.jsonl", ".errors.jsonl") == (
+        "az://c/out/run.errors.jsonl")
+    assert storage.sibling(Path("out/run.jsonl"), ".errors.jsonl") == Path(
+        "out/run.errors.jsonl")
+    assert out_format("s3://b/answers.parquet") == "parquet"
+
+
+@pytest.mark.parametrize(("url", "message"), [
+    ("ftp://host/in.jsonl", "ftp://host/in.jsonl: quotaflow reads local paths and s3://, "
+                            "gs:// and az:// URLs, not ftp://"),
+    ("s3://", "s3://: give a bucket (or container) and an object's key"),
+])
+def test_unusable_urls_are_named(url: str, message: str) -> None:
+    with pytest.raises(StorageError) as raised:
+        storage.check_url(url)
+    assert str(raised.value) == message
+    with pytest.raises(StorageError), storage.local_input(url):
+        pass
+
+
+def test_a_scheme_whose_library_is_missing_says_what_to_install(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import fsspec.core
+
+    def missing(url: str) -> Any:
+        raise ImportError("Install gcsfs to access Google Storage")
+
+    monkeypatch.setattr(fsspec.core, "url_to_fs", missing)
+    with pytest.raises(StorageError, match=r"gs://b/in.parquet: this scheme needs the gcsfs "
+                                           r"package: pip install 'quotaflow\[storage\]'"):
+        open_table("gs://b/in.parquet").columns()
+
+
+class _Upload:
+    def __init__(self) -> None:
+        self.written, self.discarded, self.closed = 0, False, False
+
+    def write(self, piece: bytes) -> None:
+        self.written += len(piece)
+        raise OSError("connection reset")
+
+    def discard(self) -> None:
+        self.discarded = True
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_a_failed_upload_is_discarded_not_completed(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    upload = _Upload()
+    monkeypatch.setattr(storage, "open_object", lambda url, mode="rb": upload)
+    (tmp_path / "out.jsonl").write_bytes(b"{}\n")
+    with pytest.raises(StorageError, match=r"cannot write s3://b/out\.jsonl: OSError"):
+        storage.upload(tmp_path / "out.jsonl", "s3://b/out.jsonl")
+    assert upload.discarded and not upload.closed
+
+
+def test_a_table_out_that_fails_uploads_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    import pyarrow as pa
+
+    uploaded: list[str] = []
+    monkeypatch.setattr(storage, "check_location", lambda location: None)
+    monkeypatch.setattr(storage, "upload", lambda path, url: uploaded.append(url))
+    with pytest.raises(RuntimeError), TableSink("s3://b/out.parquet") as sink:
+        sink.write(pa.record_batch({"a": [1]}))
+        raise RuntimeError("the join found the wrong table")
+    assert uploaded == []
+    with TableSink("s3://b/out.parquet") as sink:
+        sink.write(pa.record_batch({"a": [1]}))
+    assert uploaded == ["s3://b/out.parquet"]
