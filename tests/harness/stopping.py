@@ -7,6 +7,7 @@ still run), the commands that must obey, and starting one until all its processe
 up. tests/cluster/test_clean_ends.py and test_clean_ends_soak.py use them.
 """
 
+import json
 import os
 import signal
 import time
@@ -20,6 +21,7 @@ from tests.harness import served_by
 from tests.harness.procs import Proc, free_port, quotaflow
 
 STOP_WITHIN_S = 10.0
+RUN_LINES = 3000
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,9 @@ COMMANDS = [
     Command("api", ("api",), 1, 2, _healthy("/healthz")),
     Command("api-2", ("api", "--workers", "2"), 4, 3, _healthy("/healthz")),
     Command("flower", ("flower", "--no-auth"), 1, 2, _healthy("/healthcheck")),
+    # In the middle of a job on the embedded default (SQLite, the in-process mock held to
+    # a few requests a second), once its progress line shows.
+    Command("run", ("run", "in.jsonl"), 1, 2, _logged(1, f"/{RUN_LINES:,} (")),
 ]
 
 
@@ -89,7 +94,26 @@ def launch(command: Command, env: dict[str, str], workdir: Path, n: int) -> tupl
     args = [*command.args, ports[verb], str(port)] if verb in ports else [*command.args]
     if verb == "worker":
         args += ["--name", f"ends-{command.name}-{n}@qftest"]
-    return Proc(f"{command.name}-{n}", quotaflow(*args), env, workdir), port
+    if verb == "run":
+        args += ["-o", f"out-{n}.jsonl"]
+        env = {**env, **_run_files(workdir, n)}
+    return Proc(f"{command.name}-{n}", quotaflow(*args), env, workdir, cwd=workdir), port
+
+
+def _run_files(workdir: Path, n: int) -> dict[str, str]:
+    """The input and deployments file of a `run` (written once per folder), and the
+    environment that names them with a database of the round's own."""
+    deployments = workdir / "slow.toml"
+    if not deployments.exists():
+        deployments.write_text('[deployments.slow]\nprovider = "mock"\nmodel = "m"\n'
+                               'rpm = 60\ntpm = 100000\n[routes]\n"*" = "slow"\n')
+        (workdir / "in.jsonl").write_text("".join(
+            json.dumps({"custom_id": f"r{i}", "method": "POST", "url": "/v1/chat/completions",
+                        "body": {"model": "m", "max_tokens": 5,
+                                 "messages": [{"role": "user", "content": f"hi {i}"}]}}) + "\n"
+            for i in range(RUN_LINES)))
+    return {"QUOTAFLOW_DATABASE_URL": f"sqlite:///{workdir / f'run-{n}.db'}",
+            "QUOTAFLOW_DEPLOYMENTS_FILE": str(deployments)}
 
 
 def wait_up(command: Command, proc: Proc, port: int) -> None:
