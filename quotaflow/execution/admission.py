@@ -25,10 +25,11 @@ from quotaflow.deployments.catalog import Deployments, Route
 from quotaflow.deployments.deployment import Deployment
 from quotaflow.errors import ServiceUnavailable
 from quotaflow.execution.admitted import Admitted
-from quotaflow.execution.attempts import LIMITER_DOWN_BACKOFF_S, MAX_ROUTE_WAIT_S, Caller, poll_time
+from quotaflow.execution.attempts import Caller
 from quotaflow.execution.batch import BatchRun
 from quotaflow.execution.flights import Flights
 from quotaflow.execution.prepare import Preparer
+from quotaflow.execution.timing import LIMITER_DOWN_BACKOFF_S, MAX_ROUTE_WAIT_S, YIELD_S, poll_time
 from quotaflow.models import utcnow
 from quotaflow.providers.outcomes import Failure
 from quotaflow.results.leases import ClaimedItem, end_unsent, release
@@ -42,9 +43,6 @@ GROUP_CHUNK = 4
 # enough for an instant one's answers to come back together.
 GATHER_FRACTION = 4
 GATHER_S = 0.002
-# A batch handing its items back so that another tenant's queued batch reaches a worker
-# runs again after this long.
-YIELD_S = 1.0
 
 
 class Admitter:

@@ -23,6 +23,7 @@ from quotaflow.execution.admitted import Admitted
 from quotaflow.execution.batch import BatchRun
 from quotaflow.execution.prepare import Preparer
 from quotaflow.execution.stopping import CODES
+from quotaflow.execution.timing import LIMITER_DOWN_BACKOFF_S, MAX_ROUTE_WAIT_S, poll_time
 from quotaflow.observe.metrics import error_code
 from quotaflow.providers import ProviderResponse
 from quotaflow.providers.outcomes import NOT_SENT_BECAUSE, Failure, FailureCode, Outcome, Provenance
@@ -30,14 +31,6 @@ from quotaflow.results.leases import ClaimedItem
 
 log = logging.getLogger(__name__)
 
-# How long to wait before asking an unreachable limiter again.
-LIMITER_DOWN_BACKOFF_S = 5.0
-# The longest one sleep while no deployment is available or budget is short: circuits
-# and blocks can end early (a probe succeeds), and a cancel must be noticed soon.
-MAX_ROUTE_WAIT_S = 1.0
-# A wait computed from the refill rate ignores refunds that other workers' calls
-# will bring back sooner; where usage is reconciled, look again this often.
-REFUND_POLL_S = 0.05
 # An admission not sent within this long (its process was stopped or starved) is given
 # up and the call admitted again: the safety margin covers only a request's travel.
 STALE_ADMISSION_S = 0.5
@@ -185,12 +178,6 @@ class Caller:
                 return prepared
             await asyncio.sleep(min(poll_time(admission.refunds_due, admission.wait_s),
                                     MAX_ROUTE_WAIT_S))
-
-
-def poll_time(refunds_due: bool, wait_s: float) -> float:
-    """How long to sleep before asking the limiter again: refunds may end a wait early."""
-    pause = sleep_time(wait_s)
-    return min(pause, REFUND_POLL_S) if refunds_due else pause
 
 
 def _provenance(run: BatchRun, admitted: Admitted, attempt: int, admitted_at: float, sent: float,
