@@ -131,7 +131,7 @@ class BatchExecutor:
                         ResultWriter(self.sessions, ref.job_id, on_item, job.has_duplicates,
                                      billing=hooks.ledger),
                         Feedback(self.limiter, self.breaker),
-                        JobWatch(self.sessions, ref.job_id, job.tenant, spending=False,
+                        JobWatch(self.sessions, ref.job_id, hooks.stop_check,
                                  shared=self.job_reads),
                         output_format=job.output_format, hooks=hooks)
 

@@ -12,6 +12,8 @@ The points, in the order a run meets them:
 - `before_claim()`: seconds to come back in instead of claiming (a hook that
   stops the run before it starts: the first one to say so wins);
 - `claimed(run, items)`: the items still to call (a hook may finish some);
+- `stop_check()`: with each read of the job's status while it runs (stopping.py),
+  an item status to end the run's unsent items with (the spend limit's), or None;
 - `before_admission(run, route, items)`: a route's items still to admit;
 - inside the admission loop, per chunk or per call: `before_acquire(budget)`
   (seconds to wait first, or None), `chunk_admitted(entries, waited_s)`,
@@ -57,6 +59,11 @@ class BatchHook:
         """The claimed items still to call; those left out must be `run.finish`ed."""
         return items
 
+    def stop_check(self) -> str | None:
+        """Asked with each read of the job's status while it runs: an item status to end
+        the unsent items with, or None. A run with a check reads at once, on its own."""
+        return None
+
     def before_admission(self, run: "BatchRun", route: Route,
                          items: list[ClaimedItem]) -> list[ClaimedItem]:
         """A route's items still to admit (the route as served: batch deployments
@@ -93,8 +100,9 @@ class BatchHook:
         """The run sent its last call (its answers are stored next, whatever ended it)."""
 
 
-_POINTS = ("before_claim", "claimed", "before_admission", "before_acquire", "chunk_admitted",
-           "retry_admitted", "call_ended", "before_wait", "flush", "before_store", "on_stop")
+_POINTS = ("before_claim", "claimed", "stop_check", "before_admission", "before_acquire",
+           "chunk_admitted", "retry_admitted", "call_ended", "before_wait", "flush",
+           "before_store", "on_stop")
 
 
 class Hooks:
@@ -104,6 +112,7 @@ class Hooks:
 
     before_claim: tuple[Callable[[], float | None], ...]
     claimed: tuple[Callable[["BatchRun", list[ClaimedItem]], list[ClaimedItem]], ...]
+    stop_check: tuple[Callable[[], str | None], ...]
     before_admission: tuple[Callable[["BatchRun", Route, list[ClaimedItem]],
                                      list[ClaimedItem]], ...]
     before_acquire: tuple[Callable[[Budget], float | None], ...]

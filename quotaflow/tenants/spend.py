@@ -182,11 +182,19 @@ def admit(session: Session, settings: Settings, tenant: str, cost: CostRange | N
             f"or `quotaflow keys create --tenant {tenant} --max-spend N`)")
 
 
-def over_limit(sessions: sessionmaker[Session], tenant: str, limit: float) -> bool:
-    """Whether the tenant has spent its limit this month; if so, stop its running jobs."""
+def limit_reached(sessions: sessionmaker[Session], tenant: str,
+                  default_limit: float | None) -> bool:
+    """Whether the tenant has spent its monthly limit (its own, else `default_limit`);
+    if so, stop its running jobs. The limit and the month are read in one statement."""
+    own = select(Tenant.max_monthly_spend).where(Tenant.name == tenant).scalar_subquery()
+    month = (select(func.coalesce(func.sum(SPEND.c.cost), 0))
+             .where(SPEND.c.tenant == tenant, SPEND.c.month == month_of(utcnow()))
+             .scalar_subquery())
     with sessions() as session:
-        if month_spent(session, tenant) < limit:
-            return False
+        limit, spent = session.execute(select(own, month)).one()
+    limit = float(limit) if limit is not None else default_limit
+    if limit is None or float(spent or 0) < limit:
+        return False
     stop_tenant(sessions, tenant)
     return True
 
