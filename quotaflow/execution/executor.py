@@ -129,7 +129,7 @@ class BatchExecutor:
                              max_wait_s=settings.max_retry_after_s)
         return BatchRun(ref, owner, job.url, settings.floor_for(job.queue), policy,
                         ResultWriter(self.sessions, ref.job_id, on_item, job.has_duplicates,
-                                     billing=hooks.ledger),
+                                     on_stored=hooks.on_stored),
                         Feedback(self.limiter, self.breaker),
                         JobWatch(self.sessions, ref.job_id, hooks.stop_check,
                                  shared=self.job_reads),

@@ -6,7 +6,7 @@ Only where some deployment has prices: otherwise calls cost nothing quotaflow ca
 count, nothing is billed and no limit is looked at (the run gets no such hook).
 """
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from datetime import datetime
 
 from sqlalchemy.orm import Session, sessionmaker
@@ -14,8 +14,10 @@ from sqlalchemy.orm import Session, sessionmaker
 from quotaflow.deployments.pricing import Prices
 from quotaflow.execution.hooks import BatchHook
 from quotaflow.models import ItemStatus
+from quotaflow.providers.base import ProviderResponse
+from quotaflow.providers.outcomes import Provenance
 from quotaflow.tenants import spend
-from quotaflow.tenants.spend import Billing, Charge
+from quotaflow.tenants.spend import Billing
 
 
 class SpendHook(BatchHook):
@@ -32,6 +34,7 @@ class SpendHook(BatchHook):
             return ItemStatus.SPEND_LIMITED
         return None
 
-    def before_store(self, session: Session, job_id: str, charges: Sequence[Charge],
+    def before_store(self, session: Session, job_id: str,
+                     answered: list[tuple[ProviderResponse, Provenance]],
                      now: datetime) -> None:
-        self.billing.record(session, job_id, charges, now)
+        self.billing.stored(session, job_id, answered, now)
