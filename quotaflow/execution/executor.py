@@ -35,6 +35,7 @@ from quotaflow.execution.facts import JobFacts, JobFactsCache
 from quotaflow.execution.feedback import Feedback
 from quotaflow.execution.fencing import Fence
 from quotaflow.execution.flushing import flush_when_due, store_all
+from quotaflow.execution.gate import Gate
 from quotaflow.execution.hooks import Hooks
 from quotaflow.execution.lease_renewal import keep_leases
 from quotaflow.execution.loops import PROVIDERS, ProviderPool
@@ -78,10 +79,10 @@ class BatchExecutor:
         self.policies = Policies(sessions, deployments, settings, fair,
                                  defer if provider_batches is None else provider_batches,
                                  metrics)
-        router = Router(deployments, limiter, self.breaker)
-        preparer = Preparer(deployments, providers)
+        gate = Gate(Router(deployments, limiter, self.breaker), limiter,
+                    Preparer(deployments, providers))
         self.admitter = Admitter(
-            sessions, deployments, router, limiter, preparer, Caller(router, limiter, preparer),
+            sessions, deployments, gate, Caller(gate),
             settings, settings.max_inline_wait_s if defer else float("inf"),
             settings.task_soft_time_limit / 2 if defer else float("inf"))
 
