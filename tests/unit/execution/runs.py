@@ -11,6 +11,7 @@ from typing import Any
 
 from quotaflow.budget.buckets import LocalLimiter
 from quotaflow.budget.circuit import LocalCircuitBreaker
+from quotaflow.budget.limiter import Limiter
 from quotaflow.budget.routing import Router
 from quotaflow.config import Settings
 from quotaflow.deployments.catalog import Deployments, Route
@@ -34,12 +35,13 @@ from quotaflow.results.leases import ClaimedItem
 URL = "/v1/chat/completions"
 
 
-def deployments(tmp_path: Path, **fields: object) -> Deployments:
-    """One mock deployment "one" (model "m") serving every model, with `fields` set."""
+def deployments(tmp_path: Path, name: str = "one", **fields: object) -> Deployments:
+    """One mock deployment (model "m") serving every model, with `fields` set."""
     settings = {"provider": '"mock"', "model": '"m"', "rpm": 6000, "tpm": 6_000_000,
                 **{k: repr(v) if isinstance(v, str) else v for k, v in fields.items()}}
     body = "".join(f"{key} = {value}\n" for key, value in settings.items())
-    (tmp_path / "d.toml").write_text(f'[deployments.one]\n{body}[routes]\n"*" = "one"\n')
+    (tmp_path / "d.toml").write_text(
+        f'[deployments.{name}]\n{body}[routes]\n"*" = "{name}"\n')
     return Settings(deployments_file=tmp_path / "d.toml").load_deployments()
 
 
@@ -118,7 +120,7 @@ class Parts:
 
     catalog: Deployments
     provider: Provider | None = None  # None: the mock provider
-    limiter: LocalLimiter = field(default_factory=LocalLimiter)
+    limiter: Limiter = field(default_factory=LocalLimiter)
     breaker: LocalCircuitBreaker = field(default_factory=LocalCircuitBreaker)
 
     def gate(self) -> Gate:
