@@ -113,7 +113,7 @@ def _write(url: str, seconds: float, out: "multiprocessing.Queue[float]", job_id
             store_many(sessions, job_id,
                        [(item, ProviderResponse(200, answer, "req", 12, 6)) for item in chunk],
                        provenance=[Provenance("m", 1, now, now, now)] * len(chunk),
-                       billing=billing)
+                       on_stored=billing.stored)
             stored += len(chunk)
     out.put(stored / (time.monotonic() - started))
 

@@ -1,5 +1,6 @@
 """Admit a route's items in order, a chunk at a time, each chunk to the deployment the
-router picks, as budget allows; start each item's call once admitted.
+router picks, as budget allows (through the gate, gate.py, the way retries take too);
+start each item's call once admitted.
 
 Only what can be sent at once is admitted (a deployment's max_concurrency):
 budget taken for a request that then queues here would be refill the
@@ -18,19 +19,19 @@ from datetime import timedelta
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from quotaflow.budget.limiter import Admission, Limiter
-from quotaflow.budget.routing import Choice, Router
+from quotaflow.budget.limiter import Admission
+from quotaflow.budget.routing import Choice
 from quotaflow.config import Settings
 from quotaflow.deployments.catalog import Deployments, Route
 from quotaflow.deployments.deployment import Deployment
 from quotaflow.errors import ServiceUnavailable
 from quotaflow.execution.admitted import Admitted
-from quotaflow.execution.attempts import LIMITER_DOWN_BACKOFF_S, MAX_ROUTE_WAIT_S, Caller, poll_time
+from quotaflow.execution.attempts import Caller
 from quotaflow.execution.batch import BatchRun
 from quotaflow.execution.flights import Flights
-from quotaflow.execution.prepare import Preparer
+from quotaflow.execution.gate import Gate
+from quotaflow.execution.timing import LIMITER_DOWN_BACKOFF_S, MAX_ROUTE_WAIT_S, YIELD_S, poll_time
 from quotaflow.models import utcnow
-from quotaflow.providers.outcomes import Failure
 from quotaflow.results.leases import ClaimedItem, end_unsent, release
 
 log = logging.getLogger(__name__)
@@ -42,23 +43,17 @@ GROUP_CHUNK = 4
 # enough for an instant one's answers to come back together.
 GATHER_FRACTION = 4
 GATHER_S = 0.002
-# A batch handing its items back so that another tenant's queued batch reaches a worker
-# runs again after this long.
-YIELD_S = 1.0
 
 
 class Admitter:
     """Runs a route's items through the limiter and into calls."""
 
-    def __init__(self, sessions: sessionmaker[Session], deployments: Deployments,
-                 router: Router, limiter: Limiter, preparer: Preparer, caller: Caller,
-                 settings: Settings, max_inline_wait: float,
+    def __init__(self, sessions: sessionmaker[Session], deployments: Deployments, gate: Gate,
+                 caller: Caller, settings: Settings, max_inline_wait: float,
                  hand_back_after_s: float = float("inf")) -> None:
         self.sessions = sessions
         self.deployments = deployments
-        self.router = router
-        self.limiter = limiter
-        self.preparer = preparer
+        self.gate = gate
         self.caller = caller
         self.settings = settings
         self.max_inline_wait = max_inline_wait
@@ -81,7 +76,7 @@ class Admitter:
                 break
             busy = self._busy(route, calls)
             try:
-                choice = self.router.choose(route, exclude=busy)
+                choice = self.gate.choose(route, busy)
             except ServiceUnavailable as exc:
                 log.warning("%s; giving %d items back to the queue", exc, len(waiting),
                             extra=run.context)
@@ -112,7 +107,6 @@ class Admitter:
                 break
             del waiting[:admission.admitted]
             for entry in asked[:admission.admitted]:
-                entry.paid(admission)
                 calls.start(deployment.name, self.caller.call(run, route, entry))
             if admission.admitted == len(asked):
                 continue
@@ -126,15 +120,13 @@ class Admitter:
         """The limiter's answer for the chunk, once the run's hooks let it ask (none
         admitted while a hook has it wait: the fair share's, while the tenant is ahead of
         the others); None: the items went back to the queue."""
-        budget = asked[0].budget
-        if run.hooks.before_acquire and (wait_s := run.hooks.wait_first(budget)) is not None:
+        hooks = run.hooks
+        if hooks.before_acquire and (wait_s := hooks.wait_first(asked[0].budget)) is not None:
             if await self._pause(run, waiting, wait_s, refunds_due=False):
                 return Admission(0, 0.0)
             return None
         try:
-            admission = self.limiter.acquire(
-                budget, [a.cost for a in asked], run.floor,
-                [a.input_cost for a in asked] if budget.split else ())
+            admission = self.gate.acquire(run, asked)
         except ServiceUnavailable as exc:
             log.warning("%s; giving %d items back to the queue", exc, len(waiting),
                         extra=run.context)
@@ -142,7 +134,7 @@ class Admitter:
             return None
         if admission.admitted:
             admitted, waited_s = asked[:admission.admitted], time.monotonic() - run.started
-            for hook in run.hooks.chunk_admitted:
+            for hook in hooks.chunk_admitted:
                 hook(admitted, waited_s)
         return admission
 
@@ -201,14 +193,10 @@ class Admitter:
                        waiting: list[ClaimedItem], size: int) -> list[Admitted]:
         """The next `size` waiting items prepared for `deployment`; those that cannot go
         there fail now and leave `waiting`, so the result is its head, in order."""
-        asked: list[Admitted] = []
-        for item in waiting[:size]:
-            prepared = self.preparer.prepare(run.url, deployment, item)
-            if isinstance(prepared, Failure):
-                waiting.remove(item)
-                run.finish(item, prepared)
-            else:
-                asked.append(prepared)
+        asked, refused = self.gate.prepare(run, deployment, waiting[:size])
+        for item, failure in refused:
+            waiting.remove(item)
+            run.finish(item, failure)
         return asked
 
     async def _pause(self, run: BatchRun, waiting: list[ClaimedItem], wait_s: float,

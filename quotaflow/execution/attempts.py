@@ -1,4 +1,5 @@
-"""One admitted item's calls: the first is paid for, every retry is routed and pays again.
+"""One admitted item's calls: the first is paid for, every retry is routed and pays again
+(through the gate, gate.py, the way first admissions take).
 
 A failed attempt is routed again: a 429 keeps it off the deployments sharing
 that quota, a failure counts against the deployment's circuit (feedback.py);
@@ -9,8 +10,7 @@ import asyncio
 import logging
 import time
 
-from quotaflow.budget.limiter import Limiter, sleep_time
-from quotaflow.budget.routing import Router
+from quotaflow.budget.limiter import sleep_time
 from quotaflow.deployments.catalog import Route
 from quotaflow.errors import (
     EngineStopped,
@@ -21,8 +21,9 @@ from quotaflow.errors import (
 from quotaflow.execution.abortable import CallStopped, aborts_when_stopped, until_stopped
 from quotaflow.execution.admitted import Admitted
 from quotaflow.execution.batch import BatchRun
-from quotaflow.execution.prepare import Preparer
+from quotaflow.execution.gate import Gate
 from quotaflow.execution.stopping import CODES
+from quotaflow.execution.timing import LIMITER_DOWN_BACKOFF_S, MAX_ROUTE_WAIT_S, poll_time
 from quotaflow.observe.metrics import error_code
 from quotaflow.providers import ProviderResponse
 from quotaflow.providers.outcomes import NOT_SENT_BECAUSE, Failure, FailureCode, Outcome, Provenance
@@ -30,14 +31,6 @@ from quotaflow.results.leases import ClaimedItem
 
 log = logging.getLogger(__name__)
 
-# How long to wait before asking an unreachable limiter again.
-LIMITER_DOWN_BACKOFF_S = 5.0
-# The longest one sleep while no deployment is available or budget is short: circuits
-# and blocks can end early (a probe succeeds), and a cancel must be noticed soon.
-MAX_ROUTE_WAIT_S = 1.0
-# A wait computed from the refill rate ignores refunds that other workers' calls
-# will bring back sooner; where usage is reconciled, look again this often.
-REFUND_POLL_S = 0.05
 # An admission not sent within this long (its process was stopped or starved) is given
 # up and the call admitted again: the safety margin covers only a request's travel.
 STALE_ADMISSION_S = 0.5
@@ -46,10 +39,8 @@ STALE_ADMISSION_S = 0.5
 class Caller:
     """Calls providers for admitted items, retrying as the run's policy allows."""
 
-    def __init__(self, router: Router, limiter: Limiter, preparer: Preparer) -> None:
-        self.router = router
-        self.limiter = limiter
-        self.preparer = preparer
+    def __init__(self, gate: Gate) -> None:
+        self.gate = gate
 
     async def call(self, run: BatchRun, route: Route, admitted: Admitted) -> None:
         outcome, provenance = await self._attempts(run, route, admitted)
@@ -115,7 +106,7 @@ class Caller:
                 last = exc
                 run.feedback.answered(admitted, None)
                 quota = run.feedback.failed(admitted, exc)
-                avoid = self.router.siblings(deployment) if quota else frozenset()
+                avoid = self.gate.router.siblings(deployment) if quota else frozenset()
             else:
                 provenance = _provenance(run, admitted, attempt, admitted_at, sent,
                                          response.status_code, response.request_id)
@@ -156,41 +147,33 @@ class Caller:
     async def _readmit(self, run: BatchRun, route: Route, item: ClaimedItem,
                        avoid: frozenset[str]) -> Admitted | Failure:
         """Route a retry and pay for it, waiting as long as no deployment can take it."""
-        asked = time.monotonic()
+        since = time.monotonic()
         while True:
             if ended := run.watch.ended():
                 return Failure(CODES[ended], f"line {item.line_no}: not sent again because "
                                              f"{NOT_SENT_BECAUSE[ended]}")
             try:
-                choice = self.router.choose(route, exclude=avoid)
+                choice = self.gate.choose(route, avoid)
                 if choice.deployment is None:
                     await asyncio.sleep(min(sleep_time(choice.wait_s), MAX_ROUTE_WAIT_S))
                     continue
-                prepared = self.preparer.prepare(run.url, choice.deployment, item)
-                if isinstance(prepared, Failure):
-                    return prepared
+                asked, refused = self.gate.prepare(run, choice.deployment, [item])
+                if refused:
+                    return refused[0][1]
                 run.feedback.flush()  # refunds first: they may be what lets it in
-                admission = self.limiter.acquire(prepared.budget, [prepared.cost], run.floor,
-                                                 [prepared.input_cost])
+                admission = self.gate.acquire(run, asked)
             except ServiceUnavailable as exc:
                 log.warning("%s; retrying in %.0fs", exc, LIMITER_DOWN_BACKOFF_S,
                             extra={**run.context, "line": item.line_no})
                 await asyncio.sleep(LIMITER_DOWN_BACKOFF_S)
                 continue
             if admission.admitted:
-                prepared.paid(admission)
-                waited_s = time.monotonic() - asked
+                waited_s = time.monotonic() - since
                 for hook in run.hooks.retry_admitted:
-                    hook(prepared, waited_s)
-                return prepared
+                    hook(asked[0], waited_s)
+                return asked[0]
             await asyncio.sleep(min(poll_time(admission.refunds_due, admission.wait_s),
                                     MAX_ROUTE_WAIT_S))
-
-
-def poll_time(refunds_due: bool, wait_s: float) -> float:
-    """How long to sleep before asking the limiter again: refunds may end a wait early."""
-    pause = sleep_time(wait_s)
-    return min(pause, REFUND_POLL_S) if refunds_due else pause
 
 
 def _provenance(run: BatchRun, admitted: Admitted, attempt: int, admitted_at: float, sent: float,

@@ -1,16 +1,12 @@
-"""Run one batch of a job: claim -> hooks -> route -> admit and call -> store -> stop.
+"""Run one batch of a job: hooks -> claim -> route -> admit and call -> store -> report.
 
-The Celery task and the embedded runner both come through BatchExecutor, which
-reads top to bottom. The loop itself is admission.py (which deployment, how much
-budget) and attempts.py (calls and retries); lease renewal (lease_renewal.py), provider
-feedback (feedback.py) and result writing (writer.py, flushing.py) run beside it,
-the last two a chunk at a time. The policies that vary from run to run (fair
-shares, cross-job reuse, provider-batch offload, the spend switch, the metrics
-tally) are the run's hooks (hooks.py), chosen in one place (policies/).
+The Celery task and the embedded runner both come through BatchExecutor. The loop is
+admission.py and attempts.py (first admissions and retries, through one gate: gate.py);
+lease renewal, feedback and result writing run beside it (beside.py). The policies that
+vary from run to run are the run's hooks (hooks.py), chosen in one place (policies/).
 """
 
 import asyncio
-import contextlib
 import logging
 import time
 import uuid
@@ -31,22 +27,22 @@ from quotaflow.execution import loops, routes
 from quotaflow.execution.admission import Admitter
 from quotaflow.execution.attempts import Caller
 from quotaflow.execution.batch import BatchReport, BatchRun
+from quotaflow.execution.beside import beside
+from quotaflow.execution.bookends import Bookends
 from quotaflow.execution.facts import JobFacts, JobFactsCache
 from quotaflow.execution.feedback import Feedback
 from quotaflow.execution.fencing import Fence
-from quotaflow.execution.flushing import flush_when_due, store_all
+from quotaflow.execution.flushing import store_all
+from quotaflow.execution.gate import Gate
 from quotaflow.execution.hooks import Hooks
-from quotaflow.execution.lease_renewal import keep_leases
 from quotaflow.execution.loops import PROVIDERS, ProviderPool
 from quotaflow.execution.policies import Policies
 from quotaflow.execution.prepare import Preparer
 from quotaflow.execution.retries import RetryPolicy
 from quotaflow.execution.stopping import JobWatch, SharedReads
 from quotaflow.execution.writer import ResultWriter
-from quotaflow.jobs.service import close_if_done
 from quotaflow.providers.priority import current_queue
-from quotaflow.results import batch_sql
-from quotaflow.results.leases import ClaimedItem, claim, leased_elsewhere_for, look_again_in
+from quotaflow.results.leases import ClaimedItem
 
 log = logging.getLogger(__name__)
 
@@ -73,15 +69,14 @@ class BatchExecutor:
         self.lease, self.providers = timedelta(seconds=settings.lease_s), providers
         self.jobs = JobFactsCache(sessions)
         self.job_reads = SharedReads()  # its batches' reads of their jobs' status
-        bind = sessions.kw.get("bind")  # the prepared statements are PostgreSQL's
-        self._postgres = bind is not None and bind.dialect.name == "postgresql"
+        self.bookends = Bookends(sessions, self.lease)
         self.policies = Policies(sessions, deployments, settings, fair,
                                  defer if provider_batches is None else provider_batches,
                                  metrics)
-        router = Router(deployments, limiter, self.breaker)
-        preparer = Preparer(deployments, providers)
+        gate = Gate(Router(deployments, limiter, self.breaker), limiter,
+                    Preparer(deployments, providers))
         self.admitter = Admitter(
-            sessions, deployments, router, limiter, preparer, Caller(router, limiter, preparer),
+            sessions, deployments, gate, Caller(gate),
             settings, settings.max_inline_wait_s if defer else float("inf"),
             settings.task_soft_time_limit / 2 if defer else float("inf"))
 
@@ -101,10 +96,9 @@ class BatchExecutor:
             return BatchReport(0, 0, 0, back_in)  # a hook gave way: nothing claimed
         owner = uuid.uuid4().hex
         claimed_at = time.monotonic()
-        items = (batch_sql.claim if self._postgres else claim)(self.sessions, ref, owner,
-                                                               self.lease)
+        items = self.bookends.claim(ref, owner)
         if not items:
-            return self._report(ref, BatchReport(0, 0, 0))
+            return self.bookends.report(ref, BatchReport(0, 0, 0))
         run = self._new_run(ref, owner, job, hooks, on_item)
         # The calls' tasks copy it: an engine that schedules by priority reads it there.
         current_queue.set(job.queue)
@@ -120,7 +114,7 @@ class BatchExecutor:
         log.info("batch %s lines %d-%d: %d claimed, %d succeeded, %d failed", ref.job_id,
                  ref.first_line, ref.last_line, report.claimed, report.succeeded,
                  report.failed, extra={**run.context, **asdict(report)})
-        return self._report(ref, report)
+        return self.bookends.report(ref, report)
 
     def _new_run(self, ref: BatchRef, owner: str, job: JobFacts, hooks: Hooks,
                  on_item: Callable[[bool], None] | None) -> BatchRun:
@@ -129,9 +123,9 @@ class BatchExecutor:
                              max_wait_s=settings.max_retry_after_s)
         return BatchRun(ref, owner, job.url, settings.floor_for(job.queue), policy,
                         ResultWriter(self.sessions, ref.job_id, on_item, job.has_duplicates,
-                                     billing=hooks.ledger),
+                                     on_stored=hooks.on_stored),
                         Feedback(self.limiter, self.breaker),
-                        JobWatch(self.sessions, ref.job_id, job.tenant, spending=False,
+                        JobWatch(self.sessions, ref.job_id, hooks.stop_check,
                                  shared=self.job_reads),
                         output_format=job.output_format, hooks=hooks)
 
@@ -141,21 +135,9 @@ class BatchExecutor:
         by_route: dict[str | None, list[ClaimedItem]] = {}
         for item in items:
             by_route.setdefault(routes.route_name(self.deployments, item), []).append(item)
-        ref = run.ref
-        keeper = asyncio.create_task(keep_leases(self.sessions, ref.job_id, run.owner,
-                                                 self.lease, run.fence,
-                                                 (ref.first_line, ref.last_line)))
-        flusher = asyncio.create_task(flush_when_due(run))
-        try:
+        async with beside(run, self.sessions, self.lease):
             await asyncio.gather(*(self._call_route(run, name, group)
                                    for name, group in by_route.items()))
-        finally:
-            keeper.cancel()
-            await run.watch.close()
-            flusher.cancel()  # a write under way goes on (shielded); the next one waits
-            with contextlib.suppress(asyncio.CancelledError):
-                await flusher
-            run.feedback.flush()
 
     async def _call_route(self, run: BatchRun, name: str | None,
                           items: list[ClaimedItem]) -> None:
@@ -166,16 +148,3 @@ class BatchExecutor:
         route = routes.realtime(run, self.deployments, route, name, items)
         if route is not None and items:
             await self.admitter.run_route(run, route, items)
-
-    def _report(self, ref: BatchRef, report: BatchReport) -> BatchReport:
-        """Close the job if this was its last work; look again later at foreign leases."""
-        with self.sessions.begin() as session:
-            if self._postgres:  # one prepared statement (results/batch_sql.py)
-                elsewhere = look_again_in(batch_sql.report(session, ref))
-            else:
-                close_if_done(session, ref.job_id)
-                elsewhere = leased_elsewhere_for(session, ref)
-        if elsewhere is None:
-            return report
-        retry_in = elsewhere if report.retry_in is None else min(report.retry_in, elsewhere)
-        return BatchReport(report.claimed, report.succeeded, report.failed, retry_in)

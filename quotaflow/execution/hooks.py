@@ -12,14 +12,17 @@ The points, in the order a run meets them:
 - `before_claim()`: seconds to come back in instead of claiming (a hook that
   stops the run before it starts: the first one to say so wins);
 - `claimed(run, items)`: the items still to call (a hook may finish some);
+- `stop_check()`: with each read of the job's status while it runs (stopping.py),
+  an item status to end the run's unsent items with (the spend limit's), or None;
 - `before_admission(run, route, items)`: a route's items still to admit;
 - inside the admission loop, per chunk or per call: `before_acquire(budget)`
   (seconds to wait first, or None), `chunk_admitted(entries, waited_s)`,
   `retry_admitted(entry, waited_s)`, `call_ended(...)` (the only per-request
   point), `before_wait()` (True: hand the batch back rather than wait) and
   `flush()` (with each settle of provider feedback);
-- `before_store(session, job_id, charges, now)`: in the transaction that
-  stores a chunk of answers;
+- `before_store(session, job_id, answered, now)`: in the transaction that
+  stores a chunk of answers, with the answered calls it stored (the spend hook
+  bills them);
 - `on_stop(run)`: the run sent its last call; run in reverse order (the
   last hook to start is the first to stop, as nested `with` blocks unwind),
   each one even where another raised.
@@ -39,8 +42,9 @@ from sqlalchemy.orm import Session
 from quotaflow.deployments.catalog import Route
 from quotaflow.deployments.limits import Budget
 from quotaflow.execution.admitted import Admitted
-from quotaflow.results.leases import ClaimedItem
-from quotaflow.tenants.spend import Charge
+from quotaflow.providers.base import ProviderResponse
+from quotaflow.providers.outcomes import Provenance
+from quotaflow.results.leases import ClaimedItem, OnStored
 
 if TYPE_CHECKING:  # batch.py carries the hooks: a run's type only, to avoid a cycle
     from quotaflow.execution.batch import BatchRun
@@ -56,6 +60,11 @@ class BatchHook:
     def claimed(self, run: "BatchRun", items: list[ClaimedItem]) -> list[ClaimedItem]:
         """The claimed items still to call; those left out must be `run.finish`ed."""
         return items
+
+    def stop_check(self) -> str | None:
+        """Asked with each read of the job's status while it runs: an item status to end
+        the unsent items with, or None. A run with a check reads at once, on its own."""
+        return None
 
     def before_admission(self, run: "BatchRun", route: Route,
                          items: list[ClaimedItem]) -> list[ClaimedItem]:
@@ -85,16 +94,18 @@ class BatchHook:
     def flush(self) -> None:
         """Write what the hook buffered; called as provider feedback is settled."""
 
-    def before_store(self, session: Session, job_id: str, charges: Sequence[Charge],
+    def before_store(self, session: Session, job_id: str,
+                     answered: list[tuple[ProviderResponse, Provenance]],
                      now: datetime) -> None:
-        """In the transaction storing a chunk: `charges` are its newly stored answers."""
+        """In the transaction storing a chunk: `answered`, the calls it newly stored."""
 
     def on_stop(self, run: "BatchRun") -> None:
         """The run sent its last call (its answers are stored next, whatever ended it)."""
 
 
-_POINTS = ("before_claim", "claimed", "before_admission", "before_acquire", "chunk_admitted",
-           "retry_admitted", "call_ended", "before_wait", "flush", "before_store", "on_stop")
+_POINTS = ("before_claim", "claimed", "stop_check", "before_admission", "before_acquire",
+           "chunk_admitted", "retry_admitted", "call_ended", "before_wait", "flush",
+           "before_store", "on_stop")
 
 
 class Hooks:
@@ -104,6 +115,7 @@ class Hooks:
 
     before_claim: tuple[Callable[[], float | None], ...]
     claimed: tuple[Callable[["BatchRun", list[ClaimedItem]], list[ClaimedItem]], ...]
+    stop_check: tuple[Callable[[], str | None], ...]
     before_admission: tuple[Callable[["BatchRun", Route, list[ClaimedItem]],
                                      list[ClaimedItem]], ...]
     before_acquire: tuple[Callable[[Budget], float | None], ...]
@@ -112,7 +124,7 @@ class Hooks:
     call_ended: tuple[Callable[..., None], ...]
     before_wait: tuple[Callable[[], bool], ...]
     flush: tuple[Callable[[], None], ...]
-    before_store: tuple[Callable[[Session, str, Sequence[Charge], datetime], None], ...]
+    before_store: tuple[OnStored, ...]
     on_stop: tuple[Callable[["BatchRun"], None], ...]
 
     def __init__(self, hooks: Sequence[BatchHook] = ()) -> None:
@@ -160,16 +172,16 @@ class Hooks:
             flush()
 
     @property
-    def ledger(self) -> "Hooks | None":
-        """What the result writer hands store_many as its ledger: None, where no hook
-        stores anything beside the answers (no call per chunk then)."""
-        return self if self.before_store else None
+    def on_stored(self) -> OnStored | None:
+        """What the result writer hands store_many to call in each chunk's transaction:
+        None, where no hook stores anything beside the answers (no call per chunk then)."""
+        return self.stored if self.before_store else None
 
-    def record(self, session: Session, job_id: str, charges: Sequence[Charge],
-               now: datetime) -> None:
-        """spend.Ledger: every `before_store`, in the storing transaction."""
+    def stored(self, session: Session, job_id: str,
+               answered: list[tuple[ProviderResponse, Provenance]], now: datetime) -> None:
+        """Every `before_store`, in the storing transaction."""
         for store in self.before_store:
-            store(session, job_id, charges, now)
+            store(session, job_id, answered, now)
 
     def stop(self, run: "BatchRun") -> None:
         """Every `on_stop`, last hook first; the first exception is raised after all ran."""

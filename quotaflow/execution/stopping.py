@@ -5,24 +5,26 @@ Claimed items used to keep going until their batch ended: a batch of 100
 waiting for budget went on sending long after the operator pressed cancel.
 The batch now reads its job's status (and completion window) every
 STOP_CHECK_S while it admits, and ends the items it has not sent as cancelled
-or expired; calls already sent finish and keep their results. Where the tenant
-has a spend limit, the same read adds up its month (quotaflow/tenants/spend.py): the first
-batch to see the limit reached stops every running job of the tenant.
+or expired; calls already sent finish and keep their results. A job another batch
+stopped (its stop reason set) ends here too. The run's hooks may add checks of
+their own to each read (`stop_check`: the spend hook adds up the tenant's month,
+policies/spend_hook.py).
 """
 
 import asyncio
 import contextlib
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from sqlalchemy import null, select
+from sqlalchemy import select
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from quotaflow.jobs.service import expire_overdue
-from quotaflow.models import ITEMS_ENDED_BY, ItemStatus, Job, JobStatus, Tenant, utcnow
+from quotaflow.models import ITEMS_ENDED_BY, ItemStatus, Job, JobStatus, utcnow
 from quotaflow.providers.outcomes import UNSENT_CODES
 from quotaflow.tenants import spend
 
@@ -65,34 +67,26 @@ class JobWatch:
 
     sessions: sessionmaker[Session]
     job_id: str
-    tenant: str = "default"
-    default_spend_limit: float | None = None  # QUOTAFLOW_MAX_MONTHLY_SPEND
-    # Whether calls cost anything (some deployment has prices): else no spend limit can
-    # be reached, and the tenant's month is never read.
-    spending: bool = True
-    # Where the batches of one executor share their reads; only while not spending: a
-    # batch that counts spend reads the tenant's month itself, at once.
+    # The run's hooks' own checks, asked after each read of a job still running
+    # (hooks.py, `stop_check`): an item status to end the unsent items with, or None.
+    checks: Sequence[Callable[[], str | None]] = ()
+    # Where the batches of one executor share their reads; only without checks: a
+    # batch whose hooks check more (the tenant's month) reads itself, at once.
     shared: SharedReads | None = None
     _checked: float = 0.0
     _ended: str | None = None
     _signal: "asyncio.Task[str] | None" = None
 
     def __post_init__(self) -> None:
-        # Spending, the first read is at once: a batch claimed after its tenant's limit
-        # was reached must not send a chunk first. Else, claimed just now: it runs.
-        self._checked = float("-inf") if self.spending else time.monotonic()
-
-    def count_spend(self, default_limit: float | None) -> None:
-        """Stop on the tenant's spend limit too (its own, else `default_limit`), reading
-        at once: the spend hook's switch (policies/spend_hook.py)."""
-        self.spending, self.default_spend_limit = True, default_limit
-        self._checked = float("-inf")
+        # With checks, the first read is at once: a batch claimed after its tenant's
+        # limit was reached must not send a chunk first. Else, claimed just now: it runs.
+        self._checked = float("-inf") if self.checks else time.monotonic()
 
     def ended(self) -> str | None:
         """ItemStatus.CANCELLED, EXPIRED or SPEND_LIMITED once the job is, else None."""
         now = time.monotonic()
         if self._ended is None and now - self._checked >= STOP_CHECK_S:
-            shared = None if self.spending else self.shared
+            shared = None if self.checks else self.shared
             if shared is not None and (read := shared.recent(self.job_id, now)) is not None:
                 self._checked, self._ended = read  # the next look is due when it ages
                 return self._ended
@@ -128,11 +122,9 @@ class JobWatch:
 
     def _read(self) -> str | None:
         jobs = Job.__table__.c
-        own_limit = (select(Tenant.max_monthly_spend).where(Tenant.name == self.tenant)
-                     .scalar_subquery() if self.spending else null())
         with self.sessions() as session:
-            status, expires_at, stop_reason, limit = session.execute(
-                select(jobs.status, jobs.expires_at, jobs.stop_reason, own_limit)
+            status, expires_at, stop_reason = session.execute(
+                select(jobs.status, jobs.expires_at, jobs.stop_reason)
                 .where(jobs.id == self.job_id)).one()
         if status == JobStatus.IN_PROGRESS and expires_at is not None \
                 and _aware(expires_at) < utcnow():
@@ -140,12 +132,11 @@ class JobWatch:
             expire_overdue(self.sessions)
             return ItemStatus.EXPIRED
         if status == JobStatus.IN_PROGRESS:
-            limit = float(limit) if limit is not None else self.default_spend_limit
-            if not self.spending:
-                limit = None
-            if stop_reason == spend.STOP_REASON or (
-                    limit is not None and spend.over_limit(self.sessions, self.tenant, limit)):
+            if stop_reason == spend.STOP_REASON:  # a batch saw its tenant's limit reached
                 return ItemStatus.SPEND_LIMITED
+            for check in self.checks:
+                if (ended := check()) is not None:
+                    return ended
         return ITEMS_ENDED_BY.get(status)
 
 

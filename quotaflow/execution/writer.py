@@ -14,8 +14,7 @@ from dataclasses import dataclass, field
 from sqlalchemy.orm import Session, sessionmaker
 
 from quotaflow.providers.outcomes import Outcome, Provenance
-from quotaflow.results.leases import ClaimedItem, store_many
-from quotaflow.tenants.spend import Ledger
+from quotaflow.results.leases import ClaimedItem, OnStored, store_many
 
 # Write once this many answers wait, or once the oldest has waited this long. The time
 # bounds what a killed worker loses on a slow provider; the size, on an instant one,
@@ -33,9 +32,9 @@ class ResultWriter:
     on_item: Callable[[bool], None] | None = None
     # Whether identical requests of the job wait for these answers (shared on store).
     share: bool = True
-    # Given the answered calls of each chunk in the transaction storing it: the spend
-    # hook bills them there (execution/hooks.py, `before_store`).
-    billing: Ledger | None = None
+    # Given the answered calls of each chunk in the transaction storing it: the run's
+    # hooks' `before_store` (hooks.py; the spend hook bills them there).
+    on_stored: OnStored | None = None
     succeeded: int = 0
     failed: int = 0
     _buffer: list[tuple[ClaimedItem, Outcome]] = field(default_factory=list)
@@ -80,7 +79,7 @@ class ResultWriter:
             try:
                 succeeded, failed = await asyncio.to_thread(
                     store_many, self.sessions, self.job_id, chunk, self.share, provenance,
-                    self.billing)
+                    self.on_stored)
             except BaseException:
                 self._buffer[:0] = chunk
                 self._provenance[:0] = provenance

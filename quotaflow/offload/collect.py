@@ -183,7 +183,7 @@ class Collector:
                billing: Billing) -> None:
         if not chunk:
             return
-        store_many(self.sessions, job.id, chunk, True, [record] * len(chunk), billing)
+        store_many(self.sessions, job.id, chunk, True, [record] * len(chunk), billing.stored)
         self._lines_done(job.id, [item.line_no for item, _ in chunk])
 
     def _lines_done(self, job_id: str, lines: list[int]) -> None:

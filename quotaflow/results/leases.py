@@ -6,7 +6,7 @@ lease runs out. Results are insert-or-ignore, so a batch that runs twice
 still leaves one result per item.
 """
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, cast
@@ -22,13 +22,16 @@ from quotaflow.providers.base import ProviderResponse
 from quotaflow.providers.outcomes import Outcome, Provenance
 from quotaflow.results import chunk_write
 from quotaflow.results.rows import for_sqlalchemy, result_row
-from quotaflow.tenants.spend import Charge, Ledger
 
 # Core tables, not ORM entities: an ORM-enabled UPDATE costs several times the CPU of
 # the same statement on the table, and these run for every batch and chunk.
 ITEMS = Item.__table__
 RESULTS = Result.__table__
 JOBS = Job.__table__
+
+# Given, in the transaction storing a chunk, the answered calls whose rows it inserted:
+# a run's hooks (execution/hooks.py, `before_store`) or a spend.Billing bill them there.
+OnStored = Callable[[Session, str, list[tuple[ProviderResponse, Provenance]], datetime], None]
 
 
 @dataclass(slots=True)
@@ -116,12 +119,12 @@ def store_many(sessions: sessionmaker[Session], job_id: str,
                entries: Sequence[tuple[ClaimedItem, Outcome]],
                share: bool = True,
                provenance: Sequence[Provenance | None] | None = None,
-               billing: Ledger | None = None) -> tuple[int, int]:
+               on_stored: OnStored | None = None) -> tuple[int, int]:
     """Write a chunk of results in one transaction, close their items, and share each
     result with the identical requests waiting for it (unless `share` is False: the
     job has none); (succeeded, failed), the sharers included. `provenance`, one per
     entry where given, says which deployment answered each, after how many calls, when.
-    `billing` is given the answered calls whose rows this transaction stored (a
+    `on_stored` is given the answered calls whose rows this transaction stored (a
     spend.Billing adds them to the spend ledger; a run's hooks, their `before_store`).
 
     A statement per chunk, not per result: a round trip per answer was most of a
@@ -141,14 +144,14 @@ def store_many(sessions: sessionmaker[Session], job_id: str,
         else:
             closed = _store_and_close(session, job_id,
                                       [for_sqlalchemy(row, job_id, now) for row in rows], lines)
-        if billing is not None and provenance is not None:
+        if on_stored is not None and provenance is not None:
             # An item is open exactly while it has no result (results and the item's
             # closing are one transaction; retrying a line deletes its result first), so
             # the items this statement closed are the rows this transaction inserted:
             # those are billed, and a chunk stored twice is billed once. (Not INSERT ...
             # RETURNING: rendering that per row doubled the write's CPU.)
-            billing.record(session, job_id,
-                           _charges(entries, provenance, {line for line, _ in closed}), now)
+            on_stored(session, job_id,
+                      _answered(entries, provenance, {line for line, _ in closed}), now)
         shared = _share(session, job_id, lines, now) if share else []
     statuses = [status for _, status in closed] + shared
     succeeded = sum(status == ItemStatus.SUCCEEDED for status in statuses)
@@ -172,12 +175,11 @@ def _store_and_close(session: Session, job_id: str, rows: list[dict[str, Any]],
         .returning(ITEMS.c.line_no, ITEMS.c.status))]
 
 
-def _charges(entries: Sequence[tuple[ClaimedItem, Outcome]],
-             provenance: Sequence[Provenance | None], inserted: set[int]) -> list[Charge]:
+def _answered(entries: Sequence[tuple[ClaimedItem, Outcome]],
+              provenance: Sequence[Provenance | None],
+              inserted: set[int]) -> list[tuple[ProviderResponse, Provenance]]:
     """The answered calls among the rows just inserted: what the provider will bill."""
-    return [Charge(record.deployment, outcome.prompt_tokens, outcome.completion_tokens,
-                   outcome.cached_tokens, outcome.cache_write_tokens,
-                   outcome.cache_write_1h_tokens)
+    return [(outcome, record)
             for (item, outcome), record in zip(entries, provenance, strict=True)
             if record is not None and isinstance(outcome, ProviderResponse)
             and item.line_no in inserted]

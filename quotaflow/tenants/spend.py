@@ -56,12 +56,26 @@ class Charge:
     cache_write_1h_tokens: int = 0
 
 
-class Ledger(Protocol):
-    """What stores a chunk of answers' charges in the transaction storing them
-    (leases.store_many): a Billing, or a run's hooks (execution/hooks.py)."""
+class Usage(Protocol):
+    """An answered call's usage as its provider reported it (a ProviderResponse)."""
 
-    def record(self, session: Session, job_id: str, charges: Sequence[Charge],
-               now: datetime) -> None: ...
+    @property
+    def prompt_tokens(self) -> int: ...
+    @property
+    def completion_tokens(self) -> int: ...
+    @property
+    def cached_tokens(self) -> int: ...
+    @property
+    def cache_write_tokens(self) -> int: ...
+    @property
+    def cache_write_1h_tokens(self) -> int: ...
+
+
+class Answerer(Protocol):
+    """Which deployment answered a call (a Provenance)."""
+
+    @property
+    def deployment(self) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -74,6 +88,15 @@ class Billing:
     @classmethod
     def for_job(cls, tenant: str, deployments: Deployments) -> "Billing":
         return cls(tenant, {name: d.prices for name, d in deployments.deployments.items()})
+
+    def stored(self, session: Session, job_id: str,
+               answered: Sequence[tuple[Usage, Answerer]], now: datetime) -> None:
+        """Bill the answered calls whose results the caller's transaction just stored
+        (leases.store_many's `on_stored`)."""
+        self.record(session, job_id, [
+            Charge(call.deployment, usage.prompt_tokens, usage.completion_tokens,
+                   usage.cached_tokens, usage.cache_write_tokens, usage.cache_write_1h_tokens)
+            for usage, call in answered], now)
 
     def record(self, session: Session, job_id: str, charges: Iterable[Charge],
                now: datetime) -> None:
@@ -182,11 +205,19 @@ def admit(session: Session, settings: Settings, tenant: str, cost: CostRange | N
             f"or `quotaflow keys create --tenant {tenant} --max-spend N`)")
 
 
-def over_limit(sessions: sessionmaker[Session], tenant: str, limit: float) -> bool:
-    """Whether the tenant has spent its limit this month; if so, stop its running jobs."""
+def limit_reached(sessions: sessionmaker[Session], tenant: str,
+                  default_limit: float | None) -> bool:
+    """Whether the tenant has spent its monthly limit (its own, else `default_limit`);
+    if so, stop its running jobs. The limit and the month are read in one statement."""
+    own = select(Tenant.max_monthly_spend).where(Tenant.name == tenant).scalar_subquery()
+    month = (select(func.coalesce(func.sum(SPEND.c.cost), 0))
+             .where(SPEND.c.tenant == tenant, SPEND.c.month == month_of(utcnow()))
+             .scalar_subquery())
     with sessions() as session:
-        if month_spent(session, tenant) < limit:
-            return False
+        limit, spent = session.execute(select(own, month)).one()
+    limit = float(limit) if limit is not None else default_limit
+    if limit is None or float(spent or 0) < limit:
+        return False
     stop_tenant(sessions, tenant)
     return True
 

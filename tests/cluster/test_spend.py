@@ -86,7 +86,8 @@ def test_a_chunk_stored_twice_is_billed_once(pg_sessions: sessionmaker[Session])
     provenance = [Provenance("slow", 1, 0.0, 0.0, 0.0)] * 2
     # When the same chunk is stored twice (a batch run again after a crash)
     for _ in range(2):
-        store_many(pg_sessions, "batch_once", entries, provenance=provenance, billing=billing)
+        store_many(pg_sessions, "batch_once", entries, provenance=provenance,
+                   on_stored=billing.stored)
     # Then the ledger holds it once: 2 calls, 30 tokens, 30 cents
     with pg_sessions() as session:
         row = session.execute(select(Spend)).scalar_one()

@@ -57,7 +57,8 @@ class Policies:
         if self.fair is not None and job.queue != QUEUE_REALTIME:
             hooks.append(FairShareHook(self.fair, job.tenant, job.weight))
         if self.spending:
-            hooks.append(SpendHook(job.tenant, self.prices, self.settings.max_monthly_spend))
+            hooks.append(SpendHook(self.sessions, job.tenant, self.prices,
+                                   self.settings.max_monthly_spend))
         if self.settings.dedup_across_jobs:
             hooks.append(ReuseHook(self.sessions, job.tenant))
         if self.offload and job.queue == QUEUE_BULK:

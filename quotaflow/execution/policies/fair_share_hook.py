@@ -14,11 +14,11 @@ from collections.abc import Callable, Sequence
 from quotaflow.budget.fair_share import FairShare
 from quotaflow.deployments.limits import Budget
 from quotaflow.errors import ServiceUnavailable
-from quotaflow.execution.admission import YIELD_S
 from quotaflow.execution.admitted import Admitted
 from quotaflow.execution.batch import BatchRun
 from quotaflow.execution.hooks import BatchHook
 from quotaflow.execution.policies.tenant_share import TenantShare, fair_sleep
+from quotaflow.execution.timing import YIELD_S
 from quotaflow.results.leases import ClaimedItem
 
 log = logging.getLogger(__name__)

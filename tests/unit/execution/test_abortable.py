@@ -46,7 +46,7 @@ async def _engine_call(started: list[str], cancelled: list[str], name: str) -> A
 
 def _watch(cancel_after: float, shared: SharedReads | None = None,
            reads: list[float] | None = None, job_id: str = "batch_x") -> ScriptedWatch:
-    return ScriptedWatch(sessions=None, job_id=job_id, spending=False,  # type: ignore[arg-type]
+    return ScriptedWatch(sessions=None, job_id=job_id,  # type: ignore[arg-type]
                          cancel_after=cancel_after, shared=shared,
                          reads=[] if reads is None else reads)
 

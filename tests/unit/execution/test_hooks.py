@@ -57,7 +57,7 @@ def test_each_point_lists_only_the_hooks_that_use_it_in_their_order() -> None:
     assert hooks.on_stop == (first.on_stop, second.on_stop)
     # And points nobody uses are empty: the loop makes no call for them
     assert hooks.call_ended == hooks.before_acquire == hooks.before_store == ()
-    assert hooks.ledger is None
+    assert hooks.on_stored is None
 
 
 def test_a_hook_that_gives_way_stops_the_run_before_the_later_hooks_are_asked() -> None:
