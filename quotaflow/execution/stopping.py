@@ -15,7 +15,6 @@ import contextlib
 import threading
 import time
 from dataclasses import dataclass
-from datetime import UTC, datetime
 
 from sqlalchemy import null, select
 from sqlalchemy.exc import OperationalError
@@ -135,7 +134,7 @@ class JobWatch:
                 select(jobs.status, jobs.expires_at, jobs.stop_reason, own_limit)
                 .where(jobs.id == self.job_id)).one()
         if status == JobStatus.IN_PROGRESS and expires_at is not None \
-                and _aware(expires_at) < utcnow():
+                and expires_at < utcnow():
             # The window ended: expire the job now, not at the reaper's next round.
             expire_overdue(self.sessions)
             return ItemStatus.EXPIRED
@@ -147,8 +146,3 @@ class JobWatch:
                     limit is not None and spend.over_limit(self.sessions, self.tenant, limit)):
                 return ItemStatus.SPEND_LIMITED
         return ITEMS_ENDED_BY.get(status)
-
-
-def _aware(moment: datetime) -> datetime:
-    """SQLite hands datetimes back without their zone; they are UTC."""
-    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)

@@ -107,8 +107,6 @@ def look_again_in(latest: datetime | None) -> float | None:
     """Seconds until a lease that runs out at `latest` has (None: no lease held)."""
     if latest is None:
         return None
-    if latest.tzinfo is None:  # SQLite hands datetimes back without their zone
-        latest = latest.replace(tzinfo=utcnow().tzinfo)
     return max(1.0, (latest - utcnow()).total_seconds() + 1.0)
 
 
