@@ -20,6 +20,7 @@ from datetime import timedelta
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from quotaflow import store
 from quotaflow.budget.circuit import CircuitBreaker, LocalCircuitBreaker
 from quotaflow.budget.fair_share import FairShare
 from quotaflow.budget.limiter import Limiter
@@ -43,10 +44,8 @@ from quotaflow.execution.prepare import Preparer
 from quotaflow.execution.retries import RetryPolicy
 from quotaflow.execution.stopping import JobWatch, SharedReads
 from quotaflow.execution.writer import ResultWriter
-from quotaflow.jobs.service import close_if_done
 from quotaflow.providers.priority import current_queue
-from quotaflow.results import batch_sql
-from quotaflow.results.leases import ClaimedItem, claim, leased_elsewhere_for, look_again_in
+from quotaflow.results.leases import ClaimedItem, look_again_in
 
 log = logging.getLogger(__name__)
 
@@ -73,8 +72,7 @@ class BatchExecutor:
         self.lease, self.providers = timedelta(seconds=settings.lease_s), providers
         self.jobs = JobFactsCache(sessions)
         self.job_reads = SharedReads()  # its batches' reads of their jobs' status
-        bind = sessions.kw.get("bind")  # the prepared statements are PostgreSQL's
-        self._postgres = bind is not None and bind.dialect.name == "postgresql"
+        self.store = store.for_sessions(sessions)
         self.policies = Policies(sessions, deployments, settings, fair,
                                  defer if provider_batches is None else provider_batches,
                                  metrics)
@@ -101,8 +99,7 @@ class BatchExecutor:
             return BatchReport(0, 0, 0, back_in)  # a hook gave way: nothing claimed
         owner = uuid.uuid4().hex
         claimed_at = time.monotonic()
-        items = (batch_sql.claim if self._postgres else claim)(self.sessions, ref, owner,
-                                                               self.lease)
+        items = self.store.claim(self.sessions, ref, owner, self.lease)
         if not items:
             return self._report(ref, BatchReport(0, 0, 0))
         run = self._new_run(ref, owner, job, hooks, on_item)
@@ -170,11 +167,7 @@ class BatchExecutor:
     def _report(self, ref: BatchRef, report: BatchReport) -> BatchReport:
         """Close the job if this was its last work; look again later at foreign leases."""
         with self.sessions.begin() as session:
-            if self._postgres:  # one prepared statement (results/batch_sql.py)
-                elsewhere = look_again_in(batch_sql.report(session, ref))
-            else:
-                close_if_done(session, ref.job_id)
-                elsewhere = leased_elsewhere_for(session, ref)
+            elsewhere = look_again_in(self.store.report(session, ref))
         if elsewhere is None:
             return report
         retry_in = elsewhere if report.retry_in is None else min(report.retry_in, elsewhere)
