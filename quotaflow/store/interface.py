@@ -23,6 +23,8 @@ class Store(Protocol):
     # need PostgreSQL's aggregates run (observe/report_data.py, observe/bound_data.py).
     keeps_tallies: bool
     aggregates: bool
+    # Whether ingest writes its items with COPY (ingest/bulkwrite.py), or with INSERTs.
+    copies: bool
 
     def claim(self, sessions: sessionmaker[Session], ref: LineRange, owner: str,
               lease: timedelta) -> list[ClaimedItem]:

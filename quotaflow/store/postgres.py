@@ -116,6 +116,7 @@ class PostgresStore:
 
     keeps_tallies = True  # migration 0022's triggers
     aggregates = True
+    copies = True
 
     def claim(self, sessions: sessionmaker[Session], ref: LineRange, owner: str,
               lease: timedelta) -> list[ClaimedItem]:

@@ -33,6 +33,7 @@ class SqliteStore:
 
     keeps_tallies = False
     aggregates = False
+    copies = False
 
     def claim(self, sessions: sessionmaker[Session], ref: LineRange, owner: str,
               lease: timedelta) -> list[ClaimedItem]:
