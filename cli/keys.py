@@ -141,7 +141,7 @@ def list_keys() -> None:
         for row in auth.list_keys(session):
             state = f"revoked {row.revoked_at:%Y-%m-%d}" if row.revoked_at else "active"
             if row.revoked_at is None and row.expires_at is not None:
-                ended = auth.aware(row.expires_at) <= now
+                ended = row.expires_at <= now
                 state = (f"{'expired' if ended else 'expires'} "
                          f"{row.expires_at:%Y-%m-%d %H:%M}")
             if row.replaced_by:

@@ -69,6 +69,30 @@ class JsonText(TypeDecorator[Any]):
         return jsoncodec.loads(value)
 
 
+class UtcDateTime(TypeDecorator[datetime]):
+    """A moment: stored in UTC, always read back aware (in UTC), whatever the database.
+
+    PostgreSQL's timestamptz keeps the zone; SQLite keeps naive text, so its moments
+    come back without one. Through this type every model's timestamps (and `max()` of
+    them) compare with utcnow() on both stores, with no helper at the reading site.
+    A naive moment given is taken to be UTC already.
+    """
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None or value.tzinfo is UTC:
+            return value
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+    def process_result_value(self, value: datetime | None,
+                             dialect: Dialect) -> datetime | None:
+        if value is None or value.tzinfo is not None:
+            return value
+        return value.replace(tzinfo=UTC)
+
+
 def utcnow() -> datetime:
     return datetime.now(UTC)
 
@@ -76,7 +100,7 @@ def utcnow() -> datetime:
 class Base(DeclarativeBase):
     # Every model is a declarative table: a Table, not any FromClause, for core statements.
     __table__: ClassVar[Table]
-    type_annotation_map = {dict[str, Any]: JsonType, datetime: DateTime(timezone=True)}  # noqa: RUF012
+    type_annotation_map = {dict[str, Any]: JsonType, datetime: UtcDateTime()}  # noqa: RUF012
 
 
 class JobStatus:

@@ -174,8 +174,6 @@ def batch_object(job: Job, counts: dict[str, int], base_url: str) -> dict[str, A
 def rfc3339(moment: datetime | None) -> str | None:
     if moment is None:
         return None
-    if moment.tzinfo is None:  # SQLite hands back naive UTC
-        moment = moment.replace(tzinfo=UTC)
     return moment.astimezone(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
 
 

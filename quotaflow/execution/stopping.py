@@ -17,7 +17,6 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 
 from sqlalchemy import select
 from sqlalchemy.exc import OperationalError
@@ -127,7 +126,7 @@ class JobWatch:
                 select(jobs.status, jobs.expires_at, jobs.stop_reason)
                 .where(jobs.id == self.job_id)).one()
         if status == JobStatus.IN_PROGRESS and expires_at is not None \
-                and _aware(expires_at) < utcnow():
+                and expires_at < utcnow():
             # The window ended: expire the job now, not at the reaper's next round.
             expire_overdue(self.sessions)
             return ItemStatus.EXPIRED
@@ -138,8 +137,3 @@ class JobWatch:
                 if (ended := check()) is not None:
                     return ended
         return ITEMS_ENDED_BY.get(status)
-
-
-def _aware(moment: datetime) -> datetime:
-    """SQLite hands datetimes back without their zone; they are UTC."""
-    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)

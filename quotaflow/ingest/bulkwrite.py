@@ -31,6 +31,7 @@ from sqlalchemy import DateTime, bindparam, select, text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from quotaflow import store
 from quotaflow.errors import QuotaflowError
 from quotaflow.models import Item, ItemStatus, utcnow
 
@@ -91,7 +92,7 @@ class RowWriter(Protocol):
 def row_writer(session: Session, job_id: str, lease_until: datetime) -> Iterator[RowWriter]:
     """The fastest writer the session's database offers; everything written is sent
     when the block ends (and abandoned, for the rollback, when it raises)."""
-    if session.get_bind().dialect.name == "postgresql":
+    if store.of(session).copies:
         writer: RowWriter = _CopyWriter(session, job_id, lease_until)
     else:
         writer = _InsertWriter(session, job_id, lease_until)

@@ -8,10 +8,10 @@ import os
 import uuid
 from datetime import timedelta
 
-from sqlalchemy import case, delete, select, update
+from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session, sessionmaker
-from sqlalchemy.sql.selectable import ScalarSelect
 
+from quotaflow import store
 from quotaflow.config import Settings
 from quotaflow.dispatch.queues import Dispatcher, batch_refs
 from quotaflow.errors import JobNotFound, JobStateError
@@ -148,33 +148,6 @@ def finish_if_done(sessions: sessionmaker[Session], job_id: str) -> None:
 
 
 def close_if_done(session: Session, job_id: str) -> None:
-    """finish_if_done inside the caller's transaction. One conditional UPDATE on the
-    table (not the ORM entity: this runs after every batch), safe to run from every
-    worker at once."""
-    jobs = Job.__table__.c
-    now = utcnow()
-    running = jobs.status == JobStatus.IN_PROGRESS
-    session.execute(
-        update(Job.__table__)
-        .where(jobs.id == job_id,
-               jobs.status.in_((JobStatus.IN_PROGRESS, JobStatus.CANCELLING)),
-               _last_open_line(job_id).is_(None))
-        .values(status=case((running, JobStatus.COMPLETED), else_=JobStatus.CANCELLED),
-                finalizing_at=case((running, now), else_=jobs.finalizing_at),
-                completed_at=case((running, now), else_=jobs.completed_at),
-                cancelled_at=case((running, jobs.cancelled_at), else_=now)))
-
-
-def _last_open_line(job_id: str) -> ScalarSelect[int]:
-    """The job's last open line: a backward walk of ix_items_job_open (the open items).
-
-    Not EXISTS: the planner may answer that with a scan of all the job's items, and the
-    first open item in table order comes after every closed one. The open items are the
-    newest lines (pending) or claims (running), so read backwards the index finds one at
-    once while the job runs.
-    """
-    items = Item.__table__.c
-    return (select(items.line_no).where(items.job_id == job_id, items.is_open)
-            .order_by(items.line_no.desc()).limit(1).scalar_subquery())
-
-
+    """finish_if_done inside the caller's transaction, safe to run from every worker at
+    once (the store's close_job)."""
+    store.of(session).close_job(session, job_id)

@@ -14,6 +14,7 @@ from sqlalchemy import Column, Integer, MetaData, String, Table, func, select
 from sqlalchemy.orm import Session
 from sqlalchemy.types import BigInteger
 
+from quotaflow import store
 from quotaflow.models import Item, Result
 
 # Not a model: only the triggers write it, and nothing reads a single row of it.
@@ -28,7 +29,7 @@ PROMPT, COMPLETION = "prompt_tokens", "completion_tokens"
 
 
 def _kept(session: Session) -> bool:
-    return session.get_bind().dialect.name == "postgresql"
+    return store.of(session).keeps_tallies
 
 
 def tallies(session: Session, job_ids: Sequence[str]) -> dict[str, dict[str, int]]:

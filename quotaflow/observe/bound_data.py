@@ -9,6 +9,7 @@ edges, so a long call counts in every bucket it spans).
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
+from quotaflow import store
 from quotaflow.config import Settings
 from quotaflow.deployments.catalog import Deployments
 from quotaflow.errors import ConfigError
@@ -55,7 +56,7 @@ def limits(deployments: Deployments, floor: float) -> dict[str, Limits]:
 def timeline(session: Session, job_id: str, deployments: Deployments, settings: Settings,
              tenant: str | None = None) -> Timeline:
     """The job's slices, from its creation to its last answer (to now while it runs)."""
-    if session.get_bind().dialect.name != "postgresql":
+    if not store.of(session).aggregates:
         raise ConfigError("what bound a job is read with PostgreSQL's aggregates; run it "
                           "against a PostgreSQL QUOTAFLOW_DATABASE_URL")
     job = get_job(session, job_id, tenant)

@@ -13,6 +13,7 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
+from quotaflow import store
 from quotaflow.deployments.catalog import Deployments
 from quotaflow.errors import ConfigError
 from quotaflow.jobs import view as job_view
@@ -102,7 +103,7 @@ def budgets(deployments: Deployments) -> dict[str, tuple[int, int]]:
 def report_data(session: Session, job_id: str, budgets: dict[str, tuple[int, int]],
                 tenant: str | None = None) -> ReportData:
     """The job's report, its series in buckets; `budgets` are the deployments' (rpm, tpm)."""
-    if session.get_bind().dialect.name != "postgresql":
+    if not store.of(session).aggregates:
         raise ConfigError("the job report reads its series with PostgreSQL's aggregates; "
                           "run it against a PostgreSQL QUOTAFLOW_DATABASE_URL")
     job = job_view.job_object(session, get_job(session, job_id, tenant))

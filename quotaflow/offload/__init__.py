@@ -11,13 +11,8 @@ provider failed or expired, or whose job's window would be missed, go back to th
 queue for the route's realtime deployments.
 """
 
-from datetime import UTC, datetime
-
 # The lease_owner of items waiting in a provider batch: no lease runs out (their
 # lease_expires_at is NULL), so neither the reaper nor a claim takes them.
 OWNER = "provider-batch"
 
 
-def aware(moment: datetime) -> datetime:
-    """SQLite hands datetimes back without their zone; they are UTC."""
-    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)

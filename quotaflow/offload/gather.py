@@ -20,7 +20,6 @@ from sqlalchemy.orm import Session, sessionmaker
 from quotaflow.deployments.catalog import Deployments
 from quotaflow.deployments.deployment import Deployment
 from quotaflow.models import utcnow
-from quotaflow.offload import aware
 from quotaflow.offload.batch_tables import BatchState, LineState, ProviderBatch, ProviderBatchLine
 
 LINES = ProviderBatchLine.__table__
@@ -67,7 +66,7 @@ def _cuts(lines: Sequence[Any], deployment: Deployment, ripe: datetime) -> list[
         current.append(line)
         size += line.bytes
         tokens += line.tokens
-    if current and (len(current) >= max_lines or min(aware(line.queued_at)
+    if current and (len(current) >= max_lines or min(line.queued_at
                                                      for line in current) <= ripe):
         cuts.append(current)
     return cuts

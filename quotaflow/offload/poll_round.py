@@ -24,7 +24,6 @@ from quotaflow.deployments.deployment import Deployment
 from quotaflow.dispatch.queues import Dispatcher
 from quotaflow.errors import PermanentProviderError, ProviderError, Untranslatable
 from quotaflow.models import Job, utcnow
-from quotaflow.offload import aware
 from quotaflow.offload.batch_tables import BatchState, ProviderBatch
 from quotaflow.offload.clients import BatchClient, Remote, make_client
 from quotaflow.offload.collect import Collector, OffloadedJob
@@ -91,7 +90,7 @@ class ProviderBatchLoop:
             self._save(batch.id, state=BatchState.DONE, ended_at=utcnow())
             return
         client = self._client(batch.deployment)
-        found = client.find(batch.id, aware(batch.created_at))
+        found = client.find(batch.id, batch.created_at)
         if found is not None:
             log.info("provider batch %s found again at the provider as %s", batch.id, found)
             self._save(batch.id, state=BatchState.SUBMITTED, provider_id=found,
@@ -163,7 +162,7 @@ class ProviderBatchLoop:
     def _window_closing(self, job: OffloadedJob) -> bool:
         """The job's window ends within the margin: its lines had better go realtime."""
         margin = timedelta(seconds=self.settings.provider_batch_window_margin_s)
-        return job.expires_at is not None and aware(job.expires_at) - margin <= utcnow()
+        return job.expires_at is not None and job.expires_at - margin <= utcnow()
 
     def _claim_due(self) -> list[ProviderBatch]:
         now = utcnow()

@@ -7,21 +7,21 @@ still leaves one result per item.
 """
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, cast
 
-from sqlalchemy import CursorResult, and_, case, exists, func, or_, select, update
+from sqlalchemy import CursorResult, case, exists, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
+from quotaflow import store
 from quotaflow.db import insert_ignore
 from quotaflow.dispatch.queues import BatchRef
 from quotaflow.jobs.service import new_request_id
-from quotaflow.models import Item, ItemStatus, Job, JobStatus, Result, utcnow
+from quotaflow.models import Item, ItemStatus, Job, Result, utcnow
 from quotaflow.providers.base import ProviderResponse
 from quotaflow.providers.outcomes import Outcome, Provenance
-from quotaflow.results import chunk_write
-from quotaflow.results.rows import for_sqlalchemy, result_row
+from quotaflow.results.rows import result_row
+from quotaflow.store.items import ClaimedItem as ClaimedItem
 
 # Core tables, not ORM entities: an ORM-enabled UPDATE costs several times the CPU of
 # the same statement on the table, and these run for every batch and chunk.
@@ -34,39 +34,10 @@ JOBS = Job.__table__
 OnStored = Callable[[Session, str, list[tuple[ProviderResponse, Provenance]], datetime], None]
 
 
-@dataclass(slots=True)
-class ClaimedItem:
-    """A claimed item as the worker runs it. Not frozen, as ProviderResponse (one per
-    request, and a frozen dataclass costs four times as much to build)."""
-
-    line_no: int
-    custom_id: str | None
-    body: dict[str, Any]
-    attempts: int
-    body_hash: str | None = None
-    route: str | None = None  # its route's name, decided at ingest
-
-
 def claim(sessions: sessionmaker[Session], ref: BatchRef, owner: str,
           lease: timedelta) -> list[ClaimedItem]:
     """Take the batch's pending items (and items whose lease ran out) for this worker."""
-    now = utcnow()
-    job_running = exists().where(JOBS.c.id == ref.job_id, JOBS.c.status == JobStatus.IN_PROGRESS)
-    statement = (
-        update(ITEMS)
-        .where(ITEMS.c.job_id == ref.job_id,
-               ITEMS.c.line_no.between(ref.first_line, ref.last_line),
-               or_(ITEMS.c.status == ItemStatus.PENDING,
-                   and_(ITEMS.c.status == ItemStatus.RUNNING, ITEMS.c.lease_expires_at < now)),
-               job_running)
-        .values(status=ItemStatus.RUNNING, attempts=ITEMS.c.attempts + 1,
-                lease_owner=owner, lease_expires_at=now + lease)
-        .returning(ITEMS.c.line_no, ITEMS.c.custom_id, ITEMS.c.body, ITEMS.c.attempts,
-                   ITEMS.c.body_hash, ITEMS.c.route)
-    )
-    with sessions.begin() as session:
-        rows = session.execute(statement).all()
-    return sorted((ClaimedItem(*row) for row in rows), key=lambda item: item.line_no)
+    return store.for_sessions(sessions).claim(sessions, ref, owner, lease)
 
 
 def release(sessions: sessionmaker[Session], job_id: str, owner: str,
@@ -96,22 +67,10 @@ def end_unsent(sessions: sessionmaker[Session], job_id: str, owner: str,
             .values(status=status, lease_owner=None, lease_expires_at=None))
 
 
-def leased_elsewhere_for(session: Session, ref: BatchRef) -> float | None:
-    """Seconds until the last foreign lease in the range runs out, or None if none is held."""
-    latest = session.scalar(
-        select(func.max(ITEMS.c.lease_expires_at))
-        .where(ITEMS.c.job_id == ref.job_id,
-               ITEMS.c.line_no.between(ref.first_line, ref.last_line),
-               ITEMS.c.status == ItemStatus.RUNNING))
-    return look_again_in(latest)
-
-
 def look_again_in(latest: datetime | None) -> float | None:
     """Seconds until a lease that runs out at `latest` has (None: no lease held)."""
     if latest is None:
         return None
-    if latest.tzinfo is None:  # SQLite hands datetimes back without their zone
-        latest = latest.replace(tzinfo=utcnow().tzinfo)
     return max(1.0, (latest - utcnow()).total_seconds() + 1.0)
 
 
@@ -139,11 +98,7 @@ def store_many(sessions: sessionmaker[Session], job_id: str,
             for (item, outcome), record in zip(entries, records, strict=True)]
     lines = [item.line_no for item, _ in entries]
     with sessions.begin() as session:
-        if chunk_write.supported(session):  # one statement (chunk_write.py)
-            closed = chunk_write.store_chunk(session, job_id, rows, now)
-        else:
-            closed = _store_and_close(session, job_id,
-                                      [for_sqlalchemy(row, job_id, now) for row in rows], lines)
+        closed = store.of(session).store_chunk(session, job_id, rows, now)
         if on_stored is not None and provenance is not None:
             # An item is open exactly while it has no result (results and the item's
             # closing are one transaction; retrying a line deletes its result first), so
@@ -156,23 +111,6 @@ def store_many(sessions: sessionmaker[Session], job_id: str,
     statuses = [status for _, status in closed] + shared
     succeeded = sum(status == ItemStatus.SUCCEEDED for status in statuses)
     return succeeded, len(statuses) - succeeded
-
-
-def _store_and_close(session: Session, job_id: str, rows: list[dict[str, Any]],
-                     lines: list[int]) -> list[tuple[int, str]]:
-    """SQLite's way (the embedded runner): insert-or-ignore, then close the items after
-    the rows stored, whoever stored them."""
-    session.execute(insert_ignore(session, RESULTS), rows)
-    stored = select(RESULTS.c.error).where(RESULTS.c.job_id == ITEMS.c.job_id,
-                                        RESULTS.c.line_no == ITEMS.c.line_no).scalar_subquery()
-    return [(line, status) for line, status in session.execute(
-        update(ITEMS)
-        .where(ITEMS.c.job_id == job_id, ITEMS.c.line_no.in_(lines),
-               ITEMS.c.status.in_(ItemStatus.OPEN))
-        .values(status=case((stored.is_(None), ItemStatus.SUCCEEDED),
-                            else_=ItemStatus.FAILED),
-                lease_owner=None, lease_expires_at=None)
-        .returning(ITEMS.c.line_no, ITEMS.c.status))]
 
 
 def _answered(entries: Sequence[tuple[ClaimedItem, Outcome]],

@@ -5,52 +5,29 @@ million lines that loop (a row object, three orjson calls and an f-string a
 line) was the download's ceiling, about 95,000 lines/s. For the common download,
 a finished or running OpenAI-format job's successes from PostgreSQL, the server
 writes the same lines (to_json of the strings, the stored JSON as text) and
-joins a range of them per statement, so Python handles a piece of
-PIECE_LINES lines at a time and never a line. Everything else (error lines,
-Anthropic-format jobs, SQLite) goes through output.iter_output unchanged.
+joins a range of them per statement (the store's render_piece, store/postgres.py), so
+Python handles a piece of PIECE_LINES lines at a time and never a line. Everything else
+(error lines, Anthropic-format jobs, SQLite) goes through output.iter_output unchanged.
 Lines come in input order; pieces are ranges of line numbers walked by the
 primary key, so memory holds one piece whatever the job's size.
 """
 
 import threading
 from collections.abc import Iterator
-from typing import Any, cast
 
-import psycopg
-from psycopg.abc import Buffer
-from psycopg.adapt import Loader
 from sqlalchemy.orm import Session, sessionmaker
 
+from quotaflow import store
 from quotaflow.constants import OUTPUT_ANTHROPIC
 from quotaflow.jobs.service import get_job
 from quotaflow.results.output import iter_output, output_chunks
 from quotaflow.results.read_ahead import made_in_parallel, read_ahead
 
-# Lines per statement: about 1.5 MB of text for answers of 700 bytes.
-PIECE_LINES = 2000
 # Connections writing a download's pieces at once (output_stream), and how many
 # downloads of a process may take more than one at a time.
 PIECE_WORKERS = 2
 PARALLEL_DOWNLOADS = 2
 _SECOND_CONNECTIONS = threading.BoundedSemaphore(PARALLEL_DOWNLOADS)
-
-# output.render_stored's line, for a result without an error, in SQL.
-_PIECE = """
-SELECT string_agg(
-    '{"id":' || to_json(request_id)::text
-    || ',"custom_id":' || coalesce(to_json(custom_id)::text, 'null')
-    || ',"response":' || CASE WHEN status_code IS NULL THEN 'null' ELSE
-        '{"status_code":' || status_code
-        || ',"request_id":' || to_json(coalesce(provider_request_id, request_id))::text
-        || ',"body":' || coalesce(response::text, 'null') || '}' END
-    || ',"error":null'
-    || CASE WHEN shared_from IS NULL THEN '}' ELSE ',"shared_from":' || shared_from::text
-       || '}' END
-    || chr(10), '' ORDER BY line_no)
-FROM results
-WHERE job_id = %(job)s AND line_no >= %(first)s AND line_no < %(end)s AND error IS NULL
-"""
-_LAST = "SELECT max(line_no) FROM results WHERE job_id = %(job)s"
 
 
 def output_pieces(session: Session, job_id: str, errors: bool) -> Iterator[bytes]:
@@ -91,38 +68,14 @@ def output_stream(sessions: sessionmaker[Session], job_id: str, errors: bool,
 
 
 def piece_starts(session: Session, job_id: str, errors: bool) -> range | None:
-    """The first line of each piece PostgreSQL writes, or None where Python writes the
+    """The first line of each piece the database writes, or None where Python writes the
     lines (error files, Anthropic-format jobs, SQLite)."""
-    if (errors or session.get_bind().dialect.name != "postgresql"
-            or get_job(session, job_id).output_format == OUTPUT_ANTHROPIC):
+    if errors or get_job(session, job_id).output_format == OUTPUT_ANTHROPIC:
         return None
-    # The driver's own SQL: the lines' JSON punctuation (":null") is no bind parameter.
-    last = session.connection().exec_driver_sql(_LAST, {"job": job_id}).scalar()
-    return range(0, -1 if last is None else last + 1, PIECE_LINES)
+    return store.of(session).piece_starts(session, job_id)
 
 
 def render_piece(session: Session, job_id: str, first: int) -> bytes | None:
-    """The output lines of the job's successes from line `first` on (PIECE_LINES
-    line numbers), made by PostgreSQL; None if that range has none. The piece is taken
-    as the bytes the server sent: decoded to a str and encoded back, it cost the API
-    more than half of its CPU per line (0.7 against 0.3 s for 400,000 lines)."""
-    connection = cast("psycopg.Connection[Any]",
-                      session.connection().connection.driver_connection)
-    cursor = connection.cursor()
-    utf8 = connection.info.encoding == "utf-8"
-    if utf8:
-        cursor.adapters.register_loader("text", _Utf8Bytes)
-    with cursor:
-        row = cursor.execute(_PIECE, {"job": job_id, "first": first,
-                                      "end": first + PIECE_LINES}).fetchone()
-    piece = row[0] if row else None
-    if not piece:
-        return None
-    return cast(bytes, piece if utf8 else piece.encode())
-
-
-class _Utf8Bytes(Loader):
-    """A text value as the bytes it arrived in (only where the client encoding is UTF-8)."""
-
-    def load(self, data: Buffer) -> bytes:
-        return bytes(data)
+    """The output lines of the job's successes from line `first` on, made by the database
+    (store.postgres); None if that range has none."""
+    return store.of(session).render_piece(session, job_id, first)

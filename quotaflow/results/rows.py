@@ -4,11 +4,10 @@ Built for every answer a worker stores, so it is a single dict display: the row 
 from keyword arguments and then updated twice for the outcome and its provenance, with
 the provenance's three times turned into datetimes, cost several times as much.
 The times stay the epoch seconds they were taken as: PostgreSQL's chunk statement turns
-them into timestamps (chunk_write.py), and SQLite's writer makes datetimes of them
-(`for_sqlalchemy`).
+them into timestamps (store/postgres.py), and SQLite's writer makes datetimes of them
+(store/sqlite.py).
 """
 
-from datetime import UTC, datetime
 from typing import Any
 
 from quotaflow.jobs.service import new_request_id
@@ -16,14 +15,11 @@ from quotaflow.jsoncodec import RawJson
 from quotaflow.providers.base import ProviderResponse
 from quotaflow.providers.outcomes import Failure, Outcome, Provenance, Shared
 
-# The provenance's columns, epoch seconds in a row until `for_sqlalchemy`.
-TIMES = ("admitted_at", "sent_at", "answered_at")
-
 
 def result_row(line_no: int, custom_id: str | None, outcome: Outcome,
                record: Provenance | None) -> dict[str, Any]:
     """The row storing `outcome` for the line, but for what the whole chunk shares (its
-    job, its time: `for_sqlalchemy`, or the chunk statement's parameters); every row
+    job, its time: the store's store_chunk adds them); every row
     names every column, so a chunk is one statement's shape."""
     error: dict[str, Any] | None
     response: RawJson | dict[str, Any] | None
@@ -57,16 +53,6 @@ def result_row(line_no: int, custom_id: str | None, outcome: Outcome,
             "provider_request_id": provider_id, "deployment": deployment,
             "attempts": attempts, "admitted_at": admitted_at,
             "sent_at": sent_at, "answered_at": answered_at}
-
-
-def for_sqlalchemy(row: dict[str, Any], job_id: str, now: datetime) -> dict[str, Any]:
-    """The row whole, for an INSERT through SQLAlchemy (SQLite's writer): its job and
-    time added, its provenance's times made datetimes."""
-    row["job_id"], row["created_at"] = job_id, now
-    for name in TIMES:
-        if (value := row[name]) is not None:
-            row[name] = datetime.fromtimestamp(value, UTC)
-    return row
 
 
 def _answer(outcome: ProviderResponse) -> RawJson | dict[str, Any]:

@@ -16,7 +16,7 @@ import secrets
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 from sqlalchemy import or_, select, update
 from sqlalchemy.orm import Session, sessionmaker
@@ -105,11 +105,6 @@ def _add_key(session: Session, tenant: str, operator: bool, rules: KeyRules) -> 
     return NewKey(key_id, tenant, secret, operator, rules.scope.label, expires_at)
 
 
-def aware(moment: datetime) -> datetime:
-    """SQLite gives its stamps back without their zone; they were written in UTC."""
-    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
-
-
 def _stored(names: Sequence[str] | None) -> list[str] | None:
     return None if names is None else sorted(set(names))
 
@@ -136,7 +131,7 @@ def rotate_key(sessions: sessionmaker[Session], key_id: str,
         made = _add_key(session, old.tenant, old.operator, KeyRules(
             Scope.named(old.scope), expires_in, old.allowed_models, old.allowed_deployments))
         grace_end = utcnow() + grace
-        old.expires_at = (min(aware(old.expires_at), grace_end) if old.expires_at
+        old.expires_at = (min(old.expires_at, grace_end) if old.expires_at
                           else grace_end)
         old.replaced_by = made.id
         audit.record(session, actor, "rotate", "key", key_id, old.tenant)
@@ -225,7 +220,7 @@ def key_grant(session: Session, secret: str | None) -> Grant:
     if row is None:
         raise AuthenticationError("incorrect API key provided; "
                                   "`quotaflow keys create --tenant NAME` makes a new one")
-    expires_at = aware(row.expires_at).timestamp() if row.expires_at is not None else None
+    expires_at = row.expires_at.timestamp() if row.expires_at is not None else None
     grant = Grant(row.id, row.tenant, row.operator, Scope.named(row.scope), expires_at,
                   Allowlist.of((row.allowed_models, row.allowed_deployments),
                                (row.tenant_models, row.tenant_deployments)),

@@ -11,9 +11,10 @@ under the limit, and a refused batch rolls back with nothing of it stored.
 import hashlib
 from dataclasses import dataclass
 
-from sqlalchemy import func, select, text
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from quotaflow import store
 from quotaflow.config import Settings
 from quotaflow.errors import EnqueuedTokenLimit
 from quotaflow.models import Job, JobStatus, Tenant
@@ -72,9 +73,7 @@ def admit(session: Session, settings: Settings, tenant: str, tokens: int) -> Non
 
 def lock_tenant(session: Session, tenant: str) -> None:
     """The tenant's transaction-scoped advisory lock (SQLite has one writer anyway)."""
-    if session.get_bind().dialect.name == "postgresql":
-        session.execute(text("SELECT pg_advisory_xact_lock(:key)"),
-                        {"key": tenant_lock_key(tenant)})
+    store.of(session).lock_tenant(session, tenant_lock_key(tenant))
 
 
 def tenant_lock_key(tenant: str) -> int:

@@ -26,12 +26,14 @@ from typing import Any, Protocol
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
+from quotaflow import store
 from quotaflow.config import Settings
 from quotaflow.db import insert_adding
 from quotaflow.deployments.catalog import Deployments
 from quotaflow.deployments.pricing import CostRange, Prices, Tallied, money
 from quotaflow.errors import SpendLimitExceeded
 from quotaflow.models import Item, ItemStatus, Job, JobStatus, Spend, Tenant, utcnow
+from quotaflow.store.interface import Store
 from quotaflow.tenants import quotas
 
 STOP_REASON = "spend_limit_exceeded"
@@ -128,15 +130,15 @@ class Billing:
             session.execute(_upsert(session), list(rows.values()))
 
 
-_UPSERTS: dict[str, Any] = {}
+_UPSERTS: dict[Store, Any] = {}
 
 
 def _upsert(session: Session) -> Any:
-    """The ledger's add-to statement, built once per dialect (it runs with every chunk)."""
-    dialect = session.get_bind().dialect.name
-    statement = _UPSERTS.get(dialect)
+    """The ledger's add-to statement, built once per store (it runs with every chunk)."""
+    kind = store.of(session)
+    statement = _UPSERTS.get(kind)
     if statement is None:
-        statement = _UPSERTS[dialect] = insert_adding(
+        statement = _UPSERTS[kind] = insert_adding(
             session, SPEND, ("job_id", "deployment", "month"), _ADDED, keep_null=("cost",),
             keep=("currency",))
     return statement

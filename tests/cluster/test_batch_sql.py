@@ -1,19 +1,22 @@
-"""The batch's prepared statements (results/batch_sql.py) follow the rules of the
-SQLAlchemy functions SQLite keeps: leases.claim, jobs.close_if_done and
-leases.leased_elsewhere_for."""
+"""The two stores' claim and report (quotaflow/store/): PostgreSQL's prepared
+statements follow the rules of the portable SQLAlchemy ones SQLite runs, both run here
+on PostgreSQL side by side."""
 
 import io
 from datetime import timedelta
 
+import pytest
 from sqlalchemy import update
 
 from quotaflow.config import Settings
 from quotaflow.dispatch.queues import BatchRef
 from quotaflow.ingest import pipeline
-from quotaflow.jobs import service as jobs
 from quotaflow.models import Item, ItemStatus, Job, JobStatus, utcnow
 from quotaflow.providers.base import ProviderResponse
-from quotaflow.results import batch_sql, leases
+from quotaflow.results import leases
+from quotaflow.store.interface import Store
+from quotaflow.store.postgres import POSTGRES
+from quotaflow.store.sqlite import SQLITE
 from tests.cluster.test_jobs import Collect
 from tests.harness.factories import chat_line, jsonl
 
@@ -40,13 +43,13 @@ def test_the_prepared_claim_takes_what_leases_claim_takes(pg_sessions, pg_url: s
     # Given two identical jobs, each with a live lease on line 2 and an expired one on 3
     twins = [_job(pg_sessions, pg_url, 5) for _ in range(2)]
     for job in twins:
-        leases.claim(pg_sessions, BatchRef(job.id, 2, 3), "other", LEASE)
+        SQLITE.claim(pg_sessions, BatchRef(job.id, 2, 3), "other", LEASE)
         with pg_sessions.begin() as session:
             session.execute(update(Item).where(Item.job_id == job.id, Item.line_no == 3)
                             .values(lease_expires_at=utcnow() - timedelta(seconds=1)))
     # When each is claimed, one by each way
-    ours = batch_sql.claim(pg_sessions, BatchRef(twins[0].id, 1, 4), "me", LEASE)
-    theirs = leases.claim(pg_sessions, BatchRef(twins[1].id, 1, 4), "me", LEASE)
+    ours = POSTGRES.claim(pg_sessions, BatchRef(twins[0].id, 1, 4), "me", LEASE)
+    theirs = SQLITE.claim(pg_sessions, BatchRef(twins[1].id, 1, 4), "me", LEASE)
     # Then both took the same items (not the live lease's, nor line 5), with their bodies
     assert [item.line_no for item in ours] == [1, 3, 4]
     assert ours == theirs  # the same lines, custom_ids, bodies, attempts, hashes, routes
@@ -55,11 +58,12 @@ def test_the_prepared_claim_takes_what_leases_claim_takes(pg_sessions, pg_url: s
     with pg_sessions.begin() as session:
         session.execute(update(Job).where(Job.id == twins[0].id)
                         .values(status=JobStatus.CANCELLING))
-    assert batch_sql.claim(pg_sessions, BatchRef(twins[0].id, 5, 5), "me", LEASE) == []
+    assert POSTGRES.claim(pg_sessions, BatchRef(twins[0].id, 5, 5), "me", LEASE) == []
 
 
-def test_the_prepared_report_ends_a_job_only_when_nothing_is_open(pg_sessions,
-                                                                   pg_url: str) -> None:
+@pytest.mark.parametrize("store", [POSTGRES, SQLITE], ids=["postgres", "sqlite"])
+def test_the_report_ends_a_job_only_when_nothing_is_open(pg_sessions, pg_url: str,
+                                                         store: Store) -> None:
     # Given a job of 3 lines, 2 answered and 1 claimed by another worker
     job = _job(pg_sessions, pg_url, 3)
     mine = leases.claim(pg_sessions, BatchRef(job.id, 1, 2), "me", LEASE)
@@ -68,7 +72,7 @@ def test_the_prepared_report_ends_a_job_only_when_nothing_is_open(pg_sessions,
     leases.store_many(pg_sessions, job.id, [(item, answer) for item in mine], share=False)
     # When the batch reports: the job goes on, and the other lease is seen
     with pg_sessions.begin() as session:
-        latest = batch_sql.report(session, BatchRef(job.id, 1, 3))
+        latest = store.report(session, BatchRef(job.id, 1, 3))
     with pg_sessions.begin() as session:
         assert session.get(Job, job.id).status == JobStatus.IN_PROGRESS
         expected = session.scalar(Item.__table__.select().with_only_columns(
@@ -81,17 +85,16 @@ def test_the_prepared_report_ends_a_job_only_when_nothing_is_open(pg_sessions,
         session.execute(update(Job).where(Job.id == job.id).values(
             status=JobStatus.CANCELLING))
     with pg_sessions.begin() as session:
-        assert batch_sql.report(session, BatchRef(job.id, 1, 3)) is None
+        assert store.report(session, BatchRef(job.id, 1, 3)) is None
     with pg_sessions() as session:
         ended = session.get(Job, job.id)
         assert (ended.status, ended.cancelled_at is not None) == (JobStatus.CANCELLED, True)
-    # (the same end as jobs.close_if_done's)
+    # And close_job alone ends a job whose last line closed (in progress: completed)
     other = _job(pg_sessions, pg_url, 1)
     with pg_sessions.begin() as session:
         session.execute(update(Item).where(Item.job_id == other.id)
                         .values(status=ItemStatus.SUCCEEDED))
-        assert batch_sql.report(session, BatchRef(other.id, 1, 1)) is None
-    jobs.finish_if_done(pg_sessions, other.id)
+        store.close_job(session, other.id)
     with pg_sessions() as session:
         done = session.get(Job, other.id)
         assert done.status == JobStatus.COMPLETED and done.completed_at is not None

@@ -1,10 +1,12 @@
-"""The chunk write on its own (quotaflow/results/chunk_write.py): one PostgreSQL statement
-stores a chunk's results and closes exactly the items whose rows it inserted. A chunk
-stored twice (a worker retrying a write whose commit it did not see, or two workers
-holding one line) stores each result once and leaves the first answer standing."""
+"""The chunk write on its own (the stores' store_chunk, quotaflow/store/): PostgreSQL's one
+statement and the portable statements SQLite runs store a chunk's results and close
+exactly the items whose rows they inserted, the same way (both run here, on PostgreSQL).
+A chunk stored twice (a worker retrying a write whose commit it did not see, or two
+workers holding one line) stores each result once and leaves the first answer standing."""
 
 import io
 
+import pytest
 from sqlalchemy import select, text
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -13,8 +15,10 @@ from quotaflow.ingest import pipeline
 from quotaflow.models import Item, ItemStatus, utcnow
 from quotaflow.providers import ProviderResponse
 from quotaflow.providers.outcomes import Failure, FailureCode
-from quotaflow.results import chunk_write
 from quotaflow.results.rows import result_row
+from quotaflow.store.interface import Store
+from quotaflow.store.postgres import POSTGRES
+from quotaflow.store.sqlite import SQLITE
 from tests.harness.factories import chat_line, jsonl
 
 
@@ -47,17 +51,22 @@ def stored(sessions: sessionmaker[Session], job_id: str) -> dict[int, tuple]:
             {"job": job_id})}
 
 
-def write(sessions: sessionmaker[Session], job_id: str, rows: list[dict]) -> list[tuple]:
+STORES = pytest.mark.parametrize("store", [POSTGRES, SQLITE], ids=["postgres", "sqlite"])
+
+
+def write(sessions: sessionmaker[Session], job_id: str, rows: list[dict],
+          store: Store = POSTGRES) -> list[tuple]:
     with sessions.begin() as session:
-        assert chunk_write.supported(session)
-        return chunk_write.store_chunk(session, job_id, rows, utcnow())
+        return store.store_chunk(session, job_id, rows, utcnow())
 
 
-def test_a_chunk_stores_its_rows_and_closes_their_items(pg_sessions, settings) -> None:
+@STORES
+def test_a_chunk_stores_its_rows_and_closes_their_items(pg_sessions, settings,
+                                                        store: Store) -> None:
     job_id = make_job(pg_sessions, settings, 4)
     failed = Failure(FailureCode.PROVIDER_ERROR, "upstream said no", 400, {"error": "no"}, 2)
     rows = [result_row(1, "r1", answer("one"), None), result_row(3, "r3", failed, None)]
-    closed = write(pg_sessions, job_id, rows)
+    closed = write(pg_sessions, job_id, rows, store)
     assert sorted(closed) == [(1, ItemStatus.SUCCEEDED), (3, ItemStatus.FAILED)]
     assert statuses(pg_sessions, job_id) == {1: ItemStatus.SUCCEEDED, 2: ItemStatus.PENDING,
                                              3: ItemStatus.FAILED, 4: ItemStatus.PENDING}
@@ -67,12 +76,13 @@ def test_a_chunk_stores_its_rows_and_closes_their_items(pg_sessions, settings) -
     assert results[3][2]["code"] == "provider_error" and results[3][2]["attempts"] == 2
 
 
-def test_a_chunk_stored_again_changes_nothing(pg_sessions, settings) -> None:
+@STORES
+def test_a_chunk_stored_again_changes_nothing(pg_sessions, settings, store: Store) -> None:
     job_id = make_job(pg_sessions, settings, 3)
-    write(pg_sessions, job_id, [result_row(1, "r1", answer("first"), None)])
+    write(pg_sessions, job_id, [result_row(1, "r1", answer("first"), None)], store)
     # The same line answered again (another worker's call), beside a new line
     again = write(pg_sessions, job_id, [result_row(1, "r1", answer("second"), None),
-                                        result_row(2, "r2", answer("two"), None)])
+                                        result_row(2, "r2", answer("two"), None)], store)
     assert again == [(2, ItemStatus.SUCCEEDED)]  # only the row it inserted closed an item
     results = stored(pg_sessions, job_id)
     assert "first" in results[1][1] and "second" not in results[1][1]
@@ -81,11 +91,12 @@ def test_a_chunk_stored_again_changes_nothing(pg_sessions, settings) -> None:
                               {"job": job_id}) == 2
 
 
-def test_an_item_closed_otherwise_keeps_its_status(pg_sessions, settings) -> None:
+@STORES
+def test_an_item_closed_otherwise_keeps_its_status(pg_sessions, settings, store: Store) -> None:
     job_id = make_job(pg_sessions, settings, 2)
     with pg_sessions.begin() as session:  # cancelled while its call was in flight
         session.execute(text("UPDATE items SET status = 'cancelled' WHERE job_id = :job "
                              "AND line_no = 1"), {"job": job_id})
-    closed = write(pg_sessions, job_id, [result_row(1, "r1", answer("late"), None)])
+    closed = write(pg_sessions, job_id, [result_row(1, "r1", answer("late"), None)], store)
     assert closed == []
     assert statuses(pg_sessions, job_id)[1] == ItemStatus.CANCELLED

@@ -18,9 +18,9 @@ from quotaflow.ingest import pipeline
 from quotaflow.jobs import service as jobs
 from quotaflow.models import ItemStatus, Job, JobStatus, utcnow
 from quotaflow.providers.base import ProviderResponse
-from quotaflow.results import chunk_write
 from quotaflow.results.leases import claim, renew, store_many
 from quotaflow.results.rows import result_row
+from quotaflow.store import postgres
 from tests.cluster.test_jobs import Collect
 from tests.harness.factories import chat_line, jsonl
 
@@ -93,13 +93,13 @@ def test_a_chunk_write_reads_its_own_rows_not_the_jobs(pg_sessions, pg_url: str)
     rows = [result_row(item.line_no, item.custom_id,
                        ProviderResponse(200, {"choices": []}, "r", 1, 1), None)
             for item in items]
-    document = orjson.dumps([chunk_write._json_columns(row) for row in rows]).decode()
+    document = orjson.dumps([postgres._json_columns(row) for row in rows]).decode()
     # When a chunk of 64 is written (its plan read)
     with get_engine(pg_url).connect() as conn, conn.begin():
         conn.exec_driver_sql("ANALYZE items")
         raw = conn.connection.driver_connection
         with raw.cursor() as cursor:
-            cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + chunk_write._STATEMENT,
+            cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + postgres._STORE_CHUNK,
                            (job.id, utcnow(), document, ItemStatus.SUCCEEDED,
                             ItemStatus.FAILED, job.id, [item.line_no for item in items],
                             list(ItemStatus.OPEN)))

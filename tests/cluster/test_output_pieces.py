@@ -12,6 +12,7 @@ from quotaflow.ingest import pipeline
 from quotaflow.providers.base import ProviderResponse
 from quotaflow.providers.outcomes import Failure, FailureCode, Shared
 from quotaflow.results import leases, output, output_pieces
+from quotaflow.store import postgres
 from tests.harness.factories import chat_line, jsonl
 
 ODD = ['plain', 'quo"te \\ back', 'tab\tnew\nline\r\x01\x1f', 'ünï ☃ 𝄞', '</script>/',
@@ -26,7 +27,7 @@ class _Collect:
 @pytest.mark.parametrize("piece_lines", [2, 1000])
 def test_sql_lines_equal_python_lines(pg_sessions, settings, monkeypatch,
                                       piece_lines: int) -> None:
-    monkeypatch.setattr(output_pieces, "PIECE_LINES", piece_lines)
+    monkeypatch.setattr(postgres, "PIECE_LINES", piece_lines)
     lines = [chat_line(f"id-{n}-{text}", prompt=f"p{n}") for n, text in enumerate(ODD * 2)]
     job = pipeline.create_job_in_process(
         pg_sessions, io.BytesIO(jsonl(lines)), settings=settings,

@@ -13,7 +13,7 @@ from tests.harness.servers import ROOT
 # Bottom to top: a room may import the rooms before it, never one after it.
 FLOORS = [
     "constants", "errors", "jsoncodec", "redis_urls", "redis_clients", "redis_scripts",
-    "tables", "deployments", "settings_renames", "config", "db", "models",
+    "tables", "deployments", "settings_renames", "config", "db", "models", "store",
     "budget", "tenants", "providers", "dispatch", "jobs", "results", "ingest", "offload",
     "observe", "execution", "compat", "webhooks", "preflight", "runtime",
 ]
