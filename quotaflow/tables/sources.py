@@ -21,6 +21,10 @@ import pyarrow.parquet as pq
 from quotaflow.errors import RowError, TableError
 
 BATCH_ROWS = 4096
+# Parquet is read through a buffer of this size, a page at a time, on this thread:
+# pyarrow's pre-buffering reads the column chunks of every row group ahead of the
+# batches asked for (at a million rows, the whole file in memory at once).
+READ_BUFFER_BYTES = 1 << 20
 FORMATS = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".jsonl": "jsonl",
            ".ndjson": "jsonl"}
 
@@ -64,7 +68,7 @@ class ParquetSource(RowSource):
 
     def _file(self) -> pq.ParquetFile:
         try:
-            return pq.ParquetFile(self.path)
+            return pq.ParquetFile(self.path, pre_buffer=False, buffer_size=READ_BUFFER_BYTES)
         except (pa.ArrowException, OSError) as exc:
             raise TableError(f"cannot read {self.name} as Parquet: {exc}") from None
 
@@ -72,7 +76,7 @@ class ParquetSource(RowSource):
         return list(self._file().schema_arrow.names)
 
     def arrow_batches(self) -> Iterator[pa.RecordBatch]:
-        batches = self._file().iter_batches(batch_size=BATCH_ROWS)
+        batches = self._file().iter_batches(batch_size=BATCH_ROWS, use_threads=False)
         while True:
             try:
                 batch = next(batches)
