@@ -3,6 +3,7 @@
 
     python -m bench.million                    # 1,000,000 lines (a few minutes)
     python -m bench.million --lines 50000      # CI-sized
+    python -m bench.million --table            # a Parquet table in and out instead
 
 It starts what bench.e2e starts (a throwaway PostgreSQL and redis-server, the mock
 provider made unlimited and instant, `quotaflow api`, W `quotaflow worker
@@ -12,20 +13,26 @@ the CLI's start to the printed job id (upload, parse, validate, COPY, commit,
 dispatch); run, from the job id to `completed` in PostgreSQL; download, the CLI's
 `results -o` from start to exit. The results file is then checked: one line per
 input line, each custom_id once, in input order. Peak RSS: the API's VmHWM (/proc)
-and each CLI process's ru_maxrss (os.wait4).
+and each CLI process's, read as it runs. With --table the input is a Parquet table
+of as many rows (bench/million_table.py), sent through a template, and the download is
+`results -o out.parquet`, its rows joined to their answers, checked the same way.
 """
 
 import argparse
+import concurrent.futures
+import contextlib
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import orjson
 import psycopg
 
 from bench.e2e import Bench, _process_table, machine, quotaflow, tree_cpu, wait_with_rusage
 from bench.ingest import peak_rss_mb, write_file
+from bench.million_table import check_rows, submit_args, write_rows
 
 POLL_S = 0.2
 
@@ -37,10 +44,11 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, float]:
         bench.start_provider()
         bench.start_cluster()
         print(machine(bench.versions), flush=True)
-        source = workdir / "batch.jsonl"
-        size = write_file(source, args.lines)
-        print(f"input: {args.lines:,} lines, {size / 1e6:,.0f} MB; {args.workers} workers x 2",
-              flush=True)
+        source = workdir / ("rows.parquet" if args.table else "batch.jsonl")
+        size = (write_rows if args.table else write_file)(source, args.lines)
+        given = submit_args(source, workdir) if args.table else [str(source)]
+        print(f"input: {args.lines:,} {'rows' if args.table else 'lines'}, {size / 1e6:,.0f} "
+              f"MB; {args.workers} workers x 2", flush=True)
         env = bench.cluster_env() | {"QUOTAFLOW_API_URL": bench.api_url}
         workers = [bench._start(f"worker{n}", quotaflow(
             "worker", "--concurrency", "2", "--name", f"million{n}@bench"), env)
@@ -52,8 +60,8 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, float]:
         api_cpu = tree_cpu([bench.api.pid], _process_table())
         pg_cpu = tree_cpu([bench.postgres.pid], _process_table())
         started = time.monotonic()
-        submit = bench._start("submit", quotaflow("submit", str(source), "--queue", "bulk"), env)
-        submit_use = wait_with_rusage(submit, args.timeout, "submit")
+        submit = bench._start("submit", quotaflow("submit", *given, "--queue", "bulk"), env)
+        submit_use, submit_rss = wait_with_peak(submit, args.timeout, "submit")
         submitted = time.monotonic()
         job_id = submit.log().strip().splitlines()[-1]
         if submit.popen.returncode != 0:
@@ -77,30 +85,42 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, float]:
         for worker in workers:
             bench._stop(worker)
 
-        output = workdir / "results.jsonl"
+        output = workdir / ("results.parquet" if args.table else "results.jsonl")
         api_cpu = tree_cpu([bench.api.pid], _process_table())
         pg_cpu = tree_cpu([bench.postgres.pid], _process_table())
         download_started = time.monotonic()  # the workers' shutdown above is not the download's
         download = bench._start("results", quotaflow("results", job_id, "-o", str(output)), env)
-        download_use = wait_with_rusage(download, args.timeout, "results")
+        download_use, results_rss = wait_with_peak(download, args.timeout, "results")
         downloaded = time.monotonic()
         api_cpu = tree_cpu([bench.api.pid], _process_table()) - api_cpu
         pg_cpu = tree_cpu([bench.postgres.pid], _process_table()) - pg_cpu
         if download.popen.returncode != 0:
             raise RuntimeError(f"results failed:\n{download.log()}")
-        check_output(output, args.lines)
+        (check_rows if args.table else check_output)(output, args.lines)
         return {"lines": args.lines, "submit_s": submitted - started,
                 "run_s": ran - submitted, "download_s": downloaded - download_started,
                 "api_idle": api_idle, "api_submit": api_submit,
                 "api_peak": peak_rss_mb(bench.api.pid),
-                "submit_rss": submit_use.ru_maxrss / 1024,
-                "results_rss": download_use.ru_maxrss / 1024,
+                "submit_rss": submit_rss, "results_rss": results_rss,
                 "download_mb": output.stat().st_size / 1e6,
                 "submit_cpu": submit_cpu,
                 "download_cpu": (f"API {api_cpu:.1f}, PostgreSQL {pg_cpu:.1f}, CLI "
                                  f"{download_use.ru_utime + download_use.ru_stime:.1f}")}
     finally:
         bench.close()
+
+
+def wait_with_peak(proc: Any, timeout: float, label: str) -> tuple[Any, float]:
+    """wait_with_rusage, with the process's own peak RSS (VmHWM, read as it runs until
+    it exits): ru_maxrss of a child counts the bench's own memory at the fork."""
+    peak = 0.0
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        waited = pool.submit(wait_with_rusage, proc, timeout, label)
+        while not waited.done():
+            with contextlib.suppress(OSError, ValueError):
+                peak = max(peak, peak_rss_mb(proc.pid))
+            time.sleep(POLL_S / 4)
+        return waited.result(), peak
 
 
 def check_output(output: Path, lines: int) -> None:
@@ -121,6 +141,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lines", type=int, default=1_000_000)
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--table", action="store_true",
+                        help="A Parquet table in through a template and out with its "
+                             "answers, instead of a JSONL file of requests.")
     parser.add_argument("--timeout", type=float, default=1800.0,
                         help="Seconds each phase may take before the run is aborted.")
     args = parser.parse_args()
@@ -131,8 +154,8 @@ def main() -> None:
     print(f"API RSS idle {row['api_idle']:.0f} MB, after submit {row['api_submit']:.0f} MB; "
           f"results file {row['download_mb']:,.0f} MB")
     print(f"CPU s: submit {row['submit_cpu']}; download {row['download_cpu']}")
-    header = ("lines", "submit s", "lines/s", "run s", "req/s", "download s", "lines/s",
-              "API peak MB", "submit CLI MB", "results CLI MB")
+    header = ("rows" if args.table else "lines", "submit s", "lines/s", "run s", "req/s",
+              "download s", "lines/s", "API peak MB", "submit CLI MB", "results CLI MB")
     values = (f"{n:,}", f"{row['submit_s']:.1f}", f"{n / row['submit_s']:,.0f}",
               f"{row['run_s']:.1f}", f"{n / row['run_s']:,.0f}", f"{row['download_s']:.1f}",
               f"{n / row['download_s']:,.0f}", f"{row['api_peak']:.0f}",

@@ -65,7 +65,7 @@ def table_in(location: storage.Location) -> None:
 
 
 def results_out(location: storage.Location, lines: int) -> None:
-    with storage.local_output(location) as path, path.open("wb") as out:
+    with storage.output_file(location) as out:
         for n in range(1, lines + 1, 10_000):
             out.write(b"".join(orjson.dumps(_result(i)) + b"\n"
                                for i in range(n, min(lines + 1, n + 10_000))))

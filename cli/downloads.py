@@ -7,7 +7,7 @@ import click
 
 from cli.client import ApiClient
 from cli.common import QUIET_OPTION, client
-from cli.locations import INPUT, OUTPUT
+from cli.locations import INPUT, OUTPUT, open_output
 from cli.progress import request_progress
 from cli.tables import is_table, results_input, write_table
 from quotaflow.tables import storage
@@ -66,8 +66,7 @@ def _download(api: ApiClient, job: dict[str, Any], output: Location, errors: boo
     counts = job["request_counts"]
     expected = counts["failed"] if errors else counts["completed"]
     received = 0
-    with storage.local_output(output) as target, click.open_file(str(target), "wb") as out, \
-            request_progress(quiet) as progress:
+    with open_output(output) as out, request_progress(quiet) as progress:
         task = progress.add_task(f"{job['id']} {'errors' if errors else 'results'}",
                                  total=expected, unit="lines")
         for chunk in api.stream_lines(job["id"], errors=errors):

@@ -2,8 +2,10 @@
 text (quotaflow/tables/storage.py reads and writes them), anything else as a local Path with
 click's own checks."""
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import click
 
@@ -33,3 +35,15 @@ class LocationType(click.ParamType):  # type: ignore[type-arg]  # generic from c
 
 INPUT = LocationType(exists=True)
 OUTPUT = LocationType(allow_dash=True)
+
+
+@contextlib.contextmanager
+def open_output(location: storage.Location) -> Iterator[IO[bytes]]:
+    """OUTPUT opened to write bytes: stdout for '-', a local file, or an object written
+    as it goes (it appears only once the command's writing ends without an error)."""
+    if storage.is_url(location):
+        with storage.output_file(location) as out:
+            yield out
+        return
+    with click.open_file(str(location), "wb") as local:
+        yield local

@@ -22,7 +22,7 @@ from cli.common import (
     print_json,
 )
 from cli.exit_codes import FINAL
-from cli.locations import INPUT, OUTPUT
+from cli.locations import INPUT, OUTPUT, open_output
 from cli.progress import request_progress
 from cli.tables import (
     TemplateChoice,
@@ -115,13 +115,12 @@ def run(input_file: Location | None, output: Location, errors_path: Location | N
                         "custom_id" if rows is not None else choice.id_column,
                         map(orjson.loads, lines(False)), map(orjson.loads, lines(True)))
         else:
-            with storage.local_output(output) as target, \
-                    click.open_file(str(target), "w", encoding="utf-8") as out:
-                out.writelines(lines(False))
+            with open_output(output) as out:
+                out.writelines(line.encode("utf-8") for line in lines(False))
         error_lines = list(lines(True))
         if error_lines:
-            with storage.local_output(errors_to) as target:
-                target.write_text("".join(error_lines), encoding="utf-8")
+            with open_output(errors_to) as out:
+                out.write("".join(error_lines).encode("utf-8"))
 
     with requests_for(input_file, choice, rows) as requests:
         job = run_file(get_settings(), requests, deliver, queue, concurrency, dedup=dedup,

@@ -202,12 +202,12 @@ class Client:
                dedup: bool | None = None, after: "Job | str | None" = None,
                include_failed: bool = False) -> Job:
         """Submit a JSONL file of requests, or (with `template`) a table's rows: a path to
-        a .parquet, .csv or .jsonl file, a list of dicts, a pyarrow Table or a pandas or
-        polars DataFrame. `template` is the template's text, or a Path to its file;
-        `response_format` a JSON Schema (a dict, or a path to its file). `after` (a Job or
-        a job id) makes a stage: its rows are that ended job's rows with their answers
-        (custom_id, response_text, response_json, ...; failed ones only with
-        `include_failed`)."""
+        a .parquet, .csv or .jsonl file, a list of dicts, a pyarrow Table, a pandas or
+        polars DataFrame, or a Hugging Face Dataset or IterableDataset. `template` is the
+        template's text, or a Path to its file; `response_format` a JSON Schema (a dict,
+        or a path to its file). `after` (a Job or a job id) makes a stage: its rows are
+        that ended job's rows with their answers (custom_id, response_text,
+        response_json, ...; failed ones only with `include_failed`)."""
         given = dict(metadata or {})
         if after is not None:
             if data is not None or template is None or id_column is not None:

@@ -53,11 +53,13 @@ def joined_batches(source: RowSource, id_column: str | None,
     for batch in source.arrow_batches():
         if fields is None:
             fields = _answer_fields(batch.schema.names, source.name)
-        rows = batch.to_pylist() if id_column else None
+        # the id column alone as Python values: the rest of the row stays in Arrow
+        ids = batch.column(id_column).to_pylist() if id_column else None
         answers: list[dict[str, Any]] = []
         for index in range(batch.num_rows):
             row_no += 1
-            custom_id = row_custom_id(rows[index], row_no, id_column) if rows else str(row_no)
+            custom_id = (row_custom_id({id_column: ids[index]}, row_no, id_column)
+                         if ids is not None and id_column else str(row_no))
             line = done.take_if(custom_id, row_no) or failed.take_if(custom_id, row_no)
             answers.append(answer(line) | {"custom_id": custom_id})
         arrays = [pa.array([a[f.name] for a in answers], f.type) for f in fields]

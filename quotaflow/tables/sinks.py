@@ -2,17 +2,17 @@
 
 The file is written beside its name (`out.parquet.part`) and moved into place only
 once complete, so a download cut short or a join that finds the wrong input leaves no
-file that looks whole. An s3://, gs:// or az:// output is written so to a temporary
-folder, then uploaded as one multipart upload (quotaflow/tables/storage.py): the object
-appears whole or not at all. CSV has no nested types: a list or struct column is written as
-its JSON text.
+file that looks whole. An s3://, gs:// or az:// output is written straight to the
+object as one multipart upload (quotaflow/tables/storage.py), a part as each block
+fills: the object appears whole once the sink closes, or not at all. CSV has no
+nested types: a list or struct column is written as its JSON text.
 """
 
 import contextlib
 import os
-import tempfile
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 import orjson
 import pyarrow as pa
@@ -39,16 +39,12 @@ class TableSink:
             raise TableError(f"{storage.name_of(location)}: a table out is a .parquet or "
                              ".csv file")
         self._url: str | None = None
-        self._folder: tempfile.TemporaryDirectory[str] | None = None
         if storage.is_url(location):
             storage.check_location(location)
             self._url = str(location)
-            self._folder = tempfile.TemporaryDirectory(prefix="quotaflow-out-")
-            path = Path(self._folder.name) / storage.name_of(location)
-        else:
-            path = Path(location)
-        self.path, self.kind = path, kind
-        self._part = path.with_name(path.name + ".part")
+        self.path, self.kind = Path(storage.name_of(location) if self._url else location), kind
+        self._part = self.path.with_name(self.path.name + ".part")
+        self._upload = contextlib.ExitStack()
         self._writer: pq.ParquetWriter | pacsv.CSVWriter | None = None
         self.rows = 0
 
@@ -59,30 +55,43 @@ class TableSink:
         if self.kind == "csv":
             batch = _flat(batch)
         if self._writer is None:
-            try:
-                self._writer = (pq.ParquetWriter(self._part, batch.schema)
-                                if self.kind == "parquet"
-                                else pacsv.CSVWriter(self._part, batch.schema))
-            except OSError as exc:
-                raise TableError(f"cannot write {self.path}: {exc}") from None
+            self._writer = self._open(batch.schema)
         self._writer.write_batch(batch)
         self.rows += batch.num_rows
 
+    def _open(self, schema: pa.Schema) -> pq.ParquetWriter | pacsv.CSVWriter:
+        where: Any = self._part
+        if self._url is not None:  # the object, written as the batches come
+            where = self._upload.enter_context(storage.object_writer(self._url))
+        try:
+            return (pq.ParquetWriter(where, schema) if self.kind == "parquet"
+                    else pacsv.CSVWriter(where, schema))
+        except OSError as exc:
+            raise TableError(f"cannot write {self._url or self.path}: {exc}") from None
+
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        if self._writer is not None:
-            self._writer.close()
         try:
-            if kind is None and self._writer is not None:
+            if self._writer is not None:
+                self._writer.close()  # the footer, into the file or the object's last part
+        except BaseException as failure:
+            if kind is None:
+                kind, exc, tb = type(failure), failure, failure.__traceback__
+            self._finish(kind, exc, tb)
+            raise
+        self._finish(kind, exc, tb)
+
+    def _finish(self, kind: type[BaseException] | None, exc: BaseException | None,
+                tb: TracebackType | None) -> None:
+        """The object completed, or discarded on a failure; a local file moved into place,
+        or its part removed."""
+        self._upload.__exit__(kind, exc, tb)
+        if self._url is None and self._writer is not None:
+            if kind is None:
                 os.replace(self._part, self.path)
-                if self._url is not None:
-                    storage.upload(self.path, self._url)
             else:
                 with contextlib.suppress(FileNotFoundError):
                     self._part.unlink()
-        finally:
-            if self._folder is not None:
-                self._folder.cleanup()
 
 
 def _flat(batch: pa.RecordBatch) -> pa.RecordBatch:

@@ -21,6 +21,10 @@ import pyarrow.parquet as pq
 from quotaflow.errors import RowError, TableError
 
 BATCH_ROWS = 4096
+# Parquet is read through a buffer of this size, a page at a time, on this thread:
+# pyarrow's pre-buffering reads the column chunks of every row group ahead of the
+# batches asked for (at a million rows, the whole file in memory at once).
+READ_BUFFER_BYTES = 1 << 20
 FORMATS = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".jsonl": "jsonl",
            ".ndjson": "jsonl"}
 
@@ -64,7 +68,7 @@ class ParquetSource(RowSource):
 
     def _file(self) -> pq.ParquetFile:
         try:
-            return pq.ParquetFile(self.path)
+            return pq.ParquetFile(self.path, pre_buffer=False, buffer_size=READ_BUFFER_BYTES)
         except (pa.ArrowException, OSError) as exc:
             raise TableError(f"cannot read {self.name} as Parquet: {exc}") from None
 
@@ -72,7 +76,7 @@ class ParquetSource(RowSource):
         return list(self._file().schema_arrow.names)
 
     def arrow_batches(self) -> Iterator[pa.RecordBatch]:
-        batches = self._file().iter_batches(batch_size=BATCH_ROWS)
+        batches = self._file().iter_batches(batch_size=BATCH_ROWS, use_threads=False)
         while True:
             try:
                 batch = next(batches)
@@ -197,18 +201,47 @@ def open_table(location: str | Path) -> RowSource:
     return {"parquet": ParquetSource, "csv": CsvSource, "jsonl": JsonlSource}[kind](path)
 
 
+class DatasetRows(RowSource):
+    """A Hugging Face `datasets.Dataset` (its Arrow batches, in its order, through its
+    indices where it was selected or shuffled) or `IterableDataset` (its rows as dicts,
+    read again from the start on each call): never made into one table in memory."""
+
+    def __init__(self, dataset: Any, name: str = "dataset") -> None:
+        self._dataset, self.name = dataset, name
+        self._iterable = not hasattr(dataset, "__len__")
+
+    def arrow_batches(self) -> Iterator[pa.RecordBatch]:
+        if self._iterable:
+            yield from super().arrow_batches()
+            return
+        for table in self._dataset.with_format("arrow").iter(batch_size=BATCH_ROWS):
+            yield from table.to_batches()
+
+    def row_batches(self) -> Iterator[list[dict[str, Any]]]:
+        if not self._iterable:
+            yield from super().row_batches()
+            return
+        rows = iter(self._dataset)
+        while batch := [dict(row) for row in itertools.islice(rows, BATCH_ROWS)]:
+            yield batch
+
+
 def rows_source(rows: Any) -> RowSource:
-    """A program's rows: a list of dicts, a pyarrow Table, or a pandas or polars
-    DataFrame (neither is a dependency: each is recognised by what it offers)."""
+    """A program's rows: a list of dicts, a pyarrow Table, a pandas or polars DataFrame,
+    or a Hugging Face Dataset or IterableDataset (none of these is a dependency: each is
+    recognised by what it offers)."""
     if isinstance(rows, pa.Table):
         return MemoryRows(rows)
+    if type(rows).__module__.startswith("datasets.") and hasattr(rows, "with_format"):
+        return DatasetRows(rows)
     if hasattr(rows, "to_arrow"):  # a polars DataFrame
         return MemoryRows(rows.to_arrow())
     if type(rows).__module__.startswith("pandas"):
         return MemoryRows(pa.Table.from_pandas(rows, preserve_index=False))
     if isinstance(rows, Sequence) and all(isinstance(row, Mapping) for row in rows[:1]):
         return MemoryRows(rows)
-    raise TableError("rows must be a list of dicts, a pyarrow Table or a DataFrame, "
+    raise TableError("rows must be a list of dicts, a pyarrow Table, a DataFrame or a "
+                     "datasets.Dataset, "
                      f"not {type(rows).__name__}")
 
 

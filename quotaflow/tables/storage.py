@@ -6,10 +6,11 @@ credentials; adlfs: the AZURE_STORAGE_* variables and azure-identity): quotaflow
 passes none and logs none. An object in is copied to a local temporary file a block
 at a time, never read whole: ingest uploads a file whose length it knows, and a table
 is read twice (its rows made into requests, then its answers joined back), so one
-streamed copy is read locally from then on. An output is written locally and then
-streamed up through fsspec's buffered writer, a multipart upload that the store makes
-visible only once it completes; a failure discards the upload, so no partial object
-ever stands under the final key (the `.part` rename of a local file, for objects).
+streamed copy is read locally from then on. An output is written straight to the
+object as it is made, through fsspec's buffered writer: a multipart upload, a part
+each BLOCK_BYTES, that the store makes visible only once it completes; a failure
+discards the upload, so no partial object ever stands under the final key (the
+`.part` rename of a local file, for objects).
 """
 
 import contextlib
@@ -114,23 +115,56 @@ def download(url: str, target: Path) -> None:
         raise storage_error(url, "read", exc) from None
 
 
-def upload(source: Path, url: str) -> None:
-    """`source` streamed to `url` as a multipart upload, discarded on any failure."""
+class _Upload:
+    """An object being written: each write goes into the multipart upload's buffer, a
+    part sent each BLOCK_BYTES; a failure of the store is a StorageError naming it."""
+
+    def __init__(self, url: str, handle: Any) -> None:
+        self.url, self._handle = url, handle
+
+    def write(self, data: bytes) -> int:
+        try:
+            return int(self._handle.write(data))
+        except Exception as exc:
+            raise storage_error(self.url, "write", exc) from None
+
+    def tell(self) -> int:
+        return int(self._handle.tell())
+
+    def flush(self) -> None:
+        """Parts go as the buffer fills: a flush before the end would send a short one."""
+
+    @property
+    def closed(self) -> bool:
+        return bool(self._handle.closed)
+
+
+@contextlib.contextmanager
+def object_writer(url: str) -> Iterator[IO[bytes]]:
+    """The object at `url` written as the block goes, a multipart upload completed when
+    the block ends without an error (the object appears whole) and aborted otherwise."""
     handle = open_object(url, "wb")
     try:
-        with source.open("rb") as data:
-            while piece := data.read(BLOCK_BYTES):
-                handle.write(piece)
-    except BaseException as exc:
+        yield _Upload(url, handle)  # type: ignore[misc]  # the writing half of IO[bytes]
+    except BaseException:
         with contextlib.suppress(Exception):
             handle.discard()  # type: ignore[attr-defined]  # fsspec's buffered file: aborts
-        if isinstance(exc, Exception):
-            raise storage_error(url, "write", exc) from None
+        # closed as far as fsspec knows: its finalizer would otherwise complete the upload
+        # (or fail to, on the buffer discard() dropped)
+        with contextlib.suppress(Exception):
+            handle.closed = True  # type: ignore[misc]
         raise
     try:
         handle.close()  # completes the upload: the object appears whole, or not at all
     except Exception as exc:
         raise storage_error(url, "write", exc) from None
+
+
+def upload(source: Path, url: str) -> None:
+    """`source` streamed to `url` as a multipart upload, discarded on any failure."""
+    with object_writer(url) as out, source.open("rb") as data:
+        while piece := data.read(BLOCK_BYTES):
+            out.write(piece)
 
 
 @contextlib.contextmanager
@@ -148,19 +182,17 @@ def local_input(location: Location) -> Iterator[Path]:
 
 
 @contextlib.contextmanager
-def local_output(location: Location) -> Iterator[Path]:
-    """A local path to write `location`'s content to: itself, or a temporary file that
-    is uploaded to the object once the block ends without an error (and never else)."""
+def output_file(location: Location) -> Iterator[IO[bytes]]:
+    """`location` opened to write bytes: a local file, or an object written as it goes
+    (object_writer: it appears only once the block ends without an error)."""
     if not is_url(location):
-        yield Path(location)
+        with Path(location).open("wb") as out:
+            yield out
         return
     url = check_url(str(location))
     check_location(url)  # an unknown scheme or a missing library, before any work is done
-    with tempfile.TemporaryDirectory(prefix="quotaflow-out-") as folder:
-        target = Path(folder) / (name_of(url) or "object")
-        yield target
-        if target.exists():
-            upload(target, url)
+    with object_writer(url) as out:
+        yield out
 
 
 def sibling(location: Location, suffix: str) -> Location:

@@ -51,7 +51,7 @@ def test_a_scheme_whose_library_is_missing_says_what_to_install(
 
 class _Upload:
     def __init__(self) -> None:
-        self.written, self.discarded, self.closed = 0, False, False
+        self.written, self.discarded, self.completed = 0, False, False
 
     def write(self, piece: bytes) -> None:
         self.written += len(piece)
@@ -61,7 +61,7 @@ class _Upload:
         self.discarded = True
 
     def close(self) -> None:
-        self.closed = True
+        self.completed = True
 
 
 def test_a_failed_upload_is_discarded_not_completed(tmp_path: Path,
@@ -71,19 +71,45 @@ def test_a_failed_upload_is_discarded_not_completed(tmp_path: Path,
     (tmp_path / "out.jsonl").write_bytes(b"{}\n")
     with pytest.raises(StorageError, match=r"cannot write s3://b/out\.jsonl: OSError"):
         storage.upload(tmp_path / "out.jsonl", "s3://b/out.jsonl")
-    assert upload.discarded and not upload.closed
+    assert upload.discarded and not upload.completed
 
 
-def test_a_table_out_that_fails_uploads_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+class _Object:
+    """An object's writer as fsspec gives it: what was written, discarded or completed."""
+
+    def __init__(self) -> None:
+        self.data, self.discarded, self.completed, self.closed = b"", False, False, False
+
+    def write(self, piece: bytes) -> int:
+        self.data += piece
+        return len(piece)
+
+    def tell(self) -> int:
+        return len(self.data)
+
+    def discard(self) -> None:
+        self.discarded = True
+
+    def close(self) -> None:
+        self.completed = self.closed = True
+
+
+def test_a_table_out_is_written_to_its_object_as_it_goes(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     import pyarrow as pa
+    import pyarrow.parquet as pq
 
-    uploaded: list[str] = []
+    made: list[_Object] = []
     monkeypatch.setattr(storage, "check_location", lambda location: None)
-    monkeypatch.setattr(storage, "upload", lambda path, url: uploaded.append(url))
+    monkeypatch.setattr(storage, "open_object",
+                        lambda url, mode="rb": made.append(_Object()) or made[-1])
     with pytest.raises(RuntimeError), TableSink("s3://b/out.parquet") as sink:
         sink.write(pa.record_batch({"a": [1]}))
         raise RuntimeError("the join found the wrong table")
-    assert uploaded == []
+    assert made[0].discarded and not made[0].completed
     with TableSink("s3://b/out.parquet") as sink:
         sink.write(pa.record_batch({"a": [1]}))
-    assert uploaded == ["s3://b/out.parquet"]
+        assert made[1].data.startswith(b"PAR1")  # into the object, not a local copy
+        sink.write(pa.record_batch({"a": [2]}))
+    assert made[1].completed and not made[1].discarded
+    assert pq.read_table(pa.BufferReader(made[1].data)).column("a").to_pylist() == [1, 2]
