@@ -12,8 +12,11 @@ from dataclasses import dataclass
 
 from quotaflow.constants import REDIS_PREFIX
 from quotaflow.deployments.limits import Budget, Cap
+from quotaflow.errors import InvalidParameter
 
 EPS = 1e-9
+# The largest cap accepted: beyond any provider's limits, and within a BIGINT.
+MAX_CAP = 10**12
 
 
 def cap_key(budget_name: str, scope: str) -> str:
@@ -30,6 +33,16 @@ def caps_of(tenant: str, tenant_rpm: int | None, tenant_tpm: int | None, job_id:
     if job_rpm or job_tpm:
         caps.append(Cap(f"job:{job_id}", float(job_rpm or 0), float(job_tpm or 0)))
     return tuple(caps)
+
+
+def check_cap(param: str, value: int | None) -> int | None:
+    """A cap as given (max_rpm, --tpm, ...): a whole number of at least 1, or None."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_CAP:
+        raise InvalidParameter(param, f"{param} must be a whole number from 1 to {MAX_CAP} "
+                                      f"(per minute), got {value!r}")
+    return value
 
 
 @dataclass

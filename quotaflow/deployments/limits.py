@@ -43,7 +43,10 @@ class Cap:
     tpm: float = 0.0
 
     def capacities(self, burst_seconds: float) -> tuple[float, float]:
-        return self.rpm * burst_seconds / 60, self.tpm * burst_seconds / 60
+        """Its buckets' capacities: limit x burst_seconds / 60, and room for one request at
+        least (30 RPM per second would otherwise never hold a whole one)."""
+        requests = max(1.0, self.rpm * burst_seconds / 60) if self.rpm else 0.0
+        return requests, self.tpm * burst_seconds / 60
 
     def packed(self, burst_seconds: float) -> str:
         """The cap as bucket.lua reads it after the budget: two rates and capacities."""

@@ -144,6 +144,9 @@ class Admitter:
             admitted, waited_s = asked[:admission.admitted], time.monotonic() - run.started
             for hook in run.hooks.chunk_admitted:
                 hook(admitted, waited_s)
+        if admission.capped:
+            for capped in run.hooks.capped:
+                capped(budget)
         return admission
 
     async def _closed_off(self, run: BatchRun, waiting: list[ClaimedItem], choice: Choice,
@@ -203,7 +206,7 @@ class Admitter:
         there fail now and leave `waiting`, so the result is its head, in order."""
         asked: list[Admitted] = []
         for item in waiting[:size]:
-            prepared = self.preparer.prepare(run.url, deployment, item)
+            prepared = self.preparer.prepare(run.url, deployment, item, run.caps)
             if isinstance(prepared, Failure):
                 waiting.remove(item)
                 run.finish(item, prepared)

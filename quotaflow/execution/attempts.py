@@ -166,7 +166,7 @@ class Caller:
                 if choice.deployment is None:
                     await asyncio.sleep(min(sleep_time(choice.wait_s), MAX_ROUTE_WAIT_S))
                     continue
-                prepared = self.preparer.prepare(run.url, choice.deployment, item)
+                prepared = self.preparer.prepare(run.url, choice.deployment, item, run.caps)
                 if isinstance(prepared, Failure):
                     return prepared
                 run.feedback.flush()  # refunds first: they may be what lets it in
