@@ -10,10 +10,10 @@ import uuid
 import pytest
 
 from quotaflow.budget.buckets import LocalLimiter
-from quotaflow.budget.caps import caps_of
+from quotaflow.budget.caps import caps_of, check_cap
 from quotaflow.budget.limiter import Limiter, Settlement
 from quotaflow.deployments.limits import Budget, Cap, Refunds
-from quotaflow.errors import RequestTooLarge
+from quotaflow.errors import InvalidParameter, RequestTooLarge
 
 
 @pytest.fixture(params=["local"])
@@ -119,3 +119,15 @@ def test_caps_are_only_what_is_set() -> None:
                                                      Cap("job:j", 0.0, 70.0))
     plain = deployment()
     assert plain.with_caps(()) is plain and " ; " not in plain.packed
+
+
+@pytest.mark.parametrize("bad", [0, -5, 10**13, 1.5, True, "60"])
+def test_a_cap_must_be_a_whole_number_of_at_least_one(bad: object) -> None:
+    with pytest.raises(InvalidParameter, match="max_rpm must be a whole number from 1"):
+        check_cap("max_rpm", bad)  # type: ignore[arg-type]
+
+
+def test_a_cap_of_few_requests_per_second_still_holds_one_request() -> None:
+    # 30 RPM at a 1 s burst is half a request: the bucket holds one, refilling at 0.5/s
+    assert Cap("job:j", rpm=30).capacities(1.0) == (1.0, 0.0)
+    assert Cap("job:j", tpm=600).capacities(60.0) == (0.0, 600.0)
