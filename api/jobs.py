@@ -32,6 +32,7 @@ from api.deps import (
 from api.errors import responses
 from api.schemas.jobs import Estimate, Job, JobBound, JobList, RetriedJob
 from api.v1 import FORM_OVERHEAD_BYTES
+from quotaflow.budget.caps import MAX_CAP
 from quotaflow.compat import retention
 from quotaflow.config import get_settings
 from quotaflow.constants import DEFAULT_QUEUE, QUEUES
@@ -82,6 +83,12 @@ def create_job(
         ge=1, le=jobs.MAX_ATTEMPTS_LIMIT,
         description="Tries per request at the provider (default: "
                     "QUOTAFLOW_PROVIDER_MAX_ATTEMPTS)")] = None,
+    max_rpm: Annotated[int | None, Form(
+        ge=1, le=MAX_CAP, description="Cap the job's requests per minute inside each "
+        "deployment's budget (beside its tenant's cap)")] = None,
+    max_tpm: Annotated[int | None, Form(
+        ge=1, le=MAX_CAP, description="Cap the job's tokens per minute inside each "
+        "deployment's budget (prompt estimate + max_tokens, as the budget counts them)")] = None,
     idempotency_key: IdempotencyKey = None,
     output_format: Annotated[Literal["openai", "anthropic"] | None, Form(
         description="Output lines: OpenAI batch output lines, or Anthropic Message Batches "
@@ -107,7 +114,8 @@ def create_job(
     spec = ingest.JobSpec(queue=queue, tenant=grant.tenant, filename=_filename(file.filename),
                           metadata=_metadata(metadata), max_attempts=max_attempts,
                           idempotency_key=idempotency_key, output_format=output_format,
-                          dedup=dedup, allow=grant.allow, actor=actor)
+                          dedup=dedup, allow=grant.allow, actor=actor, max_rpm=max_rpm,
+                          max_tpm=max_tpm)
     made = ingest.create_job(sessions, file.file, settings=settings,
                              deployments=deployments, dispatcher=dispatcher, spec=spec)
     return _created(sessions, made, response)
@@ -128,6 +136,8 @@ async def create_job_from_body(
     metadata: Annotated[str | None, Query(description=METADATA_DOC,
                                           json_schema_extra=JSON_OBJECT_OF_STRINGS)] = None,
     max_attempts: Annotated[int | None, Query(ge=1, le=jobs.MAX_ATTEMPTS_LIMIT)] = None,
+    max_rpm: Annotated[int | None, Query(ge=1, le=MAX_CAP)] = None,
+    max_tpm: Annotated[int | None, Query(ge=1, le=MAX_CAP)] = None,
     idempotency_key: IdempotencyKey = None,
     output_format: Annotated[Literal["openai", "anthropic"] | None, Query()] = None,
     dedup: Annotated[bool | None, Query()] = None,
@@ -141,7 +151,8 @@ async def create_job_from_body(
     spec = ingest.JobSpec(queue=queue, tenant=grant.tenant, filename=_filename(filename),
                           metadata=_metadata(metadata), max_attempts=max_attempts,
                           idempotency_key=idempotency_key, output_format=output_format,
-                          dedup=dedup, allow=grant.allow, actor=actor)
+                          dedup=dedup, allow=grant.allow, actor=actor, max_rpm=max_rpm,
+                          max_tpm=max_tpm)
 
     def make(body: BodyReader) -> dict[str, Any]:
         # The part of a binary file that ingest uses: read, and seekable (False).

@@ -32,6 +32,7 @@ from api.deps import (
 )
 from api.etags import NOT_MODIFIED, IfNoneMatch, answer
 from api.schemas.message_batches import DeletedMessageBatch, MessageBatch, MessageBatchList
+from quotaflow.budget.caps import MAX_CAP
 from quotaflow.compat import anthropic_batches as message_batches
 from quotaflow.compat import retention
 from quotaflow.compat.anthropic_batch_body import BatchTooLarge
@@ -131,12 +132,19 @@ def create_message_batch(
         max_length=2000, pattern=BETAS_PATTERN,
         description="Betas for every request that names none in its params "
         "(`params.betas`), comma-separated; forwarded to anthropic deployments")] = None,
+    x_quotaflow_max_rpm: Annotated[int | None, Header(
+        ge=1, le=MAX_CAP, description="quotaflow extension: cap the batch's requests per "
+        "minute inside each deployment's budget")] = None,
+    x_quotaflow_max_tpm: Annotated[int | None, Header(
+        ge=1, le=MAX_CAP, description="quotaflow extension: cap its tokens per minute "
+        "(input estimate + max_tokens)")] = None,
 ) -> dict[str, Any]:
     """Store the requests as a job and queue them, or refuse the batch whole (400)."""
     created = message_batches.create_batch(
         sessions, body, tenant=grant.tenant, settings=settings, deployments=deployments,
         dispatcher=dispatcher, queue=x_quotaflow_queue, idempotency_key=idempotency_key,
-        anthropic_beta=anthropic_beta, allow=grant.allow, actor=actor)
+        anthropic_beta=anthropic_beta, allow=grant.allow, actor=actor,
+        caps=(x_quotaflow_max_rpm, x_quotaflow_max_tpm))
     if created.counts is not None:  # a new job: its counts are known
         return message_batches.batch_object(created.job, created.counts, _base_url(request))
     with sessions() as session:

@@ -34,6 +34,7 @@ from api.job_reads import tagged
 from api.openapi import FORM_RULES
 from api.schemas.batches import Batch, BatchList
 from api.schemas.files import FileDeleted, FileList, FileObject
+from quotaflow.budget.caps import MAX_CAP
 from quotaflow.compat import files, retention
 from quotaflow.compat import openai_batches as batches
 from quotaflow.config import get_settings
@@ -80,6 +81,10 @@ class CreateBatch(BaseModel):
     # whose errors name the part at fault (output_expires_after.seconds).
     output_expires_after: Annotated[dict[str, Any] | None, WithJsonSchema(
         {"anyOf": [EXPIRES_AFTER, {"type": "null"}]})] = None
+    # quotaflow's extension (the OpenAI SDK sends it with extra_body): the batch's own caps
+    # inside each deployment's budget, per minute; also metadata quotaflow_max_rpm / _tpm.
+    max_rpm: int | None = Field(default=None, ge=1, le=MAX_CAP)
+    max_tpm: int | None = Field(default=None, ge=1, le=MAX_CAP)
 
 
 def _page(data: list[dict[str, Any]], has_more: bool) -> dict[str, Any]:
@@ -190,6 +195,7 @@ def create_batch(
         completion_window=body.completion_window, metadata=body.metadata, tenant=grant.tenant,
         allow=grant.allow, actor=actor,
         queue=x_quotaflow_queue, idempotency_key=idempotency_key,
+        max_rpm=body.max_rpm, max_tpm=body.max_tpm,
         output_expires_after_s=retention.expires_after("output_expires_after",
                                                        body.output_expires_after))
     job = batches.create_batch(sessions, request, settings=settings, deployments=deployments,

@@ -2,7 +2,8 @@
 `limits` library's moving-window limiter and a bare EVALSHA of a no-op script (the
 ceiling); (b) utilisation and 429s of the four-worker runs of tests/harness/limiter_cluster.py, at
 providers that keep and that give back unused max_tokens; (c) a bulk job's throughput with
-and without 5% of its requests refused 429 at random.
+and without 5% of its requests refused 429 at random. Part (a) also times an acquire
+under a tenant's cap (one more hash in the same Lua call).
 
     python -m bench.limiter            # all parts (about 7 minutes)
     python -m bench.limiter --part a   # acquire throughput only
@@ -28,7 +29,7 @@ from limits.strategies import MovingWindowRateLimiter
 
 from quotaflow.budget.buckets import RedisLimiter
 from quotaflow.db import upgrade
-from quotaflow.deployments.limits import Budget
+from quotaflow.deployments.limits import Budget, Cap
 
 REDIS_URL = os.environ.get("QUOTAFLOW_BENCH_REDIS_URL", "redis://127.0.0.1:6379/14")
 PG_URL = os.environ.get("QUOTAFLOW_BENCH_DATABASE_URL",
@@ -52,12 +53,15 @@ def part_a() -> list[tuple[str, float]]:
     ours = RedisLimiter(REDIS_URL)
     # Limits so large nothing is ever refused: this measures the cost of a decision.
     budget = Budget(f"bench-{uuid.uuid4().hex[:6]}", 10**9, 10**12, 60)
+    capped = budget.with_caps((Cap("tenant:bench", 10**9, 10**12),))
     window = MovingWindowRateLimiter(RedisStorage(REDIS_URL))
     item = RateLimitItemPerMinute(10**9)
     rows = [
         ("bare EVALSHA of a no-op script (ceiling)", per_second(lambda: noop(keys=["x"]))),
         ("quotaflow acquire (requests + tokens, Lua)",
          per_second(lambda: ours.acquire(budget, [100], 0.0))),
+        ("quotaflow acquire under a tenant cap (Lua)",
+         per_second(lambda: ours.acquire(capped, [100], 0.0))),
         ("limits MovingWindowRateLimiter.hit",
          per_second(lambda: window.hit(item, "bench"), calls=CALLS // 4)),
     ]

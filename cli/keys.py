@@ -35,6 +35,12 @@ def keys() -> None:
 @click.option("--weight", type=click.FloatRange(min=0, min_open=True), default=None,
               help="Set the tenant's weight in a shared deployment's budget against "
                    "other tenants' work (default 1: equal shares).")
+@click.option("--rpm", type=click.IntRange(1), default=None, metavar="N",
+              help="Cap the tenant's requests per minute inside each deployment's budget "
+                   "(all its jobs together; the other tenants share the rest).")
+@click.option("--tpm", type=click.IntRange(1), default=None, metavar="N",
+              help="Cap the tenant's tokens per minute the same way (prompt estimate + "
+                   "max_tokens, as the deployment's budget counts them).")
 @click.option("--operator", is_flag=True,
               help="Also allow what shows every tenant's activity: each deployment's "
                    "live usage (`quotaflow limits`, GET /limits).")
@@ -49,8 +55,8 @@ def keys() -> None:
 @click.option("--deployments", default=None, metavar="LIST",
               help="Only lines whose route reaches these deployments alone (comma-separated).")
 def create(tenant: str, max_enqueued_tokens: int | None, max_spend: float | None,
-           weight: float | None, operator: bool, scope: str, expires_in: str | None,
-           models: str | None, deployments: str | None) -> None:
+           weight: float | None, rpm: int | None, tpm: int | None, operator: bool, scope: str,
+           expires_in: str | None, models: str | None, deployments: str | None) -> None:
     """Create a key for TENANT and print it (shown this once only)."""
     from quotaflow.db import translate_db_errors
     from quotaflow.runtime import Runtime
@@ -65,7 +71,7 @@ def create(tenant: str, max_enqueued_tokens: int | None, max_spend: float | None
         key = auth.create_key(Runtime(get_settings()).sessions, tenant,
                               max_enqueued_tokens, operator=operator,
                               max_monthly_spend=max_spend, weight=weight, rules=rules,
-                              actor=audit.OPERATOR_CLI)
+                              actor=audit.OPERATOR_CLI, max_rpm=rpm, max_tpm=tpm)
     click.echo(key.secret)
     click.echo(f"key {key.id} for tenant {key.tenant}{_described(key)}: store it now, it is "
                "not shown again", err=True)
@@ -110,21 +116,31 @@ def rotate(key_id: str, grace: str, expires_in: str | None) -> None:
 @click.option("--deployments", default=None, metavar="LIST",
               help="... and only routes that reach these deployments alone.")
 @click.option("--any", "clear", is_flag=True, help="Remove the tenant's lists first.")
+@click.option("--rpm", type=click.IntRange(1), default=None, metavar="N",
+              help="Cap the tenant's requests per minute inside each deployment's budget.")
+@click.option("--tpm", type=click.IntRange(1), default=None, metavar="N",
+              help="Cap the tenant's tokens per minute inside each deployment's budget.")
+@click.option("--no-caps", is_flag=True, help="Remove the tenant's caps first.")
 def tenant_lists(tenant: str, models: str | None, deployments: str | None,
-                 clear: bool) -> None:
+                 clear: bool, rpm: int | None, tpm: int | None, no_caps: bool) -> None:
     """Limit every key of TENANT to models and deployments (beside each key's own lists:
-    a line must be allowed by both)."""
+    a line must be allowed by both), and cap its jobs' requests and tokens per minute
+    inside each deployment's budget (new jobs get a change)."""
     from quotaflow.db import translate_db_errors
     from quotaflow.runtime import Runtime
     from quotaflow.tenants import audit, grants
     from quotaflow.tenants import keys as auth
 
+    sessions = Runtime(get_settings()).sessions
     with translate_db_errors():
-        auth.set_tenant_allowlist(Runtime(get_settings()).sessions, tenant,
-                                  grants.names(models), grants.names(deployments), clear,
-                                  actor=audit.OPERATOR_CLI)
+        auth.set_tenant_allowlist(sessions, tenant, grants.names(models),
+                                  grants.names(deployments), clear, actor=audit.OPERATOR_CLI)
+        if rpm is not None or tpm is not None or no_caps:
+            auth.set_tenant_caps(sessions, tenant, rpm, tpm, no_caps, actor=audit.OPERATOR_CLI)
+    unset = "none" if no_caps else "unchanged"
     click.echo(f"tenant {tenant}: models {models or ('any' if clear else 'unchanged')}, "
-               f"deployments {deployments or ('any' if clear else 'unchanged')}")
+               f"deployments {deployments or ('any' if clear else 'unchanged')}, "
+               f"rpm cap {rpm or unset}, tpm cap {tpm or unset}")
 
 
 @keys.command("list")

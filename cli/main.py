@@ -65,6 +65,11 @@ def cli() -> None:
 @QUEUE_OPTION
 @click.option("--concurrency", default=4, show_default=True, type=click.IntRange(1, 256),
               help="Batches in flight at once.")
+@click.option("--max-rpm", type=click.IntRange(1), metavar="N",
+              help="Cap the job's requests per minute inside each deployment's budget.")
+@click.option("--max-tpm", type=click.IntRange(1), metavar="N",
+              help="Cap the job's tokens per minute (prompt estimate + max_tokens) the same "
+                   "way.")
 @DEDUP_OPTION
 @QUIET_OPTION
 @click.option("--json", "as_json", is_flag=True,
@@ -72,8 +77,8 @@ def cli() -> None:
                    "for the results).")
 @template_options
 def run(input_file: Location | None, output: Location, errors_path: Location | None, queue: str,
-        concurrency: int, dedup: bool | None, quiet: bool, as_json: bool,
-        **shaping: Any) -> None:
+        concurrency: int, max_rpm: int | None, max_tpm: int | None, dedup: bool | None,
+        quiet: bool, as_json: bool, **shaping: Any) -> None:
     """Process INPUT_FILE in this process (no broker, no server) and write the results.
 
     INPUT_FILE is a JSONL file of requests, or with --template a table whose rows become
@@ -125,7 +130,8 @@ def run(input_file: Location | None, output: Location, errors_path: Location | N
     with requests_for(input_file, choice, rows) as requests:
         job = run_file(get_settings(), requests, deliver, queue, concurrency, dedup=dedup,
                        quiet=quiet, filename=storage.name_of(named), engine=engine,
-                       metadata=choice.metadata(input_file) or None)
+                       metadata=choice.metadata(input_file) or None,
+                       caps=(max_rpm, max_tpm))
     counts = job["request_counts"]
     if as_json:
         print_json(job)
@@ -154,14 +160,19 @@ def run(input_file: Location | None, output: Location, errors_path: Location | N
 @click.option("--output-format", type=click.Choice(["openai", "anthropic"]),
               help="Output lines: OpenAI batch output lines, or Anthropic Message Batches "
                    "results (default: the format of the file's lines).")
+@click.option("--max-rpm", type=click.IntRange(1), metavar="N",
+              help="Cap the job's requests per minute inside each deployment's budget.")
+@click.option("--max-tpm", type=click.IntRange(1), metavar="N",
+              help="Cap the job's tokens per minute (prompt estimate + max_tokens) the same "
+                   "way.")
 @DEDUP_OPTION
 @QUIET_OPTION
 @JSON_OPTION
 @template_options
 def submit(input_file: Location | None, queue: str, metadata: str | None, max_attempts: int | None,
            idempotency_key: str | None, timeout: float | None,
-           output_format: str | None, dedup: bool | None, quiet: bool, as_json: bool,
-           **shaping: Any) -> None:
+           output_format: str | None, max_rpm: int | None, max_tpm: int | None,
+           dedup: bool | None, quiet: bool, as_json: bool, **shaping: Any) -> None:
     """Upload INPUT_FILE to the API as a new job and print its id.
 
     INPUT_FILE is a JSONL file of requests, or with --template a table whose rows become
@@ -192,7 +203,7 @@ def submit(input_file: Location | None, queue: str, metadata: str | None, max_at
                              output_format=output_format, dedup=dedup,
                              on_retry=None if quiet else
                              lambda note: click.echo(f"note: {note}", err=True),
-                             filename=name,
+                             filename=name, caps=(max_rpm, max_tpm),
                              on_sent=lambda lines: progress.update(task, completed=lines))
         if total is not None:
             progress.update(task, completed=total, description=f"{job['id']} stored")

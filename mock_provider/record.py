@@ -1,7 +1,7 @@
 """Test-only: the request bodies the strict mock received, appended to a JSONL file.
 
 `quotaflow mock-provider --record PATH` (QUOTAFLOW_MOCK_RECORD) writes one line per
-model request, `{"path": "/v1/messages", "query": "", "headers": {...}, "body": {...}}`,
+model request, `{"path": ..., "query": "", "headers": {...}, "body": {...}, "at": unix s}`,
 before the request is judged (the headers that carry a secret as "<redacted>"),
 so a test can check field by field what quotaflow sent (tests/cluster/test_conformance_cluster.py
 checks the OpenAI <-> Anthropic translations this way). Written from the event loop, one
@@ -9,6 +9,7 @@ short write per request: fine for tests, not meant for benchmarks.
 """
 
 import json
+import time
 from pathlib import Path
 
 from fastapi import Request
@@ -33,6 +34,7 @@ class Recorder:
         headers = {name: "<redacted>" if name in SECRET_HEADERS else value
                    for name, value in request.headers.items()}
         line = json.dumps({"path": request.url.path, "query": request.url.query,
-                           "headers": headers, "body": body}, ensure_ascii=False)
+                           "headers": headers, "body": body, "at": time.time()},
+                          ensure_ascii=False)
         with self.path.open("a", encoding="utf-8") as file:
             file.write(line + "\n")

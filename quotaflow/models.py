@@ -196,6 +196,10 @@ class Job(Base):
     deleted_at: Mapped[datetime | None]
     purged_at: Mapped[datetime | None]
     tombstone: Mapped[dict[str, Any] | None] = mapped_column(JsonType)
+    # Its own caps inside each deployment's budget (requests and tokens per minute; None:
+    # none), beside its tenant's (quotaflow/budget/caps.py, migration 0025).
+    max_rpm: Mapped[int | None] = mapped_column(Integer)
+    max_tpm: Mapped[int | None] = mapped_column(BigInteger)
 
 
 Index("ix_jobs_tenant_created", Job.tenant, Job.created_at)
@@ -308,6 +312,10 @@ class Tenant(Base):
     # any), beside each key's own (quotaflow/tenants/grants.py, migration 0024).
     allowed_models: Mapped[list[str] | None] = mapped_column(JsonType)
     allowed_deployments: Mapped[list[str] | None] = mapped_column(JsonType)
+    # Its caps inside each deployment's budget, for all its jobs together (requests and
+    # tokens per minute; None: none): quotaflow/budget/caps.py, migration 0025.
+    max_rpm: Mapped[int | None] = mapped_column(Integer)
+    max_tpm: Mapped[int | None] = mapped_column(BigInteger)
 
 
 class Spend(Base):

@@ -58,15 +58,16 @@ class Embedded:
 
     def create(self, path: Path, queue: str, *, dedup: bool | None = None,
                filename: str | None = None, metadata: dict[str, str] | None = None,
-               max_attempts: int | None = None) -> dict[str, Any]:
+               max_attempts: int | None = None,
+               caps: tuple[int | None, int | None] = (None, None)) -> dict[str, Any]:
         """Store the JSONL file as a job (or refuse it, storing nothing); its batches wait
-        for run_pending. The job object."""
+        for run_pending. The job object. `caps`: its max RPM and TPM."""
         with path.open("rb") as handle:
             job = pipeline.create_job_in_process(
                 self.sessions, handle, settings=self.settings,
                 deployments=self.runtime.deployments, dispatcher=self.dispatcher, queue=queue,
                 filename=filename or path.name, metadata=metadata, max_attempts=max_attempts,
-                dedup=dedup)
+                dedup=dedup, max_rpm=caps[0], max_tpm=caps[1])
         return self.job(job.id)
 
     def job(self, job_id: str) -> dict[str, Any]:
@@ -124,13 +125,14 @@ def run_file(settings: Settings, input_path: Path, deliver: Callable[[OutputLine
              queue: str, concurrency: int, dedup: bool | None = None,
              quiet: bool = False, filename: str | None = None,
              engine: "Embedded | None" = None,
-             metadata: dict[str, str] | None = None) -> dict[str, Any]:
+             metadata: dict[str, str] | None = None,
+             caps: tuple[int | None, int | None] = (None, None)) -> dict[str, Any]:
     """`quotaflow run`: process the file, hand its output to `deliver` (a function of
     `errors` giving the job's result or error lines); returns the final job object.
     `engine` is one already made (a stage read its previous job's results from it)."""
     engine = engine or Embedded(settings, quiet)
     job = engine.create(input_path, queue, dedup=dedup, filename=filename,
-                        metadata=metadata)
+                        metadata=metadata, caps=caps)
     engine.run_pending(concurrency, quiet, label=job["id"])
     deliver(lambda errors: engine.lines(job["id"], errors))
     return engine.job(job["id"])

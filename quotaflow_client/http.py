@@ -99,21 +99,20 @@ class ApiClient:
                    dedup: bool | None = None,
                    on_retry: Callable[[str], None] | None = None,
                    filename: str | None = None,
-                   on_sent: Callable[[int], None] | None = None) -> dict[str, Any]:
+                   on_sent: Callable[[int], None] | None = None,
+                   caps: tuple[int | None, int | None] = (None, None)) -> dict[str, Any]:
         """Upload the file as a job. The API answers once it has stored the whole file, so
         the answer may take minutes (the submit timeout); when it does not come, or the
         connection breaks, or the API says it is unavailable, the same upload is sent
         again with the same Idempotency-Key, which gets the job the first one made
         rather than a second job."""
         key = idempotency_key or new_idempotency_key()
-        options = {"queue": queue, "filename": (filename or path.name)[:255]} | (
-            {"metadata": metadata} if metadata else {})
-        if max_attempts is not None:
-            options["max_attempts"] = str(max_attempts)
-        if output_format is not None:
-            options["output_format"] = output_format
-        if dedup is not None:
-            options["dedup"] = "true" if dedup else "false"
+        given = {"metadata": metadata or None, "max_attempts": max_attempts,
+                 "output_format": output_format,
+                 "dedup": None if dedup is None else "true" if dedup else "false",
+                 "max_rpm": caps[0], "max_tpm": caps[1]}
+        options = {"queue": queue, "filename": (filename or path.name)[:255]} | {
+            name: str(value) for name, value in given.items() if value is not None}
         timeout = httpx.Timeout(self._timeout, read=self._submit_timeout,
                                 write=self._submit_timeout)
         for attempt in range(1, attempts + 1):

@@ -1,4 +1,5 @@
-"""The console's pages: sign-in, the tenant's jobs, a job, and the operators' budgets.
+"""The console's pages: sign-in, the tenant's jobs, a job, its keys and caps, and the
+operators' budgets.
 
 Server-rendered with Jinja2; a few lines of the console's own script (static/console.js)
 refresh the live parts from fragments these routes serve (a job's, when its event stream
@@ -44,10 +45,10 @@ from quotaflow.deployments.pricing import money
 from quotaflow.errors import ConfigError
 from quotaflow.jobs import service as jobs
 from quotaflow.jobs import view as job_view
-from quotaflow.models import JobStatus
+from quotaflow.models import JobStatus, utcnow
 from quotaflow.observe import bound_data, console_data, report_data
 from quotaflow.results import output
-from quotaflow.tenants import audit
+from quotaflow.tenants import audit, overview
 from quotaflow.tenants.grants import Scope
 
 PAGE_SIZE = 20
@@ -222,6 +223,18 @@ def limits(request: Request, who: ViewerDep, deployments: DeploymentsDep,
     rows = [describe(d, limiter) for d in deployments.deployments.values()]
     return page(request, "limits.html", who=who, rows=rows, flower=settings.flower_url,
                 grafana=settings.grafana_url)
+
+
+@router.get("/keys")
+def keys_page(request: Request, who: ViewerDep, sessions: SessionsDep,
+              deployments: DeploymentsDep, limiter: LimiterDep) -> HTMLResponse:
+    """The tenant's keys (masked), scopes, expiry, allowlists, caps and usage against
+    them; an operator sees every tenant."""
+    with sessions() as session:
+        found = overview.tenants(session, None if who.operator else who.tenant, utcnow())
+    listed = list(deployments.deployments.values())
+    views = [overview.with_usage(view, listed, limiter) for view in found]
+    return page(request, "keys.html", who=who, tenants=views)
 
 
 def _actor(request: Request, who: Viewer) -> audit.Actor:

@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from quotaflow.budget.caps import LocalCaps, cap_key, held_for
 from quotaflow.budget.limiter import Admission, Dating, Levels, Limiter, Settlement
 from quotaflow.constants import REDIS_PREFIX
 from quotaflow.deployments.limits import Budget, Refunds
@@ -48,9 +49,12 @@ class RedisLimiter:
     def _call(self, budget: Budget, op: str, *extra: str) -> list[float]:
         started = time.monotonic()
         known = started < self._known_until.get(budget.name, 0.0)
+        keys = [bucket_key(budget.name)]
+        if budget.caps:
+            keys += [cap_key(budget.name, cap.scope) for cap in budget.caps]
         try:
-            reply = self._script(keys=[bucket_key(budget.name)],
-                                 args=[op + "!" if known else op, budget.packed, *extra])
+            reply = self._script(keys=keys, args=[op + "!" if known else op, budget.packed,
+                                                  *extra])
         except UNREACHABLE as exc:
             raise ServiceUnavailable(
                 f"the limiter's Redis is unreachable ({exc.__class__.__name__}); check "
@@ -63,11 +67,12 @@ class RedisLimiter:
 
     def acquire(self, budget: Budget, costs: Sequence[int], floor: float,
                 input_costs: Sequence[int] = ()) -> Admission:
-        admitted, wait, _, _, _, slot, flying, refunding, mark, at, refunded = self._call(
-            budget, "acquire", repr(floor), repr(budget.margin_s), *map(str, costs),
-            *map(str, input_costs))[:11]
+        numbers = self._call(budget, "acquire", repr(floor), repr(budget.margin_s),
+                             *map(str, costs), *map(str, input_costs))
+        admitted, wait, _, _, _, slot, flying, refunding, mark, at, refunded = numbers[:11]
+        capped = bool(budget.caps) and numbers[13 if budget.split else 12] > 0
         return Admission(int(admitted), wait, int(slot), flying, bool(refunding), mark, at,
-                         refunded)
+                         refunded, capped)
 
     def settle(self, budget: Budget, settlements: Sequence[Settlement]) -> None:
         if not settlements:
@@ -96,8 +101,10 @@ class RedisLimiter:
                    "" if tokens is None else repr(float(tokens)), *dated, *extra)
 
     def levels(self, budget: Budget) -> Levels:
-        _, _, r, t, blocked, _, _, refunding, _, _, _, _, *inputs = self._call(budget, "peek")
-        return Levels(r, t, blocked, bool(refunding), inputs[0] if inputs else None)
+        _, _, r, t, blocked, _, _, refunding, _, _, _, _, *rest = self._call(budget, "peek")
+        inputs = rest.pop(0) if budget.split else None
+        caps = tuple(zip(rest[1::2], rest[2::2], strict=True)) if budget.caps else ()
+        return Levels(r, t, blocked, bool(refunding), inputs, caps)
 
     def close(self) -> None:
         self._redis.close()
@@ -141,6 +148,7 @@ class LocalLimiter:
         self._clock = clock
         self._lock = threading.Lock()
         self._states: dict[str, _State] = {}
+        self._caps = LocalCaps()
 
     def _refilled(self, budget: Budget) -> tuple[_State, float, int]:
         now = self._clock()
@@ -178,7 +186,8 @@ class LocalLimiter:
             if now < max(state.bu, state.pu):
                 return Admission(0, max(state.bu, state.pu) - now, slot,
                                  self._in_flight(state)[1], refunding, state.a, now, state.g)
-            admitted, total, total_i, wait = 0, 0, 0, 0.0
+            admitted, total, total_i, wait, capped = 0, 0, 0, 0.0, False
+            caps = self._caps.refilled(budget, now) if budget.caps else ()
             for n, cost in enumerate(costs):
                 level = state.t if refunding else state.tn
                 cost_i = input_costs[n] if budget.split else 0
@@ -190,13 +199,20 @@ class LocalLimiter:
                               budget.request_capacity - 1)
                 floor_t = min(floor * budget.token_capacity + budget.margin_s * budget.token_rate,
                               budget.token_capacity - cost)
+                held = held_for(caps, cost + cost_i, refunding)
                 if (state.r - 1 < floor_r - EPS or level - cost < floor_t - EPS
                         or (budget.split and state.i - cost_i < floor_i - EPS)):
                     wait = max(0.0, (1 + floor_r - state.r) / budget.request_rate,
-                               (cost + floor_t - level) / budget.token_rate)
+                               (cost + floor_t - level) / budget.token_rate, held)
                     if budget.split:
                         wait = max(wait, (cost_i + floor_i - state.i) / budget.input_rate)
+                    capped = held > 0
                     break
+                if held > 0:
+                    wait, capped = held, True
+                    break
+                for cap in caps:
+                    cap.take(cost + cost_i)
                 state.r -= 1
                 state.t -= cost
                 state.tn = max(min(state.tn, 0.0), state.tn - cost)
@@ -211,11 +227,12 @@ class LocalLimiter:
                 flight[2] += total_i
                 state.a += total
             return Admission(admitted, wait, slot, self._in_flight(state)[1], refunding, mark,
-                             now, state.g)
+                             now, state.g, capped)
 
     def settle(self, budget: Budget, settlements: Sequence[Settlement]) -> None:
         with self._lock:
-            state, _, _ = self._refilled(budget)
+            state, now, _ = self._refilled(budget)
+            caps = self._caps.refilled(budget, now) if budget.caps else ()
             for settlement in settlements:
                 slot, cost, refund = settlement.slot, settlement.cost, settlement.refund
                 if slot in state.flights:
@@ -240,6 +257,12 @@ class LocalLimiter:
                     state.g += state.t - was
                 if budget.split:
                     self._settle_input(budget, state, settlement.input_refund)
+                for cap in caps:
+                    if not settlement.sent:
+                        cap.r = min(cap.capacity_r, cap.r + 1)
+                    cap.refund(refund, not settlement.sent)
+                    if budget.split:
+                        cap.refund(settlement.input_refund, True)
 
     @staticmethod
     def _settle_input(budget: Budget, state: _State, refund: float) -> None:
@@ -287,8 +310,11 @@ class LocalLimiter:
     def levels(self, budget: Budget) -> Levels:
         with self._lock:
             state, now, _ = self._refilled(budget)
+            refunding = state.refunding(budget)
+            caps = tuple((cap.r, cap.t if refunding else cap.tn)
+                         for cap in self._caps.refilled(budget, now))
             return Levels(state.r, state.level(budget), max(0.0, state.bu - now, state.pu - now),
-                          state.refunding(budget), state.i if budget.split else None)
+                          refunding, state.i if budget.split else None, caps)
 
 
 def make_limiter(settings_url: str | None) -> Limiter:

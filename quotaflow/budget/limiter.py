@@ -11,6 +11,10 @@ unused part of max_tokens after a call differs between providers: `Refunds`
 (quotaflow/deployments/limits.py, beside `Budget`, a deployment's limits as the buckets
 see them) says, or has it learned from the provider's remaining-tokens headers.
 
+A budget may carry caps (a tenant's, a job's RPM/TPM inside the deployment's: `Cap`,
+in limits.py): each is one more pair of buckets, taken from in the same atomic step, so
+a cap that refuses takes nothing from the deployment.
+
 A "split" budget (a deployment with itpm and otpm, Anthropic's way) has a third
 bucket: the tokens bucket then holds output tokens (max_tokens reserved, the
 unused part refunded as `Refunds` says) and the input bucket the prompt's
@@ -49,6 +53,9 @@ class Admission:
     mark: float = 0.0
     at: float = 0.0
     refunded: float = 0.0
+    # A cap of the budget (a tenant's, a job's) refused the next request: its wait is
+    # the cap's, not the deployment's, which the others may still spend meanwhile.
+    capped: bool = False
 
     def dating(self, cost: int) -> "Dating":
         """What dates the headers of the call admitted here at `cost`: it counted in the
@@ -112,6 +119,8 @@ class Levels:
     blocked_s: float
     refunding: bool = False
     inputs: float | None = None  # a split budget's input tokens
+    # Per cap of the budget, in order: its requests and tokens left to spend.
+    caps: tuple[tuple[float, float], ...] = ()
 
     def utilisation(self, budget: Budget) -> float:
         """The used share of the fuller-used bucket: max(rpm use, tpm use), 0..1."""

@@ -18,6 +18,7 @@ from typing import Any
 from sqlalchemy import select, tuple_
 from sqlalchemy.orm import Session, sessionmaker
 
+from quotaflow.budget.caps import check_cap
 from quotaflow.compat import openai_batches as batches
 from quotaflow.compat import retention
 from quotaflow.compat.anthropic_batch_body import BatchBodyError, open_requests
@@ -79,16 +80,19 @@ def create_batch(sessions: sessionmaker[Session], body: bytes, *, tenant: str,
                  queue: str | None = None, idempotency_key: str | None = None,
                  anthropic_beta: str | None = None,
                  allow: Allowlist | None = None,
-                 actor: audit.Actor | None = None) -> ingest.Created:
+                 actor: audit.Actor | None = None,
+                 caps: tuple[int | None, int | None] = (None, None)) -> ingest.Created:
     """Ingest the body's requests as a job with Anthropic output, or refuse it whole
     (BatchBodyError, or ingest's errors) and store nothing. A new job comes with its
     items' counts, which need not be counted again. `anthropic_beta`, the request's
-    header, applies to each request that names no betas of its own."""
+    header, applies to each request that names no betas of its own; `caps`, the batch's
+    own max RPM and TPM (X-Quotaflow-Max-Rpm / -Tpm), inside each deployment's budget."""
     spec = ingest.JobSpec(
         queue=batches.choose_queue(queue, None), tenant=tenant,
         idempotency_key=idempotency_key, max_lines=settings.max_message_batch_requests,
         completion_window_s=WINDOW_S, output_format=OUTPUT_ANTHROPIC, allow=allow,
-        refuse_disallowed=True, actor=actor)
+        refuse_disallowed=True, actor=actor, max_rpm=check_cap("X-Quotaflow-Max-Rpm", caps[0]),
+        max_tpm=check_cap("X-Quotaflow-Max-Tpm", caps[1]))
     stream = open_requests(body, settings.max_message_batch_requests,
                            beta_names(anthropic_beta))
     try:

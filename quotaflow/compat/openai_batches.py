@@ -25,6 +25,7 @@ from sqlalchemy import delete, select, update
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
+from quotaflow.budget.caps import check_cap
 from quotaflow.compat import files
 from quotaflow.config import Settings
 from quotaflow.constants import DEFAULT_QUEUE, ENDPOINTS, OUTPUT_OPENAI, QUEUES
@@ -44,6 +45,9 @@ QUEUE_METADATA_KEY = "quotaflow_queue"
 # A batch's choice on sharing identical lines ("true" or "false"; unset: the rule of
 # quotaflow/ingest/dedup.py), as metadata since OpenAI's request has no field for it.
 DEDUP_METADATA_KEY = "quotaflow_dedup"
+# The batch's own caps inside each deployment's budget (per minute), as metadata where a
+# client cannot send the body fields max_rpm / max_tpm (the OpenAI SDK can: extra_body).
+CAP_METADATA_KEYS = {"max_rpm": "quotaflow_max_rpm", "max_tpm": "quotaflow_max_tpm"}
 MAX_ERRORS_SHOWN = 1000
 _WINDOW = re.compile(r"^(\d{1,5})([hms])$")
 _WINDOW_SECONDS = {"h": 3600, "m": 60, "s": 1}
@@ -67,6 +71,23 @@ class BatchRequest:
     # Seconds its output and error files are kept after it ends (OpenAI's
     # output_expires_after, checked by retention.expires_after); None: the default.
     output_expires_after_s: int | None = None
+    # Its caps, from the body's max_rpm / max_tpm (None: metadata's, if any).
+    max_rpm: int | None = None
+    max_tpm: int | None = None
+
+
+def cap_choice(name: str, given: int | None, metadata: dict[str, str] | None) -> int | None:
+    """A batch's cap: the body field, else its metadata key (a whole number as a string)."""
+    if given is not None:
+        return check_cap(name, given)
+    key = CAP_METADATA_KEYS[name]
+    value = (metadata or {}).get(key)
+    if value is None:
+        return None
+    if not value.isdigit():
+        raise InvalidParameter(f"metadata.{key}", f"metadata.{key} must be a whole number "
+                                                  f"of at least 1, got {value!r}")
+    return check_cap(f"metadata.{key}", int(value))
 
 
 def window_seconds(window: str) -> int:
@@ -122,7 +143,9 @@ def create_batch(sessions: sessionmaker[Session], request: BatchRequest, *, sett
         # OpenAI's Batch API: its output file is OpenAI's, whatever shape the lines had.
         output_format=OUTPUT_OPENAI, dedup=dedup_choice(request.metadata),
         output_expires_after_s=request.output_expires_after_s,
-        allow=request.allow, refuse_disallowed=True, actor=request.actor)
+        allow=request.allow, refuse_disallowed=True, actor=request.actor,
+        max_rpm=cap_choice("max_rpm", request.max_rpm, request.metadata),
+        max_tpm=cap_choice("max_tpm", request.max_tpm, request.metadata))
     with sessions() as session:
         upload = files.get_file(session, request.input_file_id, request.tenant)
         spec = replace(spec, filename=upload.filename)

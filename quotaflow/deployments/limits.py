@@ -4,11 +4,13 @@ that one `Budget`.
 
 Each deployment has two continuously refilling buckets, requests and tokens, with
 capacity = limit x burst_seconds / 60 (quotaflow/budget/limiter.py has the rest of the
-limiter's vocabulary, quotaflow/budget/buckets.py the limiters).
+limiter's vocabulary, quotaflow/budget/buckets.py the limiters). A `Cap` (a tenant's or a
+job's --rpm/--tpm) is one more pair of buckets that an admission takes from together with
+the deployment's: a budget carrying caps admits only what fits them all.
 """
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 
 from quotaflow.errors import RequestTooLarge
@@ -26,6 +28,30 @@ class Refunds(enum.IntEnum):
         if reconcile_usage == "auto":
             return cls.LEARNED
         return cls.ALWAYS if reconcile_usage else cls.NEVER
+
+
+@dataclass(frozen=True)
+class Cap:
+    """A tenant's or a job's RPM/TPM cap inside a deployment's budget (0: that one is not
+    capped). `scope` names whose it is ("tenant:acme", "job:batch_..."): one bucket pair
+    per scope and deployment budget, refilling as the deployment's do (same burst
+    seconds, same refund mode). Its tokens count what the deployment's buckets count
+    (input and output together, where a split budget keeps them apart)."""
+
+    scope: str
+    rpm: float = 0.0
+    tpm: float = 0.0
+
+    def capacities(self, burst_seconds: float) -> tuple[float, float]:
+        """Its buckets' capacities: limit x burst_seconds / 60, and room for one request at
+        least (30 RPM per second would otherwise never hold a whole one)."""
+        requests = max(1.0, self.rpm * burst_seconds / 60) if self.rpm else 0.0
+        return requests, self.tpm * burst_seconds / 60
+
+    def packed(self, burst_seconds: float) -> str:
+        """The cap as bucket.lua reads it after the budget: two rates and capacities."""
+        requests, tokens = self.capacities(burst_seconds)
+        return " ".join(repr(float(n)) for n in (self.rpm / 60, requests, self.tpm / 60, tokens))
 
 
 @dataclass(frozen=True)
@@ -47,6 +73,12 @@ class Budget:
     # Input tokens per minute where they have a bucket of their own (then `tpm` is the
     # output tokens'); 0: the tokens bucket holds input and output together.
     itpm: float = 0.0
+    # The caps of whoever spends it (a tenant's, a job's): () for the deployment alone.
+    caps: tuple[Cap, ...] = ()
+
+    def with_caps(self, caps: tuple[Cap, ...]) -> "Budget":
+        """The same budget, admitting only what also fits `caps`."""
+        return self if caps == self.caps else replace(self, caps=caps)
 
     @property
     def split(self) -> bool:
@@ -78,6 +110,8 @@ class Budget:
         return self.tpm * self.burst_seconds / 60
 
     def check_fits(self, cost: int, input_cost: int = 0) -> None:
+        for cap in self.caps:
+            _check_cap(self, cap, cost + input_cost)
         if self.split:
             self._check_split(cost, input_cost)
         elif cost > self.token_capacity:
@@ -106,4 +140,16 @@ class Budget:
             self.flight_timeout_s, int(self.refunds))
         if self.split:
             numbers += (self.input_rate, self.input_capacity)
-        return " ".join(repr(float(n)) for n in numbers)
+        return "".join((" ".join(repr(float(n)) for n in numbers),
+                        *(" ; " + cap.packed(self.burst_seconds) for cap in self.caps)))
+
+
+def _check_cap(budget: Budget, cap: Cap, tokens: int) -> None:
+    """A request larger than a cap's bucket could never be admitted: refuse it now."""
+    capacity = cap.capacities(budget.burst_seconds)[1]
+    if cap.tpm and tokens > capacity:
+        whose = cap.scope.replace(":", " ", 1)
+        raise RequestTooLarge(
+            f"the request needs {tokens} tokens but the {whose}'s cap admits at most "
+            f"{capacity:.0f} at once on deployment {budget.name!r} (tpm cap {cap.tpm:g} x "
+            f"burst_seconds {budget.burst_seconds:g} / 60); lower max_tokens or raise the cap")

@@ -136,6 +136,9 @@ class Admitter:
             admitted, waited_s = asked[:admission.admitted], time.monotonic() - run.started
             for hook in hooks.chunk_admitted:
                 hook(admitted, waited_s)
+        if admission.capped:
+            for capped in hooks.capped:
+                capped(asked[0].budget)
         return admission
 
     async def _closed_off(self, run: BatchRun, waiting: list[ClaimedItem], choice: Choice,

@@ -4,6 +4,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from quotaflow.deployments.limits import Cap
 from quotaflow.dispatch.queues import BatchRef
 from quotaflow.execution.feedback import Feedback
 from quotaflow.execution.fencing import Fence
@@ -50,6 +51,8 @@ class BatchRun:
     hooks: Hooks = field(default_factory=Hooks)
     # Whether it still holds its items' leases (fencing.py); None: not checked.
     fence: Fence | None = None
+    # Its job's caps inside each deployment's budget (quotaflow/budget/caps.py).
+    caps: tuple[Cap, ...] = ()
 
     def holds(self, item: ClaimedItem) -> bool:
         """The item's lease is still this run's: it may be sent. Asked before every call,

@@ -127,7 +127,7 @@ class BatchExecutor:
                         Feedback(self.limiter, self.breaker),
                         JobWatch(self.sessions, ref.job_id, hooks.stop_check,
                                  shared=self.job_reads),
-                        output_format=job.output_format, hooks=hooks)
+                        output_format=job.output_format, hooks=hooks, caps=job.caps)
 
     async def _call(self, run: BatchRun, items: list[ClaimedItem]) -> None:
         """Admit and call the items, a route at a time, with their leases kept and their

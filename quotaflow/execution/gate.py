@@ -36,12 +36,12 @@ class Gate:
 
     def prepare(self, run: BatchRun, deployment: Deployment, items: list[ClaimedItem]
                 ) -> tuple[list[Admitted], list[tuple[ClaimedItem, Failure]]]:
-        """The items made ready for `deployment`, in order, and those that can never go
-        there, with why."""
+        """The items made ready for `deployment` (their budget carrying the run's caps),
+        in order, and those that can never go there, with why."""
         asked: list[Admitted] = []
         refused: list[tuple[ClaimedItem, Failure]] = []
         for item in items:
-            prepared = self.preparer.prepare(run.url, deployment, item)
+            prepared = self.preparer.prepare(run.url, deployment, item, run.caps)
             if isinstance(prepared, Failure):
                 refused.append((item, prepared))
             else:

@@ -17,6 +17,7 @@ The points, in the order a run meets them:
 - `before_admission(run, route, items)`: a route's items still to admit;
 - inside the admission loop, per chunk or per call: `before_acquire(budget)`
   (seconds to wait first, or None), `chunk_admitted(entries, waited_s)`,
+  `capped(budget)` (a cap of the job's, not the deployment, refused it),
   `retry_admitted(entry, waited_s)`, `call_ended(...)` (the only per-request
   point), `before_wait()` (True: hand the batch back rather than wait) and
   `flush()` (with each settle of provider feedback);
@@ -82,6 +83,10 @@ class BatchHook:
     def retry_admitted(self, entry: Admitted, waited_s: float) -> None:
         """A retry was admitted `waited_s` after it asked."""
 
+    def capped(self, budget: Budget) -> None:
+        """A cap of the run's job (its tenant's, its own) refused its next request on
+        `budget`: it waits for the cap, while the deployment may have room for others."""
+
     def call_ended(self, deployment: str, code: str, latency_s: float,
                    prompt_tokens: int = 0, completion_tokens: int = 0) -> None:
         """A provider call ended (`code`: its status, or metrics.error_code). Runs once
@@ -104,7 +109,7 @@ class BatchHook:
 
 
 _POINTS = ("before_claim", "claimed", "stop_check", "before_admission", "before_acquire",
-           "chunk_admitted", "retry_admitted", "call_ended", "before_wait", "flush",
+           "chunk_admitted", "retry_admitted", "capped", "call_ended", "before_wait", "flush",
            "before_store", "on_stop")
 
 
@@ -121,6 +126,7 @@ class Hooks:
     before_acquire: tuple[Callable[[Budget], float | None], ...]
     chunk_admitted: tuple[Callable[[Sequence[Admitted], float], None], ...]
     retry_admitted: tuple[Callable[[Admitted, float], None], ...]
+    capped: tuple[Callable[[Budget], None], ...]
     call_ended: tuple[Callable[..., None], ...]
     before_wait: tuple[Callable[[], bool], ...]
     flush: tuple[Callable[[], None], ...]

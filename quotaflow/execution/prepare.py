@@ -8,6 +8,7 @@ equivalent there fails the line here, naming it.
 from quotaflow.budget.tokens import admission_tokens, max_output_tokens, prompt_tokens
 from quotaflow.deployments.catalog import Deployments
 from quotaflow.deployments.deployment import Deployment
+from quotaflow.deployments.limits import Budget, Cap
 from quotaflow.errors import ConfigError, RequestTooLarge, Untranslatable
 from quotaflow.execution.admitted import Admitted
 from quotaflow.execution.loops import ProviderPool
@@ -23,9 +24,13 @@ class Preparer:
     def __init__(self, deployments: Deployments, providers: ProviderPool) -> None:
         self.providers = providers
         self.budgets = {d.name: d.budget for d in deployments.deployments.values()}
+        # (deployment, caps) -> its budget under those caps, made once.
+        self._capped: dict[tuple[str, tuple[Cap, ...]], Budget] = {}
 
-    def prepare(self, url: str, deployment: Deployment, item: ClaimedItem) -> Admitted | Failure:
-        """The item as `deployment` would receive it, or why it cannot go there."""
+    def prepare(self, url: str, deployment: Deployment, item: ClaimedItem,
+                caps: tuple[Cap, ...] = ()) -> Admitted | Failure:
+        """The item as `deployment` would receive it, or why it cannot go there; its
+        budget carries the job's `caps` (its tenant's and its own)."""
         if (refused := unserved(deployment, url)) is not None:  # providers/capabilities.py
             return refused
         try:
@@ -33,6 +38,9 @@ class Preparer:
         except ConfigError as exc:  # e.g. the key's environment variable is not set
             return Failure(FailureCode.CONFIGURATION_ERROR, str(exc))
         budget = self.budgets[deployment.name]
+        if caps:
+            budget = self._capped.get((deployment.name, caps)) or self._capped.setdefault(
+                (deployment.name, caps), budget.with_caps(caps))
         try:
             body = request_body(item.body, deployment)
         except Untranslatable as exc:

@@ -28,6 +28,7 @@ import orjson
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
+from quotaflow.budget.caps import check_cap
 from quotaflow.config import Settings
 from quotaflow.constants import DEFAULT_TENANT, ENDPOINT_CHAT, OUTPUT_FORMATS, QUEUES
 from quotaflow.db import insert_ignore, refresh_statistics
@@ -91,6 +92,9 @@ class JobSpec:
     refuse_disallowed: bool = False
     # Who creates it: a row of the audit log, in the transaction that stores the job.
     actor: audit.Actor | None = None
+    # Its own caps inside each deployment's budget, per minute (quotaflow/budget/caps.py).
+    max_rpm: int | None = None
+    max_tpm: int | None = None
 
 
 @dataclass(frozen=True)
@@ -128,6 +132,8 @@ def create_job(sessions: sessionmaker[Session], stream: IO[bytes], *, settings: 
     if spec.max_attempts is not None and not 1 <= spec.max_attempts <= MAX_ATTEMPTS_LIMIT:
         raise InvalidParameter("max_attempts", f"max_attempts must be between 1 and "
                                                f"{MAX_ATTEMPTS_LIMIT}, got {spec.max_attempts}")
+    check_cap("max_rpm", spec.max_rpm)
+    check_cap("max_tpm", spec.max_tpm)
     if spec.idempotency_key is not None and job_id is None:
         with sessions() as session:
             if (earlier := find_by_key(session, spec.tenant, spec.idempotency_key)) is not None:
@@ -196,7 +202,8 @@ def insert_job(session: Session, job_id: str, spec: JobSpec, settings: Settings,
            "expires_at": now + timedelta(seconds=window), "input_file_id": spec.input_file_id,
            "idempotency_key": spec.idempotency_key, "dedup": spec.dedup,
            "output_expires_after_s": spec.output_expires_after_s
-           or settings.result_retention_s or None} | values
+           or settings.result_retention_s or None,
+           "max_rpm": spec.max_rpm, "max_tpm": spec.max_tpm} | values
     made = session.execute(insert_ignore(session, Job.__table__).values(**row)
                            .returning(Job.__table__.c.id))
     return made.scalar() is not None
@@ -294,6 +301,8 @@ def create_job_in_process(
     tenant: str = DEFAULT_TENANT,
     output_format: str | None = None,
     dedup: bool | None = None,
+    max_rpm: int | None = None,
+    max_tpm: int | None = None,
 ) -> Job:
     """Store a JSONL file as a job and dispatch its batches, or store nothing at all.
 
@@ -307,6 +316,7 @@ def create_job_in_process(
     """
     spec = JobSpec(queue=queue, tenant=tenant, filename=filename, metadata=metadata,
                    max_attempts=max_attempts, enforce_quota=False,
-                   output_format=output_format, dedup=dedup)
+                   output_format=output_format, dedup=dedup, max_rpm=max_rpm,
+                   max_tpm=max_tpm)
     return create_job(sessions, stream, settings=settings, deployments=deployments,
                       dispatcher=dispatcher, spec=spec).job

@@ -21,6 +21,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import or_, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
+from quotaflow.budget.caps import check_cap
 from quotaflow.errors import AuthenticationError, InvalidParameter, NotFound, PermissionDenied
 from quotaflow.models import ApiKey, Tenant, utcnow
 from quotaflow.tenants import audit
@@ -71,9 +72,10 @@ def create_key(sessions: sessionmaker[Session], tenant: str,
                max_enqueued_tokens: int | None = None, operator: bool = False,
                max_monthly_spend: float | None = None,
                weight: float | None = None, rules: KeyRules = KeyRules(),
-               actor: audit.Actor | None = None) -> NewKey:
+               actor: audit.Actor | None = None, max_rpm: int | None = None,
+               max_tpm: int | None = None) -> NewKey:
     """A new key for `tenant` (created if new); sets the tenant's token quota, monthly
-    spend limit and fair-share weight when given.
+    spend limit, fair-share weight and RPM/TPM caps (quotaflow/budget/caps.py) when given.
     An operator key also reaches the routes that show every tenant's activity."""
     check_tenant_name(tenant)
     with sessions.begin() as session:
@@ -87,6 +89,10 @@ def create_key(sessions: sessionmaker[Session], tenant: str,
             row.max_monthly_spend = max_monthly_spend
         if weight is not None:
             row.weight = weight
+        if max_rpm is not None:
+            row.max_rpm = check_cap("rpm", max_rpm)
+        if max_tpm is not None:
+            row.max_tpm = check_cap("tpm", max_tpm)
         session.flush()
         made = _add_key(session, tenant, operator, rules)
         audit.record(session, actor, "create", "key", made.id, tenant)
@@ -154,6 +160,25 @@ def set_tenant_allowlist(sessions: sessionmaker[Session], tenant: str,
             row.allowed_models = _stored(models)
         if deployments is not None:
             row.allowed_deployments = _stored(deployments)
+        audit.record(session, actor, "limit", "tenant", tenant, tenant)
+
+
+def set_tenant_caps(sessions: sessionmaker[Session], tenant: str, rpm: int | None,
+                    tpm: int | None, clear: bool = False,
+                    actor: audit.Actor | None = None) -> None:
+    """Cap every job of `tenant` inside each deployment's budget (None leaves a cap as it
+    is; `clear` removes both first). Workers read it with a job's facts: new jobs get it."""
+    with sessions.begin() as session:
+        row = session.get(Tenant, check_tenant_name(tenant))
+        if row is None:
+            raise NotFound(f"no tenant {tenant!r}; `quotaflow keys create --tenant {tenant}` "
+                           "makes it")
+        if clear:
+            row.max_rpm = row.max_tpm = None
+        if rpm is not None:
+            row.max_rpm = check_cap("rpm", rpm)
+        if tpm is not None:
+            row.max_tpm = check_cap("tpm", tpm)
         audit.record(session, actor, "limit", "tenant", tenant, tenant)
 
 

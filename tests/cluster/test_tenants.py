@@ -156,3 +156,22 @@ def test_keys_create_sets_the_tenants_fair_share_weight(cluster: V1Cluster, pg_u
         weights = dict(conn.execute(text("SELECT name, weight FROM tenants")).all())
     assert weights["tn-w"] == 3 and weights["tn-a"] == 1  # equal unless set
     assert cluster.cli("keys", "create", "--tenant", "tn-w", "--weight", "0").returncode == 2
+
+
+def test_keys_create_and_keys_tenant_set_and_clear_the_tenants_caps(cluster: V1Cluster,
+                                                                      pg_url: str) -> None:
+    made = cluster.cli("keys", "create", "--tenant", "tn-c", "--rpm", "600", "--tpm", "90000")
+    assert made.returncode == 0, made.stderr
+
+    def caps() -> tuple[int | None, int | None]:
+        with get_engine(pg_url).connect() as conn:
+            return tuple(conn.execute(text("SELECT max_rpm, max_tpm FROM tenants "
+                                           "WHERE name = 'tn-c'")).one())
+
+    assert caps() == (600, 90000)
+    changed = cluster.cli("keys", "tenant", "tn-c", "--rpm", "60")
+    assert changed.returncode == 0 and "rpm cap 60, tpm cap unchanged" in changed.stdout
+    assert caps() == (60, 90000)
+    assert cluster.cli("keys", "tenant", "tn-c", "--no-caps").returncode == 0
+    assert caps() == (None, None)
+    assert cluster.cli("keys", "create", "--tenant", "tn-c", "--rpm", "0").returncode == 2

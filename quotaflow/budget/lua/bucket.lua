@@ -45,6 +45,15 @@ ARGV[2]  the budget, six numbers separated by spaces: requests refill rate per
          field i holds input tokens (g:N: input tokens in flight per slot), whose
          estimate is corrected both ways at settle: the provider counts the prompt it
          received, not the estimate.
+         Then, after " ; ", any number of caps (a tenant's, a job's --rpm/--tpm), four
+         numbers each: requests rate and capacity, tokens rate and capacity (0: not
+         capped); KEYS[1 + n] is cap n's hash, "{quotaflow:rl:<deployment>}:cap:<scope>"
+         (the same slot), fields r, t, tn and ts as above. A cap refills as the
+         deployment does, spends from t or tn as the deployment does, and takes the
+         deployment's input and output tokens together. Acquire admits a request only
+         if it fits the deployment and every cap, all-or-nothing: a cap that refuses
+         takes nothing from the deployment. Settle gives refunds back to the caps as to
+         the deployment (no ceiling but their capacity: quotaflow's own buckets).
 then, by op:
   acquire  ARGV[3] floor fraction (0..1), ARGV[4] safety margin (seconds of refill),
            ARGV[5..] token costs of k requests in order (split: k output costs,
@@ -86,16 +95,28 @@ then, by op:
            Split: ARGV[9] input tokens remaining lowers i.
   peek     refills and reports; writes nothing
 Every op returns one string, "admitted wait_seconds r t blocked_seconds slot
-tokens_in_flight refunding mark now g keep_seconds" (split: then i): one bulk reply is
-cheaper to parse than twelve. t is the level admission spends from; mark is a's value
+tokens_in_flight refunding mark now g keep_seconds" (split: then i; with caps: then 1 if
+a cap refused the next request, else 0, and each cap's requests and spendable tokens): one
+bulk reply is cheaper to parse than twelve. t is the level admission spends from; mark is a's value
 before this admission; now the server's time; keep_seconds how long the hash now lives
 at least (0: not written): a write never shortens it.
 --]]
 
 local key = KEYS[1]
 local op, known = string.match(ARGV[1], '^(%a+)(!?)$')
-local budget = {}
-for number in string.gmatch(ARGV[2], '%S+') do table.insert(budget, tonumber(number)) end
+local budget, caps = {}, {}
+local packed, capped = ARGV[2], 0
+local first_cap = string.find(packed, ';', 1, true)
+if first_cap then packed = string.sub(ARGV[2], 1, first_cap - 1) end
+for number in string.gmatch(packed, '%S+') do table.insert(budget, tonumber(number)) end
+if first_cap then
+  for part in string.gmatch(string.sub(ARGV[2], first_cap + 1), '[^;]+') do
+    local n = {}
+    for number in string.gmatch(part, '%S+') do table.insert(n, tonumber(number)) end
+    table.insert(caps, {key = KEYS[#caps + 2], rate_r = n[1], cap_r = n[2], rate_t = n[3],
+                        cap_t = n[4]})
+  end
+end
 local rate_r, cap_r, rate_t, cap_t, flight_timeout, mode, rate_i, cap_i = unpack(budget)
 local split = rate_i ~= nil
 local SLOT_S, EPS = 10, 1e-9
@@ -151,6 +172,49 @@ if split then inp = math.min(cap_i, (state.i or full or cap_i) + elapsed * rate_
 local function refunding()
   return mode == 1 or (mode == 2 and v >= 1)
 end
+for _, cap in ipairs(caps) do
+  local got = redis.call('HMGET', cap.key, 'r', 't', 'tn', 'ts')
+  local since = math.max(0, now - (tonumber(got[4]) or now))
+  cap.r = math.min(cap.cap_r, (tonumber(got[1]) or cap.cap_r) + since * cap.rate_r)
+  cap.t = math.min(cap.cap_t, (tonumber(got[2]) or cap.cap_t) + since * cap.rate_t)
+  cap.tn = math.min(cap.cap_t, (tonumber(got[3]) or tonumber(got[2]) or cap.cap_t)
+                    + since * cap.rate_t)
+end
+-- The wait until every cap takes one more request of `cost` tokens (0: they all do now).
+local function cap_wait(cost, spend_from_t)
+  local w = 0
+  for _, cap in ipairs(caps) do
+    local level = spend_from_t and cap.t or cap.tn
+    if cap.cap_r > 0 and cap.r - 1 < -EPS then w = math.max(w, (1 - cap.r) / cap.rate_r) end
+    if cap.cap_t > 0 and level - cost < -EPS then
+      w = math.max(w, (cost - level) / cap.rate_t)
+    end
+  end
+  return w
+end
+-- A refund (< 0: a debt) to every cap: to t, to tn as well where `both`.
+local function cap_refund(refund, both)
+  for _, cap in ipairs(caps) do
+    if refund < 0 then
+      cap.t, cap.tn = cap.t + refund, cap.tn + refund
+    else
+      cap.t = math.max(cap.t, math.min(cap.t + refund, cap.cap_t))
+      if both then cap.tn = math.max(cap.tn, math.min(cap.tn + refund, cap.cap_t)) end
+    end
+  end
+end
+local function write_caps()
+  for _, cap in ipairs(caps) do
+    local full = 0
+    if cap.cap_r > 0 then full = math.max(full, (cap.cap_r - cap.r) / cap.rate_r) end
+    if cap.cap_t > 0 then
+      full = math.max(full, (cap.cap_t - math.min(cap.t, cap.tn)) / cap.rate_t)
+    end
+    redis.call('HSET', cap.key, 'r', string.format(fmt, cap.r), 't', string.format(fmt, cap.t),
+               'tn', string.format(fmt, cap.tn), 'ts', string.format(fmt, now))
+    redis.call('PEXPIRE', cap.key, math.ceil(full * 1000) + 1000)
+  end
+end
 
 local admitted, wait = 0, 0
 
@@ -175,7 +239,15 @@ if op == 'acquire' then
         floor_i = math.min(floor * cap_i + margin * rate_i, cap_i - cost_i)
         fits = fits and inp - cost_i >= floor_i - EPS
       end
-      if fits then
+      local held = #caps > 0 and cap_wait(cost + cost_i, spend_from_t) or 0
+      if fits and held == 0 then
+        for _, cap in ipairs(caps) do
+          if cap.cap_r > 0 then cap.r = cap.r - 1 end
+          if cap.cap_t > 0 then
+            cap.t = cap.t - cost - cost_i
+            cap.tn = math.max(math.min(cap.tn, 0), cap.tn - cost - cost_i)
+          end
+        end
         -- Spending from t, tn stops at 0: a provider that keeps reservations
         -- refuses below 0 rather than going there, and tn must stay its picture.
         r, t, tn = r - 1, t - cost, math.max(math.min(tn, 0), tn - cost)
@@ -184,13 +256,17 @@ if op == 'acquire' then
         admitted, cost_total = admitted + 1, cost_total + cost
         input_total = input_total + cost_i
       else
-        wait = math.max(0, (1 + floor_r - r) / rate_r, (cost + floor_t - level) / rate_t)
-        if split then wait = math.max(wait, (cost_i + floor_i - inp) / rate_i) end
+        if not fits then
+          wait = math.max(0, (1 + floor_r - r) / rate_r, (cost + floor_t - level) / rate_t)
+          if split then wait = math.max(wait, (cost_i + floor_i - inp) / rate_i) end
+        end
+        if held > 0 then wait, capped = math.max(wait, held), 1 end
         break
       end
     end
   end
   if admitted > 0 then
+    write_caps()
     redis.call('HINCRBYFLOAT', key, 'f:' .. slot, cost_total)
     f = f + cost_total
     a = a + cost_total
@@ -214,6 +290,12 @@ elseif op == 'settle' then
     if ARGV[i + 3] == '-' then
       r = math.min(cap_r, r + 1)
       tn = math.max(tn, math.min(tn + refund, cap_t - f))
+      for _, cap in ipairs(caps) do cap.r = math.min(cap.cap_r, cap.r + 1) end
+    end
+    if #caps > 0 then
+      cap_refund(refund, ARGV[i + 3] == '-')
+      -- Input tokens are corrected both ways, whatever the mode (as i is).
+      if split then cap_refund(tonumber(ARGV[i + 5]), true) end
     end
     if refund < 0 then
       t, tn = t + refund, tn + refund
@@ -236,6 +318,7 @@ elseif op == 'settle' then
       end
     end
   end
+  write_caps()
 elseif op == 'drain' then
   r, t, tn, inp = math.min(r, 0), math.min(t, 0), math.min(tn, 0), math.min(inp, 0)
   bu = math.max(bu, now + tonumber(ARGV[3]))
@@ -285,4 +368,10 @@ local reply = string.format('%d %.17g %.17g %.17g %.17g %d %.17g %d %.17g %.17g 
                             admitted, wait, r, spending and t or tn, blocked, slot, f,
                             spending and 1 or 0, mark, now, g, keep)
 if split then reply = reply .. string.format(' %.17g', inp) end
+if #caps > 0 then
+  reply = reply .. ' ' .. capped
+  for _, cap in ipairs(caps) do
+    reply = reply .. string.format(' %.17g %.17g', cap.r, spending and cap.t or cap.tn)
+  end
+end
 return reply

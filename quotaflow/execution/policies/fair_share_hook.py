@@ -57,6 +57,12 @@ class FairShareHook(BatchHook):
         self.share.after(entries[0].budget, len(entries), sum(a.cost for a in entries),
                          sum(a.input_cost for a in entries))
 
+    def capped(self, budget: Budget) -> None:
+        """Waiting for its cap, the tenant asks nothing of the budget: it steps out of the
+        fair share, so the others are not held to its pace, and joins again at its next
+        ask as any tenant coming back does (fair.lua)."""
+        self.share.step_out(budget)
+
     def before_wait(self) -> bool:
         return self.share.may_yield(YIELD_S)
 

@@ -8,6 +8,7 @@ the run ends it charges what is left and leaves, so a tenant whose work is done 
 holding the others back at once rather than after the TTL.
 """
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 
@@ -53,6 +54,15 @@ class TenantShare:
         if requests:
             self._charge[budget.name] = self._charge.get(budget.name, 0.0) + budget_seconds(
                 budget, requests, tokens, input_tokens)
+
+    def step_out(self, budget: Budget) -> None:
+        """Leave `budget`'s fair share for now (charged what was admitted); the next
+        `before` joins it again."""
+        if (joined := self._joined.pop(budget.name, None)) is None:
+            return
+        self._alone_until.pop(budget.name, None)
+        with contextlib.suppress(ServiceUnavailable):  # the count lapses after the TTL
+            self.fair.leave(joined, self.tenant, self.weight, self._charge.pop(budget.name, 0.0))
 
     def may_yield(self, seconds: float) -> bool:
         """Hand the run's slot back now, for a tenant waiting for a worker?"""

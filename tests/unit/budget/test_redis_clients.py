@@ -10,6 +10,7 @@ from redis.crc import key_slot
 
 from quotaflow import redis_clients
 from quotaflow.budget.buckets import bucket_key
+from quotaflow.budget.caps import cap_key
 from quotaflow.budget.circuit import circuit_key
 from quotaflow.budget.fair_share import SLOTS_KEY, fair_key
 from quotaflow.config import Settings, get_settings
@@ -73,6 +74,8 @@ def test_each_script_call_keeps_its_keys_in_one_slot(name: str) -> None:
     assert key_slot(fair_key(name).encode()) == key_slot(SLOTS_KEY.encode())
     # One key each, but tagged, so a deployment's budget and circuit stay whole.
     assert bucket_key(name).startswith("{") and circuit_key(name).startswith("{")
+    # A cap's hash is taken with its deployment's in one call (bucket.lua): one slot.
+    assert key_slot(cap_key(name, "tenant:a").encode()) == key_slot(bucket_key(name).encode())
 
 
 @pytest.mark.parametrize("script", sorted(LUA.glob("*.lua")), ids=lambda p: p.name)
@@ -83,5 +86,7 @@ def test_scripts_touch_only_the_keys_they_are_given(script: Path) -> None:
     for command, first in calls:
         if command.upper() == "TIME":
             continue
-        assert first.strip() == "key" or re.fullmatch(r"KEYS\[\d\]", first.strip()), (
+        # bucket.lua's caps: each one's key is read from KEYS where the caps are parsed.
+        given = first.strip() == "cap.key" and "key = KEYS[#caps + 2]" in script.read_text()
+        assert given or first.strip() == "key" or re.fullmatch(r"KEYS\[\d\]", first.strip()), (
             command, first)
