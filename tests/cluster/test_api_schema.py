@@ -60,7 +60,7 @@ CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,
 
 
 @schema.parametrize()
-@settings(max_examples=60, deadline=None,
+@settings(max_examples=25, deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much,
                                  HealthCheck.function_scoped_fixture])
 def test_no_request_makes_the_api_fail(case: schemathesis.Case, cluster: V1Cluster) -> None:
