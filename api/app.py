@@ -20,6 +20,7 @@ from sqlalchemy import text
 from api import (
     audit,
     console,
+    deps,
     errors,
     job_status,
     jobs,
@@ -37,6 +38,7 @@ from api.job_reads import LOADS_AT_ONCE
 from api.rate_limit import RateLimitMiddleware
 from api.request_id import RequestIdMiddleware
 from api.schemas.common import Health
+from api.status_fast_path import StatusFastPath
 from quotaflow import __version__, db
 from quotaflow.config import Settings, get_settings
 
@@ -72,6 +74,8 @@ def create_app() -> FastAPI:
     openapi.install(app)
     # Outermost last: every answer carries an x-request-id; a key over its limit is told
     # so (429) before it takes one of the places that admission counts (503).
+    # Innermost: status reads answered from memory skip routing and dependencies.
+    app.add_middleware(StatusFastPath, reads=deps.job_reads, remembered=deps.remembered_grant)
     app.add_middleware(AdmissionMiddleware, concurrency=settings.api_concurrency,
                        queue_timeout_s=settings.api_queue_timeout_s)
     app.add_middleware(RateLimitMiddleware)  # per-key limits (api/rate_limit.py)

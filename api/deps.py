@@ -13,12 +13,14 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from api import scopes
 from api.job_reads import JobReads
+from api.key_lookups import KeyLookups
 from quotaflow.budget.limiter import Limiter
 from quotaflow.config import Settings
 from quotaflow.config import get_settings as get_settings  # job_status reads it here
 from quotaflow.constants import DEFAULT_TENANT
 from quotaflow.deployments.catalog import Deployments
 from quotaflow.dispatch.queues import Dispatcher
+from quotaflow.errors import QuotaflowError
 from quotaflow.models import utcnow
 from quotaflow.runtime import Runtime
 from quotaflow.tenants import audit, keys
@@ -88,7 +90,7 @@ async def session() -> AsyncIterator[Session]:
 @lru_cache
 def job_reads() -> JobReads:
     """This process's recent job objects (api/job_reads.py)."""
-    return JobReads(get_settings().api_status_cache_s)
+    return JobReads(get_settings().api_status_cache_s, lambda: sessions()())
 
 
 async def settings_dep() -> Settings:
@@ -98,6 +100,12 @@ async def settings_dep() -> Settings:
 @lru_cache
 def key_cache() -> KeyCache:
     return KeyCache(get_settings().api_key_cache_s)
+
+
+@lru_cache
+def key_lookups() -> KeyLookups:
+    """This process's key lookups in flight, over its key cache (api/key_lookups.py)."""
+    return KeyLookups(key_cache())
 
 
 bearer = HTTPBearer(auto_error=False, scheme_name="ApiKey",
@@ -118,17 +126,34 @@ async def presented_key(
 
 
 async def _grant(key: str | None) -> Grant:
-    """The key's grant: remembered by the process, else looked up on a thread; its
-    last_used_at written (off the request's path) when a minute has passed."""
-    cache = key_cache()
-    found = cache.cached(key)
-    if found is None:
-        found = await run_in_threadpool(cache.lookup, sessions(), key)
-    if cache.touch_due(found.key_id):
+    """The key's grant: remembered by the process, else looked up on a thread (one
+    lookup per key at a time); its last_used_at written (off the request's path) when a
+    minute has passed."""
+    found = await key_lookups().grant(sessions(), key)
+    _touch_when_due(found)
+    return found
+
+
+def remembered_grant(key: str | None) -> Grant | None:
+    """What the request's key may do if this process remembers it (OPEN_GRANT with
+    QUOTAFLOW_AUTH=off), with its last use recorded as `_grant` does; None where the
+    `grant` dependency must decide (a key not remembered, or expired: its 401)."""
+    if not get_settings().auth:
+        return OPEN_GRANT
+    try:
+        found = key_lookups().remembered(sessions(), key)
+    except QuotaflowError:
+        return None
+    if found is not None:
+        _touch_when_due(found)
+    return found
+
+
+def _touch_when_due(found: Grant) -> None:
+    if key_cache().touch_due(found.key_id):
         touch = asyncio.ensure_future(run_in_threadpool(_touch, found.key_id))
         _touches.add(touch)
         touch.add_done_callback(_touches.discard)
-    return found
 
 
 def _touch(key_id: str) -> None:

@@ -4,7 +4,10 @@ A thousand pollers of one job each asked the database for the same object severa
 a second. Here a job's object is read at most once per `api_status_cache_s` per process
 (and once at a time: readers arriving while it is read wait for that read), and every
 poller in between is answered from memory, on the event loop, without a thread or a
-connection. A job changed through this process (cancel, retry, delete) is read afresh at
+connection. The reads of different jobs that wait at the same moment (the long-polls of
+many small jobs, each read every watch interval) are made together, in one session on
+one thread: one connection checkout and one transaction for all of them, not one each.
+A job changed through this process (cancel, retry, delete) is read afresh at
 once; a change made elsewhere (a worker storing answers, another API process) shows
 within `api_status_cache_s`. These reads take no place in admission: an answer from
 memory needs neither a thread nor a connection, and the reads of the database are
@@ -12,6 +15,7 @@ bounded here (LOADS_AT_ONCE), within the API's spare threads and connections.
 """
 
 import asyncio
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,20 +23,26 @@ from typing import Any
 
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import Response
+from sqlalchemy.orm import Session
 
 from api.errors import RETRY_AFTER_S
 from api.etags import render, tag_of, tagged_body
 from quotaflow.errors import JobNotFound, ServiceUnavailable
 from quotaflow.models import JobStatus
 
-# Reads of the database at once, and how long one waits for its turn: status reads take no
-# place in admission (api/admission.py), their misses are bounded here instead.
+# Reads of the database at once (threads, each with one session), and how long a job's read
+# waits for its turn: status reads take no place in admission (api/admission.py), their
+# misses are bounded here instead.
 LOADS_AT_ONCE = 8
 LOAD_QUEUE_S = 0.5
+# Jobs read in one session at most: the waiting reads beyond it go in the next round.
+JOBS_PER_SESSION = 64
 # Entries kept at most; past it, the oldest half goes (a busy API sees a few thousand jobs).
 MAX_ENTRIES = 20_000
 
-Load = Callable[[], tuple[str, dict[str, Any]]]
+# Reads one job in the session it is given: the job's tenant and its object.
+Load = Callable[[Session], tuple[str, dict[str, Any]]]
+Outcome = tuple[str, dict[str, Any]] | Exception
 
 
 @dataclass(frozen=True)
@@ -66,12 +76,17 @@ Key = tuple[str, str]  # (view, job id)
 class JobReads:
     """Job objects by (view, job id), each kept `max_age_s` seconds for every reader."""
 
-    def __init__(self, max_age_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, max_age_s: float, sessions: Callable[[], Session],
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.max_age_s = max_age_s
         self.clock = clock
+        self._sessions = sessions
         self._entries: dict[Key, Entry] = {}
         self._reading: dict[Key, asyncio.Task[Entry]] = {}
-        self._loads = asyncio.Semaphore(LOADS_AT_ONCE)
+        # Reads waiting for a session: (when queued, the read, its outcome's future).
+        self._queued: list[tuple[float, Load, asyncio.Future[tuple[str, dict[str, Any]]]]] = []
+        self._runners: set[asyncio.Task[None]] = set()
+        self.sessions_used = 0  # sessions the reads were made in, for the tests
 
     async def read(self, key: tuple[str, str], tenant: str, load: Load) -> Seen:
         """The object of `key` = (view, job id) for `tenant`: from memory while fresh, else
@@ -87,6 +102,14 @@ class JobReads:
         entry = self._entries.get(key)
         if entry is None or entry.until <= self.clock():
             entry = await self._load(key, load)
+        return entry.seen
+
+    def fresh(self, key: tuple[str, str]) -> Seen | None:
+        """The object of `key` if one read less than `max_age_s` ago is kept, else None
+        (nothing is read): api/status_fast_path.py answers from it."""
+        entry = self._entries.get(key)
+        if entry is None or entry.until <= self.clock():
+            return None
         return entry.seen
 
     def forget_all(self) -> None:
@@ -109,21 +132,72 @@ class JobReads:
         return await asyncio.shield(task)
 
     async def _fetch(self, key: Key, load: Load) -> Entry:
-        try:
-            await asyncio.wait_for(self._loads.acquire(), LOAD_QUEUE_S)
-        except TimeoutError:
-            raise ServiceUnavailable(
-                "the API is reading as many jobs as it may at once; ask again in "
-                f"{RETRY_AFTER_S} s (Retry-After)") from None
-        try:
-            tenant, job = await run_in_threadpool(load)
-        finally:
-            self._loads.release()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[tuple[str, dict[str, Any]]] = loop.create_future()
+        if any(runner.get_loop() is not loop for runner in self._runners):  # a loop gone
+            self._runners = {runner for runner in self._runners if runner.get_loop() is loop}
+        # Only a read that finds every runner busy waits for its turn: it is timed from now.
+        busy = len(self._runners) >= LOADS_AT_ONCE
+        self._queued.append((self.clock() if busy else math.inf, load, future))
+        if not busy:
+            runner = asyncio.ensure_future(self._run_queued())
+            self._runners.add(runner)
+            runner.add_done_callback(self._runners.discard)
+        tenant, job = await future
         body = render(job)
         entry = Entry(self.clock() + self.max_age_s, Seen(tenant, job, body, tag_of(body)))
         if self.max_age_s > 0:
             self._keep(key, entry)
         return entry
+
+    async def _run_queued(self) -> None:
+        """Read the queued jobs, JOBS_PER_SESSION at a time in one session, until none
+        wait; a read that waited past LOAD_QUEUE_S for a free runner is answered 503."""
+        while self._queued:
+            taken = self._queued[:JOBS_PER_SESSION]
+            del self._queued[:JOBS_PER_SESSION]
+            late = self.clock() - LOAD_QUEUE_S
+            due = []
+            for queued_at, load, future in taken:
+                if future.done():
+                    continue
+                if queued_at < late:
+                    future.set_exception(ServiceUnavailable(
+                        "the API is reading as many jobs as it may at once; ask again in "
+                        f"{RETRY_AFTER_S} s (Retry-After)"))
+                else:
+                    due.append((load, future))
+            if not due:
+                continue
+            try:
+                outcomes = await run_in_threadpool(self._read_all, [load for load, _ in due])
+            except BaseException as exc:  # cancelled, or no session at all: none is read
+                for _, future in due:
+                    if not future.done():
+                        future.set_exception(exc if isinstance(exc, Exception)
+                                             else ServiceUnavailable("the read was stopped"))
+                raise
+            for (_, future), outcome in zip(due, outcomes, strict=True):
+                if future.done():
+                    continue
+                if isinstance(outcome, Exception):
+                    future.set_exception(outcome)
+                else:
+                    future.set_result(outcome)
+
+    def _read_all(self, loads: list[Load]) -> list[Outcome]:
+        """Each read's outcome, all in one session (on a thread); a failed read's error is
+        its outcome, and the session is rolled back for the next one."""
+        self.sessions_used += 1
+        outcomes: list[Outcome] = []
+        with self._sessions() as session:
+            for load in loads:
+                try:
+                    outcomes.append(load(session))
+                except Exception as exc:
+                    outcomes.append(exc)
+                    session.rollback()
+        return outcomes
 
     def _done(self, key: Key, task: "asyncio.Task[Entry]") -> None:
         self._reading.pop(key, None)

@@ -24,7 +24,7 @@ from api.deps import IdPath, SessionsDep, TenantDep
 from api.errors import responses
 from api.etags import NOT_MODIFIED, IfNoneMatch, matches
 from api.job_reads import Seen, tagged
-from api.job_watch import JobWatchers, Waiter, database_reader
+from api.job_watch import JobWatchers, Waiter, read_job
 from api.schemas.jobs import Job
 
 MAX_WAIT_S = 30.0
@@ -64,9 +64,8 @@ def watchers(request: Request) -> JobWatchers:
         settings = deps.get_settings()
         dsn = job_notices.listen_dsn(settings.database_url)
         notices = None if dsn is None else functools.partial(job_notices.listen, dsn)
-        found = state.job_watchers = JobWatchers(database_reader(deps.sessions()),
-                                                 settings.watch_interval_s,
-                                                 deps.job_reads(), notices)
+        found = state.job_watchers = JobWatchers(deps.job_reads(),
+                                                 settings.watch_interval_s, notices)
     return found
 
 
@@ -77,7 +76,7 @@ async def get_job(job_id: IdPath, request: Request, sessions: SessionsDep, tenan
     """The job, with its `ETag` (304 for a matching `If-None-Match`); with `wait`, a
     long-poll that answers when the job changes."""
     if wait is None:  # read at most once per QUOTAFLOW_API_STATUS_CACHE_S, whoever asks
-        read = functools.partial(database_reader(sessions), job_id)
+        read = functools.partial(read_job, job_id=job_id)
         return tagged(await deps.job_reads().read(("job", job_id), tenant, read),
                       if_none_match)
     async with watchers(request).watching(job_id, tenant) as waiter:

@@ -12,20 +12,19 @@ leaves, as its request's task is cancelled). A notice that the job's status chan
 
 import asyncio
 import contextlib
-import functools
 from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import Session
 
 from api.job_reads import JobReads, Seen
 from quotaflow.errors import JobNotFound, ServiceUnavailable
 from quotaflow.jobs import service as jobs
 from quotaflow.jobs import view as job_view
 
-Reader = Callable[[str], tuple[str, dict[str, Any]]]
+Reader = Callable[[Session, str], tuple[str, dict[str, Any]]]
 
 
 @dataclass
@@ -45,13 +44,10 @@ class _Watch:
         self.changed = asyncio.Event()
 
 
-def database_reader(sessions: sessionmaker[Session]) -> Reader:
-    """A job's tenant and object, read in one short session."""
-    def read(job_id: str) -> tuple[str, dict[str, Any]]:
-        with sessions() as session:
-            job = jobs.get_job(session, job_id)
-            return job.tenant, job_view.job_object(session, job)
-    return read
+def read_job(session: Session, job_id: str) -> tuple[str, dict[str, Any]]:
+    """A job's tenant and object, read in the session given (api/job_reads.py's)."""
+    job = jobs.get_job(session, job_id)
+    return job.tenant, job_view.job_object(session, job)
 
 
 class Waiter:
@@ -86,12 +82,12 @@ class Waiter:
 class JobWatchers:
     """The process's watched jobs, by id."""
 
-    def __init__(self, read: Reader, interval: float, shared: JobReads | None = None,
+    def __init__(self, shared: JobReads, interval: float,
                  notices: Callable[[Callable[[str], None]], Coroutine[Any, Any, None]]
                  | None = None,
-                 ) -> None:
+                 read: Reader = read_job) -> None:
         self._read = read
-        self._shared = shared if shared is not None else JobReads(0)
+        self._shared = shared
         self._interval = interval
         self._watches: dict[str, _Watch] = {}
         self._notices = notices  # listens and calls back with job ids, until cancelled
@@ -131,7 +127,9 @@ class JobWatchers:
                 watch.task.cancel()
 
     async def _run(self, job_id: str, watch: _Watch) -> None:
-        load = functools.partial(self._read, job_id)
+        def load(session: Session) -> tuple[str, dict[str, Any]]:
+            return self._read(session, job_id)
+
         while True:
             watch.nudged.clear()  # before the read: a notice during it has the next one now
             try:  # through the process's recent reads: a plain GET of the job shares them

@@ -221,10 +221,9 @@ async def get_batch(batch_id: IdPath, sessions: SessionsDep, tenant: TenantDep,
                     if_none_match: IfNoneMatch = None) -> Response:
     """The batch, with its `ETag` (304 for a matching `If-None-Match`); read at most once
     per QUOTAFLOW_API_STATUS_CACHE_S by this process, whoever asks (api/job_reads.py)."""
-    def load() -> tuple[str, dict[str, Any]]:
-        with sessions() as session:
-            job = jobs.get_job(session, batch_id)
-            return job.tenant, batches.batch_object(session, job)
+    def load(session: Session) -> tuple[str, dict[str, Any]]:
+        job = jobs.get_job(session, batch_id)
+        return job.tenant, batches.batch_object(session, job)
 
     return tagged(await job_reads().read(("batch", batch_id), tenant, load), if_none_match)
 

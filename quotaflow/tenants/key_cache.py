@@ -47,10 +47,20 @@ class KeyCache:
         found[1].check_live(self.wall())
         return found[1]
 
-    def lookup(self, sessions: sessionmaker[Session], secret: str | None) -> Grant:
-        """The key's grant, from memory or the database; AuthenticationError for none, an
-        unknown or a revoked key, KeyExpired for an expired one."""
-        known = self.cached(secret)
+    def renew_due(self, secret: str | None) -> bool:
+        """Whether the key is remembered with less than half its ttl_s left: time to look
+        it up again ahead of its expiry, so that its requests never all miss at once."""
+        if not secret or self.ttl_s <= 0:
+            return False
+        found = self._grants.get(hash_key(secret))
+        return found is not None and found[0] - self.clock() < self.ttl_s / 2
+
+    def lookup(self, sessions: sessionmaker[Session], secret: str | None,
+               renew: bool = False) -> Grant:
+        """The key's grant, from memory or the database (`renew`: from the database);
+        AuthenticationError for none, an unknown or a revoked key, KeyExpired for an
+        expired one."""
+        known = None if renew else self.cached(secret)
         if known is not None:
             return known
         with sessions() as session:
