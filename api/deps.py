@@ -102,10 +102,15 @@ def key_cache() -> KeyCache:
     return KeyCache(get_settings().api_key_cache_s)
 
 
-@lru_cache
 def key_lookups() -> KeyLookups:
-    """This process's key lookups in flight, over its key cache (api/key_lookups.py)."""
-    return KeyLookups(key_cache())
+    """This process's key lookups in flight, over its key cache (api/key_lookups.py):
+    made anew with the cache, so that a cache made for other settings takes its own."""
+    return _lookups_over(key_cache())
+
+
+@lru_cache
+def _lookups_over(cache: KeyCache) -> KeyLookups:
+    return KeyLookups(cache)
 
 
 bearer = HTTPBearer(auto_error=False, scheme_name="ApiKey",

@@ -198,7 +198,7 @@ class Job(Base):
     tombstone: Mapped[dict[str, Any] | None] = mapped_column(JsonType)
     # Its own caps inside each deployment's budget (requests and tokens per minute; None:
     # none), beside its tenant's (quotaflow/budget/caps.py, migration 0025).
-    max_rpm: Mapped[int | None] = mapped_column(Integer)
+    max_rpm: Mapped[int | None] = mapped_column(BigInteger)
     max_tpm: Mapped[int | None] = mapped_column(BigInteger)
 
 
@@ -314,7 +314,7 @@ class Tenant(Base):
     allowed_deployments: Mapped[list[str] | None] = mapped_column(JsonType)
     # Its caps inside each deployment's budget, for all its jobs together (requests and
     # tokens per minute; None: none): quotaflow/budget/caps.py, migration 0025.
-    max_rpm: Mapped[int | None] = mapped_column(Integer)
+    max_rpm: Mapped[int | None] = mapped_column(BigInteger)
     max_tpm: Mapped[int | None] = mapped_column(BigInteger)
 
 

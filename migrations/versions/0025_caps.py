@@ -23,7 +23,7 @@ TABLES = ("tenants", "jobs")
 
 def upgrade() -> None:
     for table in TABLES:
-        op.add_column(table, sa.Column("max_rpm", sa.Integer(), nullable=True))
+        op.add_column(table, sa.Column("max_rpm", sa.BigInteger(), nullable=True))
         op.add_column(table, sa.Column("max_tpm", sa.BigInteger(), nullable=True))
 
 
