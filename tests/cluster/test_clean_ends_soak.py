@@ -6,7 +6,7 @@ second arriving while the first one's handler may still run); SIGINT and SIGTERM
 turn. Each wave starts WAVE instances of a command at once, tells each the same way when
 all are up, and counts what is left of every group STOP_WITHIN_S later.
 
-Twenty rounds of each of 18 pairs cost about a quarter of an hour of two cores, so this
+Twenty rounds of each of 18 pairs take about 13 minutes of two cores, so this
 runs on demand (`pytest -m soak`; docs/operations/stopping.md), outside scripts/test;
 test_clean_ends.py is the suite's quick pass over the same commands and ways.
 """
