@@ -144,16 +144,21 @@ def rotate_key(sessions: sessionmaker[Session], key_id: str,
     return made
 
 
+def _tenant(session: Session, tenant: str) -> Tenant:
+    row = session.get(Tenant, check_tenant_name(tenant))
+    if row is None:
+        raise NotFound(f"no tenant {tenant!r}; `quotaflow keys create --tenant {tenant}` "
+                       "makes it")
+    return row
+
+
 def set_tenant_allowlist(sessions: sessionmaker[Session], tenant: str,
                          models: Sequence[str] | None, deployments: Sequence[str] | None,
                          clear: bool = False, actor: audit.Actor | None = None) -> None:
     """Limit every key of `tenant` to these models and deployments (None leaves a list as
     it is; `clear` removes both lists)."""
     with sessions.begin() as session:
-        row = session.get(Tenant, check_tenant_name(tenant))
-        if row is None:
-            raise NotFound(f"no tenant {tenant!r}; `quotaflow keys create --tenant {tenant}` "
-                           "makes it")
+        row = _tenant(session, tenant)
         if clear:
             row.allowed_models = row.allowed_deployments = None
         if models is not None:
@@ -169,10 +174,7 @@ def set_tenant_caps(sessions: sessionmaker[Session], tenant: str, rpm: int | Non
     """Cap every job of `tenant` inside each deployment's budget (None leaves a cap as it
     is; `clear` removes both first). Workers read it with a job's facts: new jobs get it."""
     with sessions.begin() as session:
-        row = session.get(Tenant, check_tenant_name(tenant))
-        if row is None:
-            raise NotFound(f"no tenant {tenant!r}; `quotaflow keys create --tenant {tenant}` "
-                           "makes it")
+        row = _tenant(session, tenant)
         if clear:
             row.max_rpm = row.max_tpm = None
         if rpm is not None:
