@@ -72,7 +72,8 @@ class Admitter:
                      calls: Flights) -> None:
         gathered = False
         while waiting:
-            if self._stopped(run, waiting) or self._overran(run, waiting):
+            if self._stopped(run, waiting) or self._overran(run, waiting) or self._gave_way(
+                    run, waiting):
                 break
             busy = self._busy(route, calls)
             try:
@@ -186,6 +187,12 @@ class Admitter:
         self._defer(run, waiting, 0.0)
         return True
 
+    def _gave_way(self, run: BatchRun, waiting: list[ClaimedItem]) -> bool:
+        """Another route of the batch gave its slot away: hand these items back too."""
+        if run.giving_way:
+            self._defer(run, waiting, YIELD_S)
+        return run.giving_way
+
     def _busy(self, route: Route, calls: Flights) -> set[str]:
         """The route's deployments with no call to spare."""
         deployments = self.deployments.deployments
@@ -207,7 +214,8 @@ class Admitter:
         """Sleep through a short wait (True), or hand the items back to the queue (False):
         also when a hook gives way (another tenant's batches wait for a worker: so they
         reach one)."""
-        if self.max_inline_wait != float("inf") and run.hooks.gives_way():
+        if run.giving_way or (self.max_inline_wait != float("inf") and run.hooks.gives_way()):
+            run.giving_way = True  # the batch's other routes hand theirs back too
             self._defer(run, waiting, YIELD_S)
             return False
         if wait_s > self.max_inline_wait and not refunds_due:

@@ -53,6 +53,9 @@ class BatchRun:
     fence: Fence | None = None
     # Its job's caps inside each deployment's budget (quotaflow/budget/caps.py).
     caps: tuple[Cap, ...] = ()
+    # A hook gave the run's worker slot away (another tenant waits for one): every
+    # route hands its unsent items back, or the slot stays held by the routes left.
+    giving_way: bool = False
 
     def holds(self, item: ClaimedItem) -> bool:
         """The item's lease is still this run's: it may be sent. Asked before every call,

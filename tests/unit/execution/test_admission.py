@@ -5,14 +5,19 @@ that cannot go there fails naming why, and the run's hooks are asked before acqu
 and told what was admitted."""
 
 import asyncio
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from quotaflow.config import Settings
+from quotaflow.execution import admission
 from quotaflow.execution.admission import Admitter
 from quotaflow.execution.attempts import Caller
 from quotaflow.execution.batch import BatchRun
+from quotaflow.execution.hooks import BatchHook
 from quotaflow.providers.base import ProviderResponse
 from quotaflow.providers.outcomes import Failure, FailureCode
+from quotaflow.results.leases import ClaimedItem
 from tests.unit.execution.runs import Journal, Parts, Scripted, deployments, items, outcomes
 from tests.unit.execution.runs import route as route_of
 
@@ -96,3 +101,51 @@ def test_a_hook_that_asks_for_a_wait_is_asked_again_before_anything_is_admitted(
     # Then it was asked a third time before the one chunk was admitted, and all answered
     assert journal.asked == 3 and journal.chunks == [[0, 1, 2, 3]]
     assert sorted(outcomes(run)) == [0, 1, 2, 3]
+
+
+@dataclass
+class GivesWayOnce(BatchHook):
+    """A hook that hands the run's slot away the first time the loop is about to wait
+    (another tenant waits for a worker), as FairShareHook does once per YIELD_S."""
+
+    asked: int = 0
+
+    def before_wait(self) -> bool:
+        self.asked += 1
+        return self.asked == 1
+
+
+def test_a_run_that_gives_way_hands_back_every_routes_items(tmp_path, monkeypatch) -> None:
+    # Given a batch with lines for two deployments, each taking 1 request a second after
+    # the first, and a hook that gives the batch's slot away at the first wait
+    (tmp_path / "d.toml").write_text("".join(
+        f'[deployments.{name}]\nprovider = "mock"\nmodel = "{name}"\nrpm = 60\n'
+        f'tpm = 6000000\nburst_seconds = 1\nsafety_margin_s = 0\n' for name in ("a", "b"))
+        + '[routes]\n"a" = "a"\n"b" = "b"\n')
+    catalog = Settings(deployments_file=tmp_path / "d.toml").load_deployments()
+    parts = Parts(catalog)
+    run = parts.run([GivesWayOnce()])
+    handed_back: list[int] = []
+    monkeypatch.setattr(admission, "release", lambda sessions, job_id, owner, waiting, until:
+                        handed_back.extend(item.line_no for item in waiting))
+    gate = parts.gate()
+    admitter = Admitter(None, catalog, gate, Caller(gate),  # type: ignore[arg-type]
+                        Settings(), 5.0)
+    lines = [ClaimedItem(n, f"c{n}", {"model": "ab"[n % 2], "max_tokens": 8, "messages": [
+        {"role": "user", "content": f"line {n}"}]}, 0) for n in range(10)]
+
+    async def both_routes() -> None:
+        routes = {name: catalog.route_named(name) for name in ("a", "b")}
+        await asyncio.gather(*(admitter.run_route(run, route, [
+            item for item in lines if item.body["model"] == name])
+            for name, route in routes.items() if route is not None))
+
+    # When both routes run side by side, as one batch's do
+    started = time.monotonic()
+    asyncio.run(both_routes())
+    # Then each route sent at most its first line and handed every other back at once:
+    # the route that did not give way did not keep the slot by waiting out its budget
+    sent = sorted(outcomes(run))
+    assert 0 in sent and set(sent) <= {0, 1}
+    assert sorted(handed_back + sent) == list(range(10))
+    assert run.retry_in is not None and time.monotonic() - started < 0.9
