@@ -1,17 +1,16 @@
-"""Engines, sessions and the few dialect differences quotaflow relies on.
+"""Engines, sessions, the schema's upgrade and the database errors a user can act on.
 
-Postgres is the distributed store; SQLite is the embedded one. Both get the
-schema from the same Alembic migrations, and both support the two statements
-the workers depend on: UPDATE ... RETURNING and INSERT ... ON CONFLICT.
+Postgres is the distributed store; SQLite is the embedded one. Both get the schema
+from the same Alembic migrations; the statements that differ between them live behind
+the storage seam (quotaflow/store/).
 """
 
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from sqlalchemy import Engine, Insert, Table, create_engine, event, func, text
-from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine.interfaces import DBAPIConnection
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
@@ -121,58 +120,6 @@ def _schema_missing(exc: DBAPIError) -> bool:
     # 42P01 is PostgreSQL's undefined_table; SQLite says so in words.
     return (getattr(exc.orig, "sqlstate", None) == "42P01"
             or "no such table" in str(exc.orig))
-
-
-def insert_ignore(session: Session, table: Table) -> Insert:
-    """INSERT ... ON CONFLICT DO NOTHING for the session's dialect."""
-    dialect = session.get_bind().dialect.name
-    if dialect == "postgresql":
-        return postgresql.insert(table).on_conflict_do_nothing()
-    if dialect == "sqlite":
-        return sqlite.insert(table).on_conflict_do_nothing()
-    raise ConfigError(f"database dialect {dialect} is not supported")
-
-
-def insert_adding(session: Session, table: Table, keys: Sequence[str],
-                  adding: Sequence[str], keep_null: Sequence[str] = (),
-                  keep: Sequence[str] = ()) -> Insert:
-    """INSERT ... ON CONFLICT (keys) DO UPDATE adding the new row's `adding` columns to the
-    stored ones: a counter row written by many transactions at once. A `keep_null`
-    column stays NULL only while every row added to it was NULL; a `keep` column keeps
-    its stored value unless that is NULL."""
-    dialect = session.get_bind().dialect.name
-    statement: postgresql.Insert | sqlite.Insert
-    if dialect == "postgresql":
-        statement = postgresql.insert(table)
-    elif dialect == "sqlite":
-        statement = sqlite.insert(table)
-    else:
-        raise ConfigError(f"database dialect {dialect} is not supported")
-    new = statement.excluded
-    values = {name: table.c[name] + new[name] for name in adding}
-    for name in keep_null:
-        values[name] = func.coalesce(table.c[name] + new[name], table.c[name], new[name])
-    for name in keep:
-        values[name] = func.coalesce(table.c[name], new[name])
-    return statement.on_conflict_do_update(index_elements=list(keys), set_=values)
-
-
-def refresh_statistics(sessions: sessionmaker[Session], table: Table) -> None:
-    """ANALYZE a table that just grew by a large job, on PostgreSQL.
-
-    Until autovacuum gets to it (a minute or more), the planner has never seen the new
-    job's id and guesses it matches one row; with that guess it may read a chunk's
-    rows through any index that starts with job_id, reading the whole job for every
-    chunk. Best effort: a failure leaves the statistics to autovacuum.
-    """
-    with sessions() as session:
-        if session.get_bind().dialect.name != "postgresql":
-            return
-        try:
-            session.execute(text(f"ANALYZE {table.name}"))
-            session.commit()
-        except DBAPIError:
-            session.rollback()
 
 
 def upgrade(url: str) -> None:

@@ -13,7 +13,7 @@ import redis
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from quotaflow.db import insert_ignore
+from quotaflow import store
 from quotaflow.models import BrokerRun, utcnow
 
 BROKER = "broker"
@@ -40,7 +40,7 @@ class BrokerWatch:
             known = session.scalar(select(BrokerRun).where(BrokerRun.name == BROKER)
                                    .with_for_update())
             if known is None:
-                session.execute(insert_ignore(session, BrokerRun.__table__)
+                session.execute(store.of(session).insert_ignore(BrokerRun.__table__)
                                 .values(name=BROKER, run_id=current, seen_at=utcnow()))
                 return False
             if known.run_id == current:

@@ -28,10 +28,10 @@ import orjson
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
+from quotaflow import store
 from quotaflow.budget.caps import check_cap
 from quotaflow.config import Settings
 from quotaflow.constants import DEFAULT_TENANT, ENDPOINT_CHAT, OUTPUT_FORMATS, QUEUES
-from quotaflow.db import insert_ignore, refresh_statistics
 from quotaflow.deployments.catalog import Deployments
 from quotaflow.dispatch.batch_sizes import sizes_for
 from quotaflow.dispatch.mixing import mixed_order
@@ -155,7 +155,7 @@ def create_job(sessions: sessionmaker[Session], stream: IO[bytes], *, settings: 
             return Created(earlier, replayed=True)
         job = session.get_one(Job, job_id)
     if scan.total >= ANALYZE_AT_LINES:
-        refresh_statistics(sessions, Item.__table__)
+        store.for_sessions(sessions).refresh_statistics(sessions, Item.__table__)
     try:
         batches = (mixed_order(scan.batches, scan.batch_loads)
                    if settings.admission_order == "mixed" else scan.batches)
@@ -204,7 +204,7 @@ def insert_job(session: Session, job_id: str, spec: JobSpec, settings: Settings,
            "output_expires_after_s": spec.output_expires_after_s
            or settings.result_retention_s or None,
            "max_rpm": spec.max_rpm, "max_tpm": spec.max_tpm} | values
-    made = session.execute(insert_ignore(session, Job.__table__).values(**row)
+    made = session.execute(store.of(session).insert_ignore(Job.__table__).values(**row)
                            .returning(Job.__table__.c.id))
     return made.scalar() is not None
 

@@ -15,8 +15,8 @@ import orjson
 from sqlalchemy import CursorResult, delete, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
+from quotaflow import store
 from quotaflow.budget.tokens import prompt_tokens
-from quotaflow.db import insert_ignore
 from quotaflow.deployments.deployment import Deployment
 from quotaflow.models import ItemStatus, utcnow
 from quotaflow.offload import OWNER
@@ -52,7 +52,7 @@ def enqueue(sessions: sessionmaker[Session], job_id: str, owner: str, url: str,
         # A line done before (its failure retried: jobs.retry_failed) is queued afresh.
         session.execute(delete(LINES).where(LINES.c.job_id == job_id, LINES.c.line_no.in_(lines),
                                             LINES.c.state == LineState.DONE))
-        session.execute(insert_ignore(session, LINES), rows)
+        session.execute(store.of(session).insert_ignore(LINES), rows)
         return cast("CursorResult[Any]", session.execute(
             update(ITEMS)
             .where(ITEMS.c.job_id == job_id, ITEMS.c.line_no.in_(lines),

@@ -14,7 +14,6 @@ from sqlalchemy import CursorResult, case, exists, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from quotaflow import store
-from quotaflow.db import insert_ignore
 from quotaflow.dispatch.queues import BatchRef
 from quotaflow.jobs.service import new_request_id
 from quotaflow.models import Item, ItemStatus, Job, Result, utcnow
@@ -160,7 +159,7 @@ def _share(session: Session, job_id: str, lines: list[int], now: datetime) -> li
                          response=original.response, error=error, prompt_tokens=0,
                          completion_tokens=0, shared_from=source, created_at=now,
                          **_NO_PROVENANCE))
-    session.execute(insert_ignore(session, RESULTS), rows)
+    session.execute(store.of(session).insert_ignore(RESULTS), rows)
     return [twin.status for twin in twins]
 
 

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
+from sqlalchemy import Insert, Table
 from sqlalchemy.orm import Session, sessionmaker
 
 from quotaflow.store.items import ClaimedItem, LineRange
@@ -53,3 +54,13 @@ class Store(Protocol):
 
     def lock_tenant(self, session: Session, key: int) -> None:
         """Hold the tenant's lock until the transaction ends (tenants/quotas.py)."""
+
+    def insert_ignore(self, table: Table) -> Insert:
+        """INSERT ... ON CONFLICT DO NOTHING: a row that may be there already."""
+
+    def insert_adding(self, table: Table, keys: Sequence[str], added: Sequence[str],
+                      keep_null: Sequence[str] = (), keep: Sequence[str] = ()) -> Insert:
+        """INSERT ... ON CONFLICT (keys) DO UPDATE adding `added` (upserts.adding)."""
+
+    def refresh_statistics(self, sessions: sessionmaker[Session], table: Table) -> None:
+        """Let the planner see a table that just grew by a large job; best effort."""

@@ -23,11 +23,14 @@ import orjson
 import psycopg
 from psycopg.abc import Buffer
 from psycopg.adapt import Loader
-from sqlalchemy import text
+from sqlalchemy import Insert, Table, text
+from sqlalchemy.dialects import postgresql
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
 from quotaflow import jsoncodec
 from quotaflow.models import ItemStatus, JobStatus, utcnow
+from quotaflow.store import upserts
 from quotaflow.store.items import ClaimedItem, LineRange
 
 _CLAIM = (
@@ -183,6 +186,25 @@ class PostgresStore:
 
     def lock_tenant(self, session: Session, key: int) -> None:
         session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": key})
+
+    def insert_ignore(self, table: Table) -> Insert:
+        return postgresql.insert(table).on_conflict_do_nothing()
+
+    def insert_adding(self, table: Table, keys: Sequence[str], added: Sequence[str],
+                      keep_null: Sequence[str] = (), keep: Sequence[str] = ()) -> Insert:
+        return upserts.adding(postgresql.insert(table), table, keys, added, keep_null, keep)
+
+    def refresh_statistics(self, sessions: sessionmaker[Session], table: Table) -> None:
+        """ANALYZE: until autovacuum gets to it (a minute or more), the planner has never
+        seen the new job's id and guesses it matches one row; with that guess it may read
+        a chunk's rows through any index that starts with job_id, reading the whole job
+        for every chunk. A failure leaves the statistics to autovacuum."""
+        with sessions() as session:
+            try:
+                session.execute(text(f"ANALYZE {table.name}"))
+                session.commit()
+            except DBAPIError:
+                session.rollback()
 
 
 POSTGRES = PostgresStore()

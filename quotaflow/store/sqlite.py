@@ -10,12 +10,13 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, case, exists, func, or_, select, update
+from sqlalchemy import Insert, Table, and_, case, exists, func, or_, select, update
+from sqlalchemy.dialects import sqlite
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.sql.selectable import ScalarSelect
 
-from quotaflow.db import insert_ignore
 from quotaflow.models import Item, ItemStatus, Job, JobStatus, Result, utcnow
+from quotaflow.store import upserts
 from quotaflow.store.items import ClaimedItem, LineRange
 
 # Core tables, not ORM entities: an ORM-enabled UPDATE costs several times the CPU of
@@ -69,7 +70,7 @@ class SqliteStore:
     def store_chunk(self, session: Session, job_id: str, rows: Sequence[dict[str, Any]],
                     now: datetime) -> list[tuple[int, str]]:
         # Insert-or-ignore, then close the items after the rows stored, whoever stored them.
-        session.execute(insert_ignore(session, RESULTS),
+        session.execute(self.insert_ignore(RESULTS),
                         [_for_sqlalchemy(row, job_id, now) for row in rows])
         stored = (select(RESULTS.c.error)
                   .where(RESULTS.c.job_id == ITEMS.c.job_id,
@@ -105,6 +106,16 @@ class SqliteStore:
 
     def lock_tenant(self, session: Session, key: int) -> None:
         return None  # one writer at a time already
+
+    def insert_ignore(self, table: Table) -> Insert:
+        return sqlite.insert(table).on_conflict_do_nothing()
+
+    def insert_adding(self, table: Table, keys: Sequence[str], added: Sequence[str],
+                      keep_null: Sequence[str] = (), keep: Sequence[str] = ()) -> Insert:
+        return upserts.adding(sqlite.insert(table), table, keys, added, keep_null, keep)
+
+    def refresh_statistics(self, sessions: sessionmaker[Session], table: Table) -> None:
+        return None  # SQLite plans without them
 
 
 SQLITE = SqliteStore()

@@ -28,7 +28,6 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from quotaflow import store
 from quotaflow.config import Settings
-from quotaflow.db import insert_adding
 from quotaflow.deployments.catalog import Deployments
 from quotaflow.deployments.pricing import CostRange, Prices, Tallied, money
 from quotaflow.errors import SpendLimitExceeded
@@ -138,8 +137,8 @@ def _upsert(session: Session) -> Any:
     kind = store.of(session)
     statement = _UPSERTS.get(kind)
     if statement is None:
-        statement = _UPSERTS[kind] = insert_adding(
-            session, SPEND, ("job_id", "deployment", "month"), _ADDED, keep_null=("cost",),
+        statement = _UPSERTS[kind] = kind.insert_adding(
+            SPEND, ("job_id", "deployment", "month"), _ADDED, keep_null=("cost",),
             keep=("currency",))
     return statement
 

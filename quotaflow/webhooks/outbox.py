@@ -22,7 +22,7 @@ from datetime import timedelta
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from quotaflow.db import insert_ignore
+from quotaflow import store
 from quotaflow.jobs.view import job_object
 from quotaflow.models import Job, JobStatus, utcnow
 from quotaflow.webhooks import EVENT_BY_STATUS
@@ -96,7 +96,7 @@ def sweep(sessions: sessionmaker[Session], first_delay_s: float) -> int:
                       "next_attempt_at": now + timedelta(seconds=first_delay_s),
                       "created_at": now} for endpoint in targets]
         if rows:
-            session.execute(insert_ignore(session, WebhookDelivery.__table__), rows)
+            session.execute(store.of(session).insert_ignore(WebhookDelivery.__table__), rows)
         session.execute(update(Job).where(Job.id.in_([job.id for job in ended]))
                         .values(notified_at=now))
     return len(rows)
@@ -136,7 +136,7 @@ def record(sessions: sessionmaker[Session], claim: Claim, outcome: Outcome,
         if delivery.status != DeliveryStatus.PENDING or delivery.attempts >= claim.attempt_no:
             return delivery.status  # another worker recorded this attempt (lapsed claim)
         started = now - timedelta(milliseconds=outcome.duration_ms)
-        session.execute(insert_ignore(session, WebhookAttempt.__table__).values(
+        session.execute(store.of(session).insert_ignore(WebhookAttempt.__table__).values(
             delivery_id=claim.id, attempt_no=claim.attempt_no, attempted_at=started,
             status_code=outcome.status_code, error=(outcome.error or None) and outcome.error[:500],
             duration_ms=outcome.duration_ms))
