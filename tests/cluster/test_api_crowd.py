@@ -15,11 +15,10 @@ excess with 503 at once.
 from pathlib import Path
 
 import pytest
-import redis
 
 from tests.harness.api_clients import Crowd, SubmitTally, Tally, run_crowds
 from tests.harness.api_load import LoadCluster, api_has_long_poll, small_job
-from tests.harness.servers import REDIS_URL
+from tests.harness.servers import REDIS_URL, flush_redis
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.alone]
 
@@ -57,7 +56,7 @@ def _shed_share(tally: Tally, of: str) -> float:
 
 def test_500_pollers_and_100_submitters_get_answers_and_exact_counts(
         pg_url: str, tmp_path: Path) -> None:
-    redis.Redis.from_url(REDIS_URL).flushdb()
+    flush_redis(REDIS_URL)
     cluster = LoadCluster(tmp_path, pg_url, REDIS_URL, big_rpm=BIG_RPM)
     try:
         cluster.start()

@@ -18,13 +18,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import redis
 
 from quotaflow.tenants import keys as auth
 from tests.harness import served_by
 from tests.harness.factories import chat_line, jsonl
 from tests.harness.procs import Proc, free_port, quotaflow
-from tests.harness.servers import REDIS_URL, service_env
+from tests.harness.servers import REDIS_URL, flush_redis, service_env
 
 LIMIT, WINDOW_S = 30, 6  # the API's per-key limit here: `30/6 seconds`
 STOP_WITHIN_S = 10.0
@@ -76,7 +75,7 @@ def worker_pids(proc: Proc, port: int, count: int = 2, timeout: float = 60.0) ->
 
 @pytest.fixture(scope="module")
 def api(pg_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Api]:
-    redis.Redis.from_url(REDIS_URL).flushdb()
+    flush_redis(REDIS_URL)
     proc, port = start_api(pg_url, tmp_path_factory.mktemp("api-processes"), "api",
                            QUOTAFLOW_API_RATE_LIMIT=f"{LIMIT}/{WINDOW_S} seconds")
     try:

@@ -9,14 +9,13 @@ import time
 from collections.abc import Iterator
 
 import pytest
-import redis
 from fastapi.testclient import TestClient
 
 from api import rate_limit
 from quotaflow.config import Settings
 from quotaflow.tenants import keys as auth
 from tests.harness.api_app import app_client
-from tests.harness.servers import REDIS_URL
+from tests.harness.servers import REDIS_URL, flush_redis, redis_keys
 
 LIMIT, WINDOW_S = 5, 30  # a window no test outlasts
 
@@ -28,7 +27,7 @@ def client_for(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> Iterator[
 
 @pytest.fixture
 def api(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> Iterator[TestClient]:
-    redis.Redis.from_url(REDIS_URL).flushdb()
+    flush_redis(REDIS_URL)
     settings.api_rate_limit = f"{LIMIT}/{WINDOW_S} seconds"
     yield from client_for(settings, monkeypatch)
 
@@ -68,11 +67,11 @@ def test_a_key_over_its_limit_gets_429_while_another_key_is_served(api, pg_sessi
         health = api.get("/healthz")
         assert health.status_code == 200 and "RateLimit-Limit" not in health.headers
     # The key is counted by its digest: it is nowhere in Redis.
-    assert not any(noisy.encode() in k for k in redis.Redis.from_url(REDIS_URL).keys("*"))
+    assert not any(noisy.encode() in k for k in redis_keys("*"))
 
 
 def test_without_auth_each_client_address_is_a_bucket(settings, monkeypatch) -> None:
-    redis.Redis.from_url(REDIS_URL).flushdb()
+    flush_redis(REDIS_URL)
     settings.auth, settings.api_rate_limit = False, f"{LIMIT}/{WINDOW_S} seconds"
     for api in client_for(settings, monkeypatch):
         statuses = [api.get("/jobs").status_code for _ in range(LIMIT + 1)]

@@ -11,14 +11,13 @@ from pathlib import Path
 
 import httpx
 import pytest
-import redis
 
 from quotaflow.config import Settings
 from quotaflow.observe import bound_data
 from tests.harness.cluster import start_provider, start_workers, submit_and_finish
 from tests.harness.factories import chat_line
 from tests.harness.procs import Proc, free_port, quotaflow
-from tests.harness.servers import REDIS_URL, service_env
+from tests.harness.servers import REDIS_URL, flush_redis, service_env
 
 
 @dataclass
@@ -32,7 +31,7 @@ class Setup:
 @pytest.fixture(scope="module")
 def setup(pg_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
     workdir = tmp_path_factory.mktemp("bound")
-    redis.Redis.from_url(REDIS_URL).flushdb()
+    flush_redis(REDIS_URL)
     procs: list[Proc] = []
     try:
         fast, fast_url = start_provider(workdir, "--rpm", "60000", "--tpm", "50000000",

@@ -20,7 +20,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-import redis
 
 from tests.harness.cap_cluster import (
     CAP_RPM,
@@ -34,7 +33,7 @@ from tests.harness.cap_cluster import (
 from tests.harness.cluster import start_provider
 from tests.harness.factories import chat_line, write_jsonl
 from tests.harness.procs import quotaflow
-from tests.harness.servers import REDIS_URL, ROOT, service_env
+from tests.harness.servers import REDIS_URL, ROOT, flush_redis, service_env
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(150)]
 
@@ -46,7 +45,7 @@ JITTER = 1
 
 def test_a_capped_tenant_never_exceeds_its_cap_and_the_others_share_the_rest(
         pg_url: str, tmp_path: Path) -> None:
-    redis.Redis.from_url(REDIS_URL).flushdb()
+    flush_redis(REDIS_URL)
     cluster = CapCluster(tmp_path, pg_url, REDIS_URL)
     try:
         started = time.monotonic()

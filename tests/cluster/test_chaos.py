@@ -8,7 +8,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-import redis
 from sqlalchemy import func, select
 
 from quotaflow.config import Settings
@@ -24,14 +23,14 @@ from tests.harness.cluster import (
     wait_until_finished,
 )
 from tests.harness.factories import chat_line, jsonl
-from tests.harness.servers import REDIS_URL, service_env
+from tests.harness.servers import REDIS_URL, flush_redis, service_env
 from workers.dispatch import CeleryDispatcher
 
 
 def test_sigkilled_worker_loses_nothing(pg_url: str, pg_sessions, tmp_path: Path) -> None:
     # Given a slow provider (1 s a request), two workers, short leases and patience, and a
     # fast reaper
-    redis.Redis.from_url(REDIS_URL).flushdb()
+    flush_redis(REDIS_URL)
     sessions = session_factory(pg_url)
     procs = []
     try:

@@ -6,7 +6,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-import redis
 
 from quotaflow.config import Settings
 from quotaflow.db import session_factory
@@ -21,7 +20,7 @@ from tests.harness.cluster import (
     wait_until_finished,
 )
 from tests.harness.factories import chat_line, jsonl
-from tests.harness.servers import REDIS_URL, service_env
+from tests.harness.servers import REDIS_URL, flush_redis, service_env
 from workers.dispatch import CeleryDispatcher
 
 pytestmark = pytest.mark.timeout(240)
@@ -32,7 +31,7 @@ def test_postgres_restart_loses_nothing(tmp_path: Path, throwaway_postgres) -> N
     # (lost messages would wait an hour: the job can only finish if batches retry by
     # themselves)
     pg_url, start_pg, stop_pg = throwaway_postgres
-    redis.Redis.from_url(REDIS_URL).flushdb()
+    flush_redis(REDIS_URL)
     sessions = session_factory(pg_url)
     procs = []
     try:

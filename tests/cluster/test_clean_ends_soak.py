@@ -17,10 +17,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import redis
 
 from tests.harness.procs import Proc
-from tests.harness.servers import REDIS_URL, service_env
+from tests.harness.servers import REDIS_URL, flush_redis, service_env
 from tests.harness.stopping import COMMANDS, Command, Stop, launch, left_after, wait_up
 
 pytestmark = [pytest.mark.soak, pytest.mark.timeout(1800)]
@@ -48,7 +47,7 @@ WAYS = {"group": _group, "supervisor": _supervisor, "twice": _twice}
 
 @pytest.fixture(scope="module")
 def env(pg_url: str) -> Iterator[dict[str, str]]:
-    redis.Redis.from_url(REDIS_URL).flushdb()
+    flush_redis(REDIS_URL)
     yield service_env(QUOTAFLOW_DATABASE_URL=pg_url, QUOTAFLOW_BROKER_URL=REDIS_URL,
                       QUOTAFLOW_REAP_INTERVAL_S="1")
 

@@ -10,13 +10,12 @@ from pathlib import Path
 
 import httpx
 import pytest
-import redis
 
 from cli import exit_codes
 from tests.harness.cluster import deployment_file, start_provider
 from tests.harness.factories import chat_line, write_jsonl
 from tests.harness.procs import Proc, free_port, quotaflow
-from tests.harness.servers import REDIS_URL, service_env
+from tests.harness.servers import REDIS_URL, flush_redis, service_env
 
 pytestmark = pytest.mark.timeout(300)
 TOKEN = "scrape-token-for-the-test"
@@ -40,7 +39,7 @@ def cluster(pg_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[C
     """The API and one plain worker, metrics behind a token, on a mock provider whose
     deployment admits 10 requests a second (a 30-line job runs for seconds, so there is
     progress to watch)."""
-    redis.Redis.from_url(REDIS_URL).flushdb()
+    flush_redis(REDIS_URL)
     workdir = tmp_path_factory.mktemp("cli")
     provider, provider_url = start_provider(workdir, "--rpm", "600000", "--tpm", "100000000",
                                             "--latency-ms", "50")

@@ -10,13 +10,12 @@ from pathlib import Path
 
 import httpx
 import pytest
-import redis
 from sqlalchemy import text
 
 from quotaflow.db import get_engine
 from tests.harness.factories import chat_line, write_jsonl
 from tests.harness.procs import Proc, free_port, quotaflow
-from tests.harness.servers import REDIS_URL, service_env
+from tests.harness.servers import REDIS_URL, flush_redis, service_env
 
 PROVIDER_KEY = "sk-quotaflow-test-0123456789abcdef"
 FLOWER_AUTH = ("flower-user", "flower-pass-123")
@@ -52,7 +51,7 @@ class Cluster:
 @pytest.fixture(scope="module")
 def cluster(pg_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     workdir = tmp_path_factory.mktemp("cluster")
-    redis.Redis.from_url(REDIS_URL).flushdb()
+    flush_redis(REDIS_URL)
     procs: dict[str, Proc] = {}
     ports = {name: free_port() for name in ("api", "provider", "slow", "flower")}
     env = service_env(QF_TEST_PROVIDER_KEY=PROVIDER_KEY)

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-import redis
 from sqlalchemy import func, select
 
 from quotaflow.models import Result
@@ -24,7 +23,7 @@ from tests.harness.browser import Browser
 from tests.harness.cluster import start_provider, start_workers
 from tests.harness.factories import chat_line, jsonl
 from tests.harness.procs import Proc, free_port, quotaflow
-from tests.harness.servers import REDIS_URL, ROOT, service_env
+from tests.harness.servers import REDIS_URL, ROOT, flush_redis, service_env
 
 LINES = 240  # at 4 requests a second: a minute, if it is not cancelled
 
@@ -49,7 +48,7 @@ class Console:
 @pytest.fixture(scope="module")
 def console(pg_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Console]:
     workdir = tmp_path_factory.mktemp("console")
-    redis.Redis.from_url(REDIS_URL).flushdb()
+    flush_redis(REDIS_URL)
     procs: list[Proc] = []
     try:
         provider, provider_url = start_provider(workdir, "--rpm", "60000", "--tpm", "50000000",

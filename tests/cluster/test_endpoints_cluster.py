@@ -22,7 +22,6 @@ from typing import Any
 import httpx
 import openai
 import pytest
-import redis
 from sqlalchemy.orm import Session, sessionmaker
 
 from quotaflow.budget.tokens import admission_tokens, prompt_tokens
@@ -34,7 +33,7 @@ from quotaflow.jobs import view as job_view
 from quotaflow.results import output
 from tests.harness.factories import jsonl, write_jsonl
 from tests.harness.procs import Proc, free_port, quotaflow
-from tests.harness.servers import REDIS_URL, ROOT, service_env
+from tests.harness.servers import REDIS_URL, ROOT, flush_redis, service_env
 from workers.dispatch import CeleryDispatcher
 
 RESPONSES, MODERATIONS, CHAT = "/v1/responses", "/v1/moderations", "/v1/chat/completions"
@@ -87,7 +86,7 @@ class EndpointCluster:
 @pytest.fixture(scope="module")
 def cluster(pg_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[EndpointCluster]:
     workdir = tmp_path_factory.mktemp("endpoints")
-    redis.Redis.from_url(REDIS_URL).flushdb()
+    flush_redis(REDIS_URL)
     ports = {name: free_port() for name in ("api", "provider")}
     provider_url = f"http://127.0.0.1:{ports['provider']}"
     deployments = workdir / "deployments.toml"

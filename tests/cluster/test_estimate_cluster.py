@@ -32,14 +32,13 @@ from pathlib import Path
 
 import httpx
 import pytest
-import redis
 from sqlalchemy import text
 
 from quotaflow.db import get_engine
 from quotaflow.ingest.tokenizers import counter_for
 from tests.harness.factories import chat_line, jsonl
 from tests.harness.procs import Proc, free_port, quotaflow
-from tests.harness.servers import REDIS_URL, ROOT, service_env
+from tests.harness.servers import REDIS_URL, ROOT, flush_redis, service_env
 
 LATENCY_MS = 20
 ENQUEUED_LIMIT = 1_000_000
@@ -68,7 +67,7 @@ class Cluster:
 @pytest.fixture(scope="module")
 def cluster(pg_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     workdir = tmp_path_factory.mktemp("estimate")
-    redis.Redis.from_url(REDIS_URL).flushdb()
+    flush_redis(REDIS_URL)
     limits = {"steady": ("120", "1000000", "60"), "digits": ("6000", "42000", "1")}
     ports = {name: free_port() for name in (*limits, "api")}
     deployments = workdir / "deployments.toml"

@@ -16,10 +16,9 @@ admitted nothing until A ends, and this test fails.
 from pathlib import Path
 
 import pytest
-import redis
 
 from tests.harness.fair_cluster import FairCluster, Submission, window_shares
-from tests.harness.servers import REDIS_URL
+from tests.harness.servers import REDIS_URL, flush_redis
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(180)]
 
@@ -29,7 +28,7 @@ SUBMISSIONS = (Submission("fa", 3, 800, 0.0), Submission("fb", 1, 800, 3.0),
 
 def test_tenants_share_a_deployment_by_weight_and_a_late_small_job_starts_at_once(
         pg_url: str, tmp_path: Path) -> None:
-    redis.Redis.from_url(REDIS_URL).flushdb()
+    flush_redis(REDIS_URL)
     cluster = FairCluster(tmp_path, pg_url, REDIS_URL)
     try:
         cluster.start()

@@ -5,7 +5,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-import redis
 from sqlalchemy import func, select
 
 from quotaflow.config import Settings
@@ -13,7 +12,7 @@ from quotaflow.models import Result
 from quotaflow.results import output as downloads
 from tests.harness.cluster import deployment_file, start_provider, start_workers, submit_and_finish
 from tests.harness.factories import chat_line
-from tests.harness.servers import REDIS_URL, service_env
+from tests.harness.servers import REDIS_URL, flush_redis, service_env
 
 ITEMS = 2000
 ATTEMPTS = 5
@@ -25,7 +24,7 @@ pytestmark = pytest.mark.timeout(300)
 def test_a_job_under_mixed_faults_loses_nothing(pg_url: str, pg_sessions, tmp_path: Path) -> None:
     # Given a provider that fails about 13% of requests in every way providers fail (on the
     # realtime queue: after each 429 a bulk job would first wait for its 20% floor to refill)
-    redis.Redis.from_url(REDIS_URL).flushdb()
+    flush_redis(REDIS_URL)
     fault_args = [arg for fault in FAULTS for arg in ("--fault", fault)]
     procs = []
     try:

@@ -16,7 +16,6 @@ import time
 from pathlib import Path
 
 import pytest
-import redis
 from sqlalchemy import func, select
 
 from quotaflow.config import Settings
@@ -38,7 +37,7 @@ from tests.harness.local_ends import (
 from tests.harness.local_ends import job_status as run_job_status
 from tests.harness.marked import marked, new_mark, wait_none_marked
 from tests.harness.procs import Proc, quotaflow
-from tests.harness.servers import REDIS_URL, ROOT, service_env
+from tests.harness.servers import REDIS_URL, ROOT, flush_redis, service_env
 from tests.harness.tiny_model import save_tiny_model
 from workers.dispatch import CeleryDispatcher
 
@@ -109,7 +108,7 @@ def test_ctrl_c_mid_job_ends_the_run_and_leaves_the_job_to_resume(
 def test_worker_told_to_stop_ends_with_its_batch(deployments: Path, tmp_path: Path,
                                                  pg_url: str) -> None:
     # Given a --deployment worker, running a job of 60 answers in batches of 10
-    redis.Redis.from_url(REDIS_URL).flushdb()
+    flush_redis(REDIS_URL)
     env = {**_env(deployments, QUOTAFLOW_DATABASE_URL=pg_url, QUOTAFLOW_BROKER_URL=REDIS_URL,
                   QUOTAFLOW_BATCH_SIZE="10", QUOTAFLOW_LEASE_SECONDS="5"), **new_mark()}
     settings = Settings(database_url=pg_url, broker_url=REDIS_URL, batch_size=10,

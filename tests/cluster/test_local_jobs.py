@@ -16,12 +16,11 @@ from pathlib import Path
 
 import httpx
 import pytest
-import redis
 from transformers import AutoTokenizer
 
 from tests.harness.factories import chat_line, write_jsonl
 from tests.harness.procs import Proc, free_port, quotaflow
-from tests.harness.servers import REDIS_URL, ROOT, service_env
+from tests.harness.servers import REDIS_URL, ROOT, flush_redis, service_env
 from tests.harness.tiny_model import SENTENCES, save_tiny_model
 
 LOCAL_LINES = 40
@@ -57,7 +56,7 @@ tpm = 10000000
 "tiny" = "tiny-local"
 "*" = "remote"
 """)
-    redis.Redis.from_url(REDIS_URL).flushdb()
+    flush_redis(REDIS_URL)
     port = free_port()
     env = service_env(QUOTAFLOW_AUTH="off",  # keys are tests/cluster/test_tenants.py's
                       QUOTAFLOW_DATABASE_URL=pg_url, QUOTAFLOW_BROKER_URL=REDIS_URL,

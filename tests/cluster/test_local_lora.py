@@ -12,13 +12,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import redis
 
 from quotaflow.config import Settings
 from quotaflow.db import session_factory
 from tests.harness.lora_jobs import LoraRun, deployments_toml, run_mixed_and_alone, write_models
 from tests.harness.procs import Proc, quotaflow
-from tests.harness.servers import REDIS_URL, service_env
+from tests.harness.servers import REDIS_URL, flush_redis, service_env
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -31,7 +30,7 @@ def run(pg_url: str, tmp_path: Path) -> Iterator[LoraRun]:
     path = tmp_path / "deployments.toml"
     path.write_text(deployments_toml(DEPLOYMENT, "transformers", base, adapters,
                                      'device = "cpu"\nmax_batch_size = 16\nmax_wait_ms = 200\n'))
-    redis.Redis.from_url(REDIS_URL).flushdb()
+    flush_redis(REDIS_URL)
     env = service_env(QUOTAFLOW_DATABASE_URL=pg_url, QUOTAFLOW_BROKER_URL=REDIS_URL,
                       QUOTAFLOW_DEPLOYMENTS_FILE=str(path), HF_HUB_OFFLINE="1")
     worker = Proc("worker-lora", quotaflow("worker", "--deployment", DEPLOYMENT,

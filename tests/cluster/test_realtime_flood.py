@@ -12,10 +12,9 @@ these tests fail."""
 from pathlib import Path
 
 import pytest
-import redis
 
 from tests.harness.realtime_flood import LATENCY_MS, REALTIME_LINES, FloodCluster
-from tests.harness.servers import REDIS_URL
+from tests.harness.servers import REDIS_URL, flush_redis
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -23,7 +22,7 @@ pytestmark = pytest.mark.timeout(240)
 @pytest.mark.parametrize("layout", ["split", "default"])
 def test_a_realtime_job_is_answered_within_two_seconds_through_a_bulk_flood(
         pg_url: str, tmp_path: Path, layout: str) -> None:
-    redis.Redis.from_url(REDIS_URL).flushdb()
+    flush_redis(REDIS_URL)
     cluster = FloodCluster(tmp_path, pg_url, REDIS_URL, layout)
     try:
         cluster.start()

@@ -18,14 +18,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import redis
 
 from quotaflow.budget.buckets import RedisLimiter, bucket_key
 from quotaflow.deployments.limits import Budget
 from quotaflow.errors import ServiceUnavailable
 from tests.harness.limiter_cluster import LimiterCluster, Scenario
 from tests.harness.redis_cluster import RedisClusterServers
-from tests.harness.servers import REDIS_URL
+from tests.harness.servers import REDIS_URL, redis_keys
 
 FIRST_PORT = int(os.environ.get("QUOTAFLOW_TEST_REDIS_CLUSTER_PORT", "7100"))
 
@@ -73,7 +72,7 @@ def test_a_master_dies_mid_run_and_its_replica_carries_the_budget(
         during = {s.name: cluster.admitted(s) - before[s.name] for s in (killed, kept)}
         outcomes = {s.name: cluster.wait(s, jobs[s.name], timeout=120) for s in (killed, kept)}
         # The budgets lived on the cluster, not in the broker's Redis.
-        assert not redis.Redis.from_url(REDIS_URL).keys("*rl:failover*")
+        assert not redis_keys("*rl:failover*")
         replica = servers.master_of(bucket_key(killed.name))
         assert replica != victim and servers.client(replica).exists(bucket_key(killed.name))
     print(f"\nfailover of {victim} to {replica}: {failover_s:.1f}s; admitted before "

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-import redis
 
 from quotaflow.config import Settings
 from quotaflow.db import session_factory
@@ -25,7 +24,7 @@ from tests.harness.cluster import (
     wait_until_finished,
 )
 from tests.harness.factories import chat_line, jsonl
-from tests.harness.servers import service_env
+from tests.harness.servers import flush_redis, service_env
 from workers.dispatch import CeleryDispatcher
 
 pytestmark = pytest.mark.timeout(240)
@@ -64,7 +63,7 @@ def test_flushdb_mid_job_resumes_within_30s_without_429s_or_repeats(
         while results_stored(sessions, job.id) < 110:
             assert time.monotonic() < deadline, "the job never got going"
             time.sleep(0.1)
-        redis.Redis.from_url(redis_url).flushdb()
+        flush_redis(redis_url)
         flushed = time.monotonic()
         # Then the lost messages are queued again within 30 s (not after the hour of
         # patience: the run id did not change) and the job completes

@@ -12,10 +12,9 @@ line order cannot pack."""
 from pathlib import Path
 
 import pytest
-import redis
 
 from tests.harness.long_ratio import MixCluster, job_lines
-from tests.harness.servers import REDIS_URL
+from tests.harness.servers import REDIS_URL, flush_redis
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -25,7 +24,7 @@ def test_mixed_order_ends_near_the_lower_bound_where_line_order_cannot(
     lines = job_lines(600, long_ratio=0.5, clustered=True)
     runs = {}
     for order in ("fifo", "mixed"):
-        redis.Redis.from_url(REDIS_URL).flushdb()
+        flush_redis(REDIS_URL)
         (tmp_path / order).mkdir()
         with MixCluster(tmp_path / order, pg_url, REDIS_URL, order) as cluster:
             runs[order] = cluster.run(lines)

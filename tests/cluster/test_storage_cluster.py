@@ -17,12 +17,11 @@ import boto3
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-import redis
 
 from tests.harness.cluster import deployment_file, start_provider
 from tests.harness.procs import Proc, free_port, quotaflow
 from tests.harness.s3_server import BUCKET, s3_env, s3_server
-from tests.harness.servers import REDIS_URL, service_env
+from tests.harness.servers import REDIS_URL, flush_redis, service_env
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -57,7 +56,7 @@ class Cluster:
 
 @pytest.fixture(scope="module")
 def cluster(pg_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    redis.Redis.from_url(REDIS_URL).flushdb()
+    flush_redis(REDIS_URL)
     workdir = tmp_path_factory.mktemp("storage")
     with s3_server() as endpoint:
         provider, provider_url = start_provider(workdir, "--rpm", "600000", "--tpm",

@@ -14,13 +14,12 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-import redis
 
 from quotaflow import Client
 from quotaflow.errors import JobStateError, NotFound, RowError
 from tests.harness.cluster import deployment_file, start_provider
 from tests.harness.procs import Proc, free_port, quotaflow
-from tests.harness.servers import REDIS_URL, service_env
+from tests.harness.servers import REDIS_URL, flush_redis, service_env
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -41,7 +40,7 @@ class Cluster:
 
 @pytest.fixture(scope="module")
 def cluster(pg_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    redis.Redis.from_url(REDIS_URL).flushdb()
+    flush_redis(REDIS_URL)
     workdir = tmp_path_factory.mktemp("tables")
     provider, provider_url = start_provider(workdir, "--rpm", "600000", "--tpm", "100000000")
     deployments = deployment_file(workdir, "fast", provider_url)

@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 
 import pytest
-import redis
 from sqlalchemy import func, select
 
 from quotaflow.config import Settings
@@ -36,7 +35,7 @@ from tests.harness.local_ends import (
 )
 from tests.harness.local_ends import job_status as run_job_status
 from tests.harness.marked import marked, new_mark, wait_none_marked
-from tests.harness.servers import REDIS_URL
+from tests.harness.servers import REDIS_URL, flush_redis
 from tests.harness.vllm_server import engine_env, start_engine_worker, worker_python, write_model
 from workers.dispatch import CeleryDispatcher
 
@@ -96,7 +95,7 @@ def test_ctrl_c_mid_job_ends_the_run_and_its_engine(deployments: Path, tmp_path:
 def test_worker_told_to_stop_hands_back_its_batch_and_ends_its_engine(
         deployments: Path, tmp_path: Path, pg_url: str) -> None:
     # Given a --deployment worker running a job of long answers, a few of them stored
-    redis.Redis.from_url(REDIS_URL).flushdb()
+    flush_redis(REDIS_URL)
     env = {**engine_env(tmp_path, QUOTAFLOW_DATABASE_URL=pg_url, QUOTAFLOW_BROKER_URL=REDIS_URL,
                         QUOTAFLOW_DEPLOYMENTS_FILE=str(deployments)), **new_mark()}
     worker = start_engine_worker(env, tmp_path, DEPLOYMENT, concurrency=2)

@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import redis
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 from transformers import AutoTokenizer
@@ -32,7 +31,7 @@ from quotaflow.results import output
 from tests.harness.cluster import job_status
 from tests.harness.factories import jsonl
 from tests.harness.procs import Proc
-from tests.harness.servers import REDIS_URL
+from tests.harness.servers import REDIS_URL, flush_redis
 from tests.harness.vllm_server import engine_env, start_engine_worker, write_model
 from workers.dispatch import CeleryDispatcher
 
@@ -65,7 +64,7 @@ def engine(pg_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[En
     model_dir = write_model(workdir / "model")
     path = workdir / "deployments.toml"
     path.write_text(deployments_toml(model_dir))
-    redis.Redis.from_url(REDIS_URL).flushdb()
+    flush_redis(REDIS_URL)
     env = engine_env(workdir, QUOTAFLOW_DATABASE_URL=pg_url, QUOTAFLOW_BROKER_URL=REDIS_URL,
                      QUOTAFLOW_DEPLOYMENTS_FILE=str(path))
     worker = start_engine_worker(env, workdir, DEPLOYMENT, concurrency=3)

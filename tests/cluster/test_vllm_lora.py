@@ -8,7 +8,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import redis
 
 from quotaflow.config import Settings
 from quotaflow.db import session_factory
@@ -19,7 +18,7 @@ from tests.harness.lora_jobs import (
     run_mixed_and_alone,
     write_models,
 )
-from tests.harness.servers import REDIS_URL
+from tests.harness.servers import REDIS_URL, flush_redis
 from tests.harness.vllm_server import engine_env, start_engine_worker
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
@@ -36,7 +35,7 @@ def run(pg_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoraR
     base, adapters = write_models(workdir)
     path = workdir / "deployments.toml"
     path.write_text(deployments_toml(DEPLOYMENT, "vllm", base, adapters, ENGINE))
-    redis.Redis.from_url(REDIS_URL).flushdb()
+    flush_redis(REDIS_URL)
     env = engine_env(workdir, QUOTAFLOW_DATABASE_URL=pg_url, QUOTAFLOW_BROKER_URL=REDIS_URL,
                      QUOTAFLOW_DEPLOYMENTS_FILE=str(path))
     worker = start_engine_worker(env, workdir, DEPLOYMENT, concurrency=2)

@@ -11,7 +11,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import redis
 from PIL import Image
 from transformers import AutoTokenizer
 
@@ -23,7 +22,7 @@ from quotaflow.results import output
 from tests.harness.cluster import job_status
 from tests.harness.factories import jsonl
 from tests.harness.procs import Proc
-from tests.harness.servers import REDIS_URL
+from tests.harness.servers import REDIS_URL, flush_redis
 from tests.harness.tiny_vlm import CHAT_TEMPLATE, QUERY_TOKENS, save_tiny_vlm
 from tests.harness.vllm_server import engine_env, start_engine_worker
 from workers.dispatch import CeleryDispatcher
@@ -58,7 +57,7 @@ def worker(pg_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
                     f'model = "vlm"\nmodel_path = "{model_dir}"\ndtype = "float32"\n'
                     "max_model_len = 512\nenforce_eager = true\nrpm = 1000000\n"
                     "tpm = 100000000\ndefault_temperature = 0\n")
-    redis.Redis.from_url(REDIS_URL).flushdb()
+    flush_redis(REDIS_URL)
     env = engine_env(workdir, QUOTAFLOW_DATABASE_URL=pg_url, QUOTAFLOW_BROKER_URL=REDIS_URL,
                      QUOTAFLOW_DEPLOYMENTS_FILE=str(path))
     proc = start_engine_worker(env, workdir, DEPLOYMENT, concurrency=2)

@@ -11,10 +11,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
-import redis
 
 from tests.harness.procs import Proc, free_port, quotaflow
-from tests.harness.servers import REDIS_URL, ROOT, service_env
+from tests.harness.servers import REDIS_URL, ROOT, flush_redis, service_env
 
 PROVIDER_KEY = "sk-quotaflow-v1-test-0123456789abcdef"
 UPLOAD_LIMIT = 2_000_000
@@ -72,7 +71,7 @@ def start_cluster(pg_url: str, workdir: Path, tenants: tuple[str, ...] = ("team-
 
     anthropic: a deployment of CLAUDE_MODEL too, at the strict mock's /v1/messages (the
     same mock process, with the same key in x-api-key)."""
-    redis.Redis.from_url(REDIS_URL).flushdb()
+    flush_redis(REDIS_URL)
     ports = {name: free_port() for name in ("api", "provider", "slow")}
     deployments = workdir / "deployments.toml"
     deployments.write_text(f"""

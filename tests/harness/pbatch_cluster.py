@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
-import redis
 from sqlalchemy import select
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
@@ -29,7 +28,14 @@ from quotaflow.models import Job
 from quotaflow.offload.batch_tables import ProviderBatch
 from tests.harness.factories import jsonl
 from tests.harness.procs import Proc, free_port, quotaflow
-from tests.harness.servers import PG_URL, REDIS_URL, ROOT, recreate_database, service_env
+from tests.harness.servers import (
+    PG_URL,
+    REDIS_URL,
+    ROOT,
+    flush_redis,
+    recreate_database,
+    service_env,
+)
 from workers.dispatch import CeleryDispatcher
 
 UP_DB = make_url(PG_URL).set(database="qf_pbatch_up").render_as_string(hide_password=False)
@@ -153,8 +159,8 @@ tpm = 50000000
 
 def start(pg_url: str, workdir: Path) -> Iterator[Cluster]:
     """Generator for a module fixture: the upstream, the mocks and one downstream worker."""
-    redis.Redis.from_url(REDIS_URL).flushdb()
-    redis.Redis.from_url(UP_REDIS).flushdb()
+    flush_redis(REDIS_URL)
+    flush_redis(UP_REDIS)
     recreate_database(UP_DB)
     upgrade(UP_DB)
     procs: dict[str, Proc] = {}

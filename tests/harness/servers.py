@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 
 import psycopg
+import redis
 from sqlalchemy.engine import make_url
 
 XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
@@ -59,3 +60,15 @@ def service_env(**extra: str) -> dict[str, str]:
     env["QUOTAFLOW_API_RATE_LIMIT"] = "off"
     env.update(extra)
     return env
+
+
+def flush_redis(url: str = REDIS_URL) -> None:
+    """Empty a test's Redis db, closing the connection: a client left to the collector
+    warns (ResourceWarning) inside whichever test happens to be running."""
+    with redis.Redis.from_url(url) as client:
+        client.flushdb()
+
+
+def redis_keys(pattern: str, url: str = REDIS_URL) -> list[bytes]:
+    with redis.Redis.from_url(url) as client:
+        return list(client.keys(pattern))
