@@ -124,7 +124,8 @@ def test_a_budget_lost_while_in_use_starts_empty_but_a_new_one_starts_full(
     admission = worker.acquire(spec, [1_000], 0.0)
     assert admission.admitted == 1
     # Its hash is lost while a call is in flight (evicted, flushed, a failover)
-    redis.Redis.from_url(redis_url).delete(bucket_key(spec.name))
+    with redis.Redis.from_url(redis_url) as client:
+        client.delete(bucket_key(spec.name))
     # The worker that knew it notices, whatever it does next: empty, refilling 100 a second
     if op == "clamp":
         worker.clamp(spec, None, 5_500.0)

@@ -37,7 +37,8 @@ def test_answers_as_redis_py_script_does(redis_url: str) -> None:
 
 def connections_made(url: str) -> int:
     """How many connections the server has accepted since it started."""
-    return int(redis.Redis.from_url(url).info("stats")["total_connections_received"])
+    with redis.Redis.from_url(url) as client:
+        return int(client.info("stats")["total_connections_received"])
 
 
 def test_one_connection_per_thread(throwaway_redis) -> None:
@@ -67,7 +68,8 @@ def test_scripts_lost_or_server_restarted(throwaway_redis) -> None:
     held = load_script(connect(url), COUNT)
     assert held(keys=["n"], args=[1]) == 1
     # When the server forgets its scripts: the call loads it again (EVAL) and is answered
-    redis.Redis.from_url(url).script_flush()
+    with redis.Redis.from_url(url) as client:
+        client.script_flush()
     assert held(keys=["n"], args=[1]) == 2
     # When the server stops: the call fails as the pool's did, with redis-py's error
     stop()

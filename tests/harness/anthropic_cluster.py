@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
-import redis
 
 from quotaflow.budget.tokens import estimate_tokens
 from quotaflow.config import Settings
@@ -25,7 +24,7 @@ from quotaflow.ingest import pipeline
 from quotaflow.jobs import service as jobs
 from quotaflow.jobs import view as job_view
 from tests.harness.procs import Proc, free_port, quotaflow
-from tests.harness.servers import service_env
+from tests.harness.servers import flush_redis, service_env
 from workers.dispatch import CeleryDispatcher
 
 WORKERS = 3
@@ -133,7 +132,7 @@ class AnthropicCluster:
         self.providers: dict[str, str] = {}
 
     def __enter__(self) -> "AnthropicCluster":
-        redis.Redis.from_url(self.redis_url).flushdb()
+        flush_redis(self.redis_url)
         env = service_env(QF_TEST_ANTHROPIC_KEY="sk-ant-test")
         deployments = []
         try:

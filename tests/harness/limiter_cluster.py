@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
-import redis
 
 from quotaflow.budget.tokens import admission_tokens
 from quotaflow.config import Settings
@@ -28,7 +27,7 @@ from quotaflow.jobs import service as jobs
 from quotaflow.jobs import view as job_view
 from quotaflow.providers.mock import simulated_body
 from tests.harness.procs import Proc, free_port, quotaflow
-from tests.harness.servers import service_env
+from tests.harness.servers import flush_redis, service_env
 from workers.dispatch import CeleryDispatcher
 
 WORKERS = 4
@@ -153,7 +152,7 @@ class LimiterCluster:
         self.providers: dict[str, str] = {}
 
     def __enter__(self) -> "LimiterCluster":
-        redis.Redis.from_url(self.redis_url).flushdb()
+        flush_redis(self.redis_url)
         env = service_env()
         deployments = []
         try:

@@ -33,7 +33,7 @@ from quotaflow.jobs import view as job_view
 from quotaflow.providers.mock import simulated_body
 from tests.harness.chaos_cluster import OwnRedis
 from tests.harness.procs import Proc, quiet_port, quotaflow
-from tests.harness.servers import service_env
+from tests.harness.servers import flush_redis, service_env
 from workers.dispatch import CeleryDispatcher
 
 WORKERS, CONCURRENCY, MAX_CONCURRENCY = 4, 2, 16
@@ -206,9 +206,7 @@ class SoakCluster:
 
     def _fault(self, kind: str) -> None:
         if kind == "flush":
-            import redis
-
-            redis.Redis(port=self.redis.port).flushdb()
+            flush_redis(self.redis.url)
         else:
             assert self.redis.popen is not None
             self.redis.popen.kill()  # no persistence: it comes back empty
