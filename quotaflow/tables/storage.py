@@ -8,7 +8,8 @@ at a time, never read whole: ingest uploads a file whose length it knows, and a 
 is read twice (its rows made into requests, then its answers joined back), so one
 streamed copy is read locally from then on. An output is written straight to the
 object as it is made, through fsspec's buffered writer: a multipart upload, a part
-each BLOCK_BYTES, that the store makes visible only once it completes; a failure
+each BLOCK_BYTES, sent while the next one fills, that the store makes visible only once
+it completes; a failure
 discards the upload, so no partial object ever stands under the final key (the
 `.part` rename of a local file, for objects).
 """
@@ -18,6 +19,7 @@ import re
 import shutil
 import tempfile
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
@@ -116,23 +118,60 @@ def download(url: str, target: Path) -> None:
 
 
 class _Upload:
-    """An object being written: each write goes into the multipart upload's buffer, a
-    part sent each BLOCK_BYTES; a failure of the store is a StorageError naming it."""
+    """An object being written: writes gather into a block, and each full block goes to
+    the multipart upload as a part on a thread of its own while the next one fills, so
+    the caller's reading (a job's results from the API) and the part's upload overlap.
+    One block is in flight at most, so memory holds about three (the filling one, the one
+    sent and fsspec's copy of it). A failure of the store is a StorageError naming it,
+    at the next write or at the end."""
 
     def __init__(self, url: str, handle: Any) -> None:
         self.url, self._handle = url, handle
+        self._block, self._written = bytearray(), 0
+        self._sender = ThreadPoolExecutor(1, thread_name_prefix="quotaflow-upload")
+        self._sending: Future[Any] | None = None
 
     def write(self, data: bytes) -> int:
+        self._block += data
+        self._written += len(data)
+        if len(self._block) >= BLOCK_BYTES:
+            self._wait()
+            block, self._block = bytes(self._block), bytearray()
+            self._sending = self._sender.submit(self._handle.write, block)
+        return len(data)
+
+    def _wait(self) -> None:
+        sending, self._sending = self._sending, None
+        if sending is None:
+            return
         try:
-            return int(self._handle.write(data))
+            sending.result()
         except Exception as exc:
             raise storage_error(self.url, "write", exc) from None
 
+    def finish(self) -> None:
+        """Every byte handed to the upload: the part in flight, then the last block."""
+        try:
+            self._wait()
+            if self._block:
+                try:
+                    self._handle.write(bytes(self._block))
+                except Exception as exc:
+                    raise storage_error(self.url, "write", exc) from None
+        finally:
+            self._sender.shutdown()
+
+    def abandon(self) -> None:
+        """The part in flight waited for (its failure is not news), nothing more sent."""
+        with contextlib.suppress(Exception):
+            self._wait()
+        self._sender.shutdown()
+
     def tell(self) -> int:
-        return int(self._handle.tell())
+        return self._written
 
     def flush(self) -> None:
-        """Parts go as the buffer fills: a flush before the end would send a short one."""
+        """Parts go as the blocks fill: a flush before the end would send a short one."""
 
     @property
     def closed(self) -> bool:
@@ -144,9 +183,12 @@ def object_writer(url: str) -> Iterator[IO[bytes]]:
     """The object at `url` written as the block goes, a multipart upload completed when
     the block ends without an error (the object appears whole) and aborted otherwise."""
     handle = open_object(url, "wb")
+    upload = _Upload(url, handle)
     try:
-        yield _Upload(url, handle)  # type: ignore[misc]  # the writing half of IO[bytes]
+        yield upload  # type: ignore[misc]  # the writing half of IO[bytes]
+        upload.finish()
     except BaseException:
+        upload.abandon()
         with contextlib.suppress(Exception):
             handle.discard()  # type: ignore[attr-defined]  # fsspec's buffered file: aborts
         # closed as far as fsspec knows: its finalizer would otherwise complete the upload

@@ -95,11 +95,13 @@ class _Object:
 
 
 def test_a_table_out_is_written_to_its_object_as_it_goes(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     made: list[_Object] = []
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(storage, "BLOCK_BYTES", 8)  # a part as soon as a few bytes are in
     monkeypatch.setattr(storage, "check_location", lambda location: None)
     monkeypatch.setattr(storage, "open_object",
                         lambda url, mode="rb": made.append(_Object()) or made[-1])
@@ -109,7 +111,36 @@ def test_a_table_out_is_written_to_its_object_as_it_goes(
     assert made[0].discarded and not made[0].completed
     with TableSink("s3://b/out.parquet") as sink:
         sink.write(pa.record_batch({"a": [1]}))
+        sink.write(pa.record_batch({"a": [2]}))  # the first part is waited for first
         assert made[1].data.startswith(b"PAR1")  # into the object, not a local copy
-        sink.write(pa.record_batch({"a": [2]}))
+        assert not list(tmp_path.iterdir())
     assert made[1].completed and not made[1].discarded
     assert pq.read_table(pa.BufferReader(made[1].data)).column("a").to_pylist() == [1, 2]
+
+
+def test_parts_go_in_order_while_the_next_block_fills(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(storage, "BLOCK_BYTES", 4)
+    made = _Object()
+    monkeypatch.setattr(storage, "open_object", lambda url, mode="rb": made)
+    with storage.object_writer("s3://b/out.jsonl") as out:
+        for piece in (b"ab", b"cdef", b"g", b"hijk", b"l"):
+            out.write(piece)
+        assert out.tell() == 12
+    assert made.data == b"abcdefghijkl" and made.completed
+
+
+class _FailingPart(_Object):
+    def write(self, piece: bytes) -> int:
+        raise OSError("connection reset")
+
+
+def test_a_part_that_fails_in_flight_fails_the_next_write(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(storage, "BLOCK_BYTES", 4)
+    made = _FailingPart()
+    monkeypatch.setattr(storage, "open_object", lambda url, mode="rb": made)
+    with pytest.raises(StorageError, match=r"cannot write s3://b/out\.jsonl: OSError"), \
+            storage.object_writer("s3://b/out.jsonl") as out:
+        out.write(b"abcd")  # a part sent: its failure is heard at the next part
+        out.write(b"efgh")
+    assert made.discarded and not made.completed
