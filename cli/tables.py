@@ -124,6 +124,8 @@ def requests_for(input_file: Location | None, choice: TemplateChoice,
     from quotaflow.tables.stages import STAGE_ID_COLUMN
     from quotaflow.tables.templates import PromptTemplate
 
+    arrow_memory_from_malloc()
+
     shape = RequestShape(
         model=choice.model, system=choice.system, max_tokens=choice.max_tokens,
         response_format=(load_response_format(choice.response_format)
@@ -134,6 +136,19 @@ def requests_for(input_file: Location | None, choice: TemplateChoice,
         rows = open_table(input_file)
     with requests_file(rows, PromptTemplate.from_path(choice.template), shape) as path:
         yield path
+
+
+def arrow_memory_from_malloc() -> None:
+    """Arrow's buffers from the C library's malloc in the CLI's own process: pyarrow's
+    default pool (mimalloc or jemalloc) keeps the pages each streamed batch frees, so a
+    large table's RSS climbs though one batch at a time is held. ARROW_DEFAULT_MEMORY_POOL,
+    where set, still decides; a program using the Python client keeps the pool it has."""
+    import os
+
+    if not os.environ.get("ARROW_DEFAULT_MEMORY_POOL"):
+        import pyarrow as pa
+
+        pa.set_memory_pool(pa.system_memory_pool())
 
 
 def merged_metadata(given: str | None, kept: dict[str, str]) -> str | None:
@@ -156,6 +171,7 @@ def write_table(out: Location, input_file: "Location | RowSource", id_column: st
     from quotaflow.tables.sinks import TableSink
     from quotaflow.tables.sources import RowSource, open_table
 
+    arrow_memory_from_malloc()
     source = input_file if isinstance(input_file, RowSource) else open_table(input_file)
     with TableSink(out) as sink:
         for batch in joined_batches(source, id_column, results, errors):
