@@ -4,6 +4,7 @@
     python -m bench.million                    # 1,000,000 lines (a few minutes)
     python -m bench.million --lines 50000      # CI-sized
     python -m bench.million --table            # a Parquet table in and out instead
+    python -m bench.million --s3               # from and to an S3 server (moto) instead
 
 It starts what bench.e2e starts (a throwaway PostgreSQL and redis-server, the mock
 provider made unlimited and instant, `quotaflow api`, W `quotaflow worker
@@ -15,12 +16,16 @@ dispatch); run, from the job id to `completed` in PostgreSQL; download, the CLI'
 input line, each custom_id once, in input order. Peak RSS: the API's VmHWM (/proc)
 and each CLI process's, read as it runs. With --table the input is a Parquet table
 of as many rows (bench/million_table.py), sent through a template, and the download is
-`results -o out.parquet`, its rows joined to their answers, checked the same way.
+`results -o out.parquet`, its rows joined to their answers, checked the same way. With
+--s3 the input is first put in a local S3 server (moto, in a process of its own) and the
+CLI submits its s3:// URL and writes its results to another; the result object is
+fetched back, untimed, to be checked.
 """
 
 import argparse
 import concurrent.futures
 import contextlib
+import os
 import sys
 import tempfile
 import time
@@ -33,6 +38,8 @@ import psycopg
 from bench.e2e import Bench, _process_table, machine, quotaflow, tree_cpu, wait_with_rusage
 from bench.ingest import peak_rss_mb, write_file
 from bench.million_table import check_rows, submit_args, write_rows
+from quotaflow.tables import storage
+from tests.harness.s3_server import BUCKET, s3_env, s3_server
 
 POLL_S = 0.2
 
@@ -40,6 +47,7 @@ POLL_S = 0.2
 def run(args: argparse.Namespace, workdir: Path) -> dict[str, float]:
     args.sizes, args.batch_size, args.pg_statements = [args.lines], None, 0
     bench = Bench(args, workdir)
+    objects: dict[str, str] = {}
     try:
         bench.start_provider()
         bench.start_cluster()
@@ -47,9 +55,13 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, float]:
         source = workdir / ("rows.parquet" if args.table else "batch.jsonl")
         size = (write_rows if args.table else write_file)(source, args.lines)
         given = submit_args(source, workdir) if args.table else [str(source)]
+        if args.s3:  # the same file, as an object: the CLI reads it from there
+            objects["in"] = f"s3://{BUCKET}/{source.name}"
+            storage.upload(source, objects["in"])
+            given[0] = objects["in"]
         print(f"input: {args.lines:,} {'rows' if args.table else 'lines'}, {size / 1e6:,.0f} "
               f"MB; {args.workers} workers x 2", flush=True)
-        env = bench.cluster_env() | {"QUOTAFLOW_API_URL": bench.api_url}
+        env = bench.cluster_env() | {"QUOTAFLOW_API_URL": bench.api_url} | objects_env()
         workers = [bench._start(f"worker{n}", quotaflow(
             "worker", "--concurrency", "2", "--name", f"million{n}@bench"), env)
             for n in range(1, args.workers + 1)]
@@ -86,16 +98,19 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, float]:
             bench._stop(worker)
 
         output = workdir / ("results.parquet" if args.table else "results.jsonl")
+        written_to = f"s3://{BUCKET}/{output.name}" if args.s3 else str(output)
         api_cpu = tree_cpu([bench.api.pid], _process_table())
         pg_cpu = tree_cpu([bench.postgres.pid], _process_table())
         download_started = time.monotonic()  # the workers' shutdown above is not the download's
-        download = bench._start("results", quotaflow("results", job_id, "-o", str(output)), env)
+        download = bench._start("results", quotaflow("results", job_id, "-o", written_to), env)
         download_use, results_rss = wait_with_peak(download, args.timeout, "results")
         downloaded = time.monotonic()
         api_cpu = tree_cpu([bench.api.pid], _process_table()) - api_cpu
         pg_cpu = tree_cpu([bench.postgres.pid], _process_table()) - pg_cpu
         if download.popen.returncode != 0:
             raise RuntimeError(f"results failed:\n{download.log()}")
+        if args.s3:
+            storage.download(written_to, output)
         (check_rows if args.table else check_output)(output, args.lines)
         return {"lines": args.lines, "submit_s": submitted - started,
                 "run_s": ran - submitted, "download_s": downloaded - download_started,
@@ -108,6 +123,11 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, float]:
                                  f"{download_use.ru_utime + download_use.ru_stime:.1f}")}
     finally:
         bench.close()
+
+
+def objects_env() -> dict[str, str]:
+    """The S3 server's endpoint and keys, when this run has one (main set them)."""
+    return {name: os.environ[name] for name in s3_env("") if name in os.environ}
 
 
 def wait_with_peak(proc: Any, timeout: float, label: str) -> tuple[Any, float]:
@@ -144,16 +164,23 @@ def main() -> None:
     parser.add_argument("--table", action="store_true",
                         help="A Parquet table in through a template and out with its "
                              "answers, instead of a JSONL file of requests.")
+    parser.add_argument("--s3", action="store_true",
+                        help="Read the input from, and write the results to, a local S3 "
+                             "server (moto) instead of local files.")
     parser.add_argument("--timeout", type=float, default=1800.0,
                         help="Seconds each phase may take before the run is aborted.")
     args = parser.parse_args()
     args.pg_option, args.metrics = [], False
-    with tempfile.TemporaryDirectory(prefix="qf-million-") as workdir:
+    with tempfile.TemporaryDirectory(prefix="qf-million-") as workdir, \
+            contextlib.ExitStack() as objects:
+        if args.s3:
+            os.environ.update(s3_env(objects.enter_context(s3_server(own_process=True))))
         row = run(args, Path(workdir))
     n = row["lines"]
     print(f"API RSS idle {row['api_idle']:.0f} MB, after submit {row['api_submit']:.0f} MB; "
           f"results file {row['download_mb']:,.0f} MB")
     print(f"CPU s: submit {row['submit_cpu']}; download {row['download_cpu']}")
+    print(f"from and to {'S3 (moto)' if args.s3 else 'local files'}")
     header = ("rows" if args.table else "lines", "submit s", "lines/s", "run s", "req/s",
               "download s", "lines/s", "API peak MB", "submit CLI MB", "results CLI MB")
     values = (f"{n:,}", f"{row['submit_s']:.1f}", f"{n / row['submit_s']:,.0f}",
