@@ -89,7 +89,7 @@ def main() -> None:
     args = parser.parse_args()
     lines = args.lines
     with tempfile.TemporaryDirectory(prefix="qf-storage-bench-") as folder, \
-            s3_server() as endpoint:
+            s3_server(own_process=True) as endpoint:
         os.environ.update(s3_env(endpoint))
         local = Path(folder) / "requests.jsonl"
         write_file(local, lines)
