@@ -21,6 +21,7 @@ from quotaflow.constants import DEFAULT_TENANT
 from quotaflow.deployments.catalog import Deployments
 from quotaflow.dispatch.queues import Dispatcher
 from quotaflow.errors import QuotaflowError
+from quotaflow.jobs import view as job_view
 from quotaflow.models import utcnow
 from quotaflow.runtime import Runtime
 from quotaflow.tenants import audit, keys
@@ -90,7 +91,8 @@ async def session() -> AsyncIterator[Session]:
 @lru_cache
 def job_reads() -> JobReads:
     """This process's recent job objects (api/job_reads.py)."""
-    return JobReads(get_settings().api_status_cache_s, lambda: sessions()())
+    return JobReads(get_settings().api_status_cache_s, lambda: sessions()(),
+                    prefetch=job_view.prefetch)
 
 
 async def settings_dep() -> Settings:

@@ -6,7 +6,8 @@ a second. Here a job's object is read at most once per `api_status_cache_s` per 
 poller in between is answered from memory, on the event loop, without a thread or a
 connection. The reads of different jobs that wait at the same moment (the long-polls of
 many small jobs, each read every watch interval) are made together, in one session on
-one thread: one connection checkout and one transaction for all of them, not one each.
+one thread: one connection checkout and one transaction for all of them, not one each,
+and the jobs with their figures read ahead in three statements (`prefetch`).
 A job changed through this process (cancel, retry, delete) is read afresh at
 once; a change made elsewhere (a worker storing answers, another API process) shows
 within `api_status_cache_s`. These reads take no place in admission: an answer from
@@ -43,6 +44,8 @@ MAX_ENTRIES = 20_000
 # Reads one job in the session it is given: the job's tenant and its object.
 Load = Callable[[Session], tuple[str, dict[str, Any]]]
 Outcome = tuple[str, dict[str, Any]] | Exception
+# Reads many jobs ahead into a session, by id, for the loads that follow in it.
+Prefetch = Callable[[Session, list[str]], None]
 
 
 @dataclass(frozen=True)
@@ -77,14 +80,17 @@ class JobReads:
     """Job objects by (view, job id), each kept `max_age_s` seconds for every reader."""
 
     def __init__(self, max_age_s: float, sessions: Callable[[], Session],
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 prefetch: Prefetch | None = None) -> None:
         self.max_age_s = max_age_s
         self.clock = clock
         self._sessions = sessions
+        self._prefetch = prefetch
         self._entries: dict[Key, Entry] = {}
         self._reading: dict[Key, asyncio.Task[Entry]] = {}
-        # Reads waiting for a session: (when queued, the read, its outcome's future).
-        self._queued: list[tuple[float, Load, asyncio.Future[tuple[str, dict[str, Any]]]]] = []
+        # Reads waiting for a session: (when queued, job id, the read, its outcome's future).
+        self._queued: list[tuple[float, str, Load,
+                                 asyncio.Future[tuple[str, dict[str, Any]]]]] = []
         self._runners: set[asyncio.Task[None]] = set()
         self.sessions_used = 0  # sessions the reads were made in, for the tests
 
@@ -138,7 +144,7 @@ class JobReads:
             self._runners = {runner for runner in self._runners if runner.get_loop() is loop}
         # Only a read that finds every runner busy waits for its turn: it is timed from now.
         busy = len(self._runners) >= LOADS_AT_ONCE
-        self._queued.append((self.clock() if busy else math.inf, load, future))
+        self._queued.append((self.clock() if busy else math.inf, key[1], load, future))
         if not busy:
             runner = asyncio.ensure_future(self._run_queued())
             self._runners.add(runner)
@@ -158,7 +164,7 @@ class JobReads:
             del self._queued[:JOBS_PER_SESSION]
             late = self.clock() - LOAD_QUEUE_S
             due = []
-            for queued_at, load, future in taken:
+            for queued_at, job_id, load, future in taken:
                 if future.done():
                     continue
                 if queued_at < late:
@@ -166,18 +172,19 @@ class JobReads:
                         "the API is reading as many jobs as it may at once; ask again in "
                         f"{RETRY_AFTER_S} s (Retry-After)"))
                 else:
-                    due.append((load, future))
+                    due.append((job_id, load, future))
             if not due:
                 continue
             try:
-                outcomes = await run_in_threadpool(self._read_all, [load for load, _ in due])
+                outcomes = await run_in_threadpool(self._read_all, [load for _, load, _ in due],
+                                                   [job_id for job_id, _, _ in due])
             except BaseException as exc:  # cancelled, or no session at all: none is read
-                for _, future in due:
+                for *_, future in due:
                     if not future.done():
                         future.set_exception(exc if isinstance(exc, Exception)
                                              else ServiceUnavailable("the read was stopped"))
                 raise
-            for (_, future), outcome in zip(due, outcomes, strict=True):
+            for (*_, future), outcome in zip(due, outcomes, strict=True):
                 if future.done():
                     continue
                 if isinstance(outcome, Exception):
@@ -185,12 +192,18 @@ class JobReads:
                 else:
                     future.set_result(outcome)
 
-    def _read_all(self, loads: list[Load]) -> list[Outcome]:
-        """Each read's outcome, all in one session (on a thread); a failed read's error is
-        its outcome, and the session is rolled back for the next one."""
+    def _read_all(self, loads: list[Load], job_ids: list[str]) -> list[Outcome]:
+        """Each read's outcome, all in one session (on a thread), the jobs read ahead where
+        there are several; a failed read's error is its outcome, and the session is rolled
+        back for the next one."""
         self.sessions_used += 1
         outcomes: list[Outcome] = []
         with self._sessions() as session:
+            if self._prefetch is not None and len(set(job_ids)) > 1:
+                try:
+                    self._prefetch(session, job_ids)
+                except Exception:  # each load asks for its own, and says what went wrong
+                    session.rollback()
             for load in loads:
                 try:
                     outcomes.append(load(session))

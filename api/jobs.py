@@ -189,6 +189,7 @@ def list_jobs(session: SessionDep, tenant: TenantDep,
     """The tenant's jobs, newest first, paged by `after` (the last id of a page)."""
     page = jobs.list_jobs(session, limit=limit + 1, after=after, tenant=tenant,
                           status=status, queue=queue)
+    job_view.prefetch(session, [job.id for job in page[:limit]])
     data = [job_view.job_object(session, job) for job in page[:limit]]
     return {"object": "list", "data": data,
             "first_id": data[0]["id"] if data else None,

@@ -40,6 +40,7 @@ from quotaflow.compat import openai_batches as batches
 from quotaflow.config import get_settings
 from quotaflow.constants import ENDPOINTS, QUEUES
 from quotaflow.jobs import service as jobs
+from quotaflow.jobs import view as job_view
 
 router = APIRouter(prefix="/v1", tags=["OpenAI-compatible"])
 # PostgreSQL text and JSONB cannot hold NUL characters.
@@ -211,6 +212,7 @@ def list_batches(
 ) -> dict[str, Any]:
     with sessions() as session:
         page = jobs.list_jobs(session, limit=limit + 1, after=after, tenant=tenant)
+        job_view.prefetch(session, [job.id for job in page[:limit]])
         return _page([batches.batch_object(session, job) for job in page[:limit]],
                      len(page) > limit)
 

@@ -110,6 +110,7 @@ def job_list(request: Request, sessions: SessionsDep, who: ViewerDep,
     with sessions() as session:
         found = jobs.list_jobs(session, limit=PAGE_SIZE + 1, after=after, tenant=who.tenant,
                                status=status, queue=queue)
+        job_view.prefetch(session, [job.id for job in found[:PAGE_SIZE]])
         rows = [_row(job_view.job_object(session, job)) for job in found[:PAGE_SIZE]]
     context: dict[str, Any] = {
         "who": who, "rows": rows, "has_more": len(found) > PAGE_SIZE,

@@ -9,6 +9,7 @@ import io
 from collections.abc import Iterator
 
 import pytest
+from sqlalchemy import event
 from sqlalchemy.orm import Session, sessionmaker
 
 from api.job_reads import JobReads
@@ -16,8 +17,11 @@ from api.job_watch import read_job
 from api.key_lookups import KeyLookups
 from api.status_fast_path import StatusFastPath
 from quotaflow.config import Settings
+from quotaflow.db import get_engine
 from quotaflow.errors import AuthenticationError, JobNotFound
 from quotaflow.ingest import pipeline
+from quotaflow.jobs import view as job_view
+from quotaflow.models import Spend
 from quotaflow.tenants.key_cache import KeyCache
 from quotaflow.tenants.keys import create_key, revoke_key
 from tests.harness.api_app import app_client
@@ -106,6 +110,45 @@ def test_reads_of_many_jobs_share_sessions(pg_sessions, settings):
     with pg_sessions() as session:
         for job_id, seen in zip(ids, found[:-1], strict=True):
             assert seen.job == read_job(session, job_id)[1]
+
+
+def test_a_round_of_reads_reads_its_jobs_ahead_in_three_statements(pg_sessions, pg_url,
+                                                                   settings):
+    ids = [make_job(pg_sessions, settings, "reader") for _ in range(30)]
+    with pg_sessions.begin() as session:  # two of them have cost something, one unpriced
+        session.add_all([Spend(job_id=ids[0], deployment="a", month="2026-12", tenant="reader",
+                               cost=0.25, currency="USD"),
+                         Spend(job_id=ids[0], deployment="b", month="2026-12", tenant="reader",
+                               cost=None, currency=None),
+                         Spend(job_id=ids[1], deployment="a", month="2026-11", tenant="reader",
+                               cost=1.5, currency="USD")])
+    with pg_sessions() as session:
+        plain = {job_id: read_job(session, job_id)[1] for job_id in ids}
+    assert plain[ids[0]]["cost"]["complete"] is False and plain[ids[1]]["cost"]["total"] == 1.5
+    statements: list[str] = []
+    engine = get_engine(pg_url)
+
+    def executed(*args: object) -> None:
+        statements.append(str(args[2]))
+
+    event.listen(engine, "before_cursor_execute", executed)
+    reads = JobReads(0.5, pg_sessions, prefetch=job_view.prefetch)
+
+    async def everyone() -> list:
+        return await asyncio.gather(
+            *(reads.latest(("job", job_id), lambda s, j=job_id: read_job(s, j))
+              for job_id in ids))
+
+    try:
+        found = asyncio.run(everyone())
+    finally:
+        event.remove(engine, "before_cursor_execute", executed)
+    # The same objects as a read of each alone
+    assert [seen.job for seen in found] == [plain[job_id] for job_id in ids]
+    # The first read alone (three statements), then rounds of three whatever their size
+    selects = [text for text in statements if text.lstrip().upper().startswith("SELECT")]
+    assert len(selects) <= 3 * reads.sessions_used, (reads.sessions_used, selects)
+    assert reads.sessions_used <= 3
 
 
 @pytest.fixture
