@@ -118,6 +118,18 @@ class JobReads:
             return None
         return entry.seen
 
+    async def being_read(self, key: tuple[str, str]) -> Seen | None:
+        """The object of `key` from the read of it now in flight (started by a route once
+        the kept one went stale), awaited; None where no read is in flight or it failed
+        (the route then reads, and answers any error as it does)."""
+        task = self._reading.get(key)
+        if task is None:
+            return None
+        try:
+            return (await asyncio.shield(task)).seen
+        except Exception:
+            return None
+
     def forget_all(self) -> None:
         """Drop every job's objects (a change whose jobs are not known by id)."""
         self._entries.clear()

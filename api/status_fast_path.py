@@ -6,10 +6,14 @@ remembered (quotaflow/tenants/key_cache.py), a poller's read cost no database wo
 most of its time went on FastAPI's routing, dependency solving and the middlewares
 around the route. A plain `GET /jobs/{id}` or `GET /v1/batches/{id}` (no query string)
 whose key is remembered, may read, and whose tenant owns the job is answered here from
-the recent object: the same bytes, `ETag` and 304 the route sends. Everything else (an
-unknown or expired key, a low scope, a stale or missing object, a long-poll, another
-tenant's job) goes on to the route, which answers it as before. The middlewares outside
-this one (x-request-id, per-key limits, admission, security headers) apply alike.
+the recent object: the same bytes, `ETag` and 304 the route sends. Once the object is
+stale the first read goes to the route, which reads the job again; the reads arriving
+while that read is in flight wait for it here, as the route would have them wait, rather
+than each going through the route to the same wait (under a crowd, that made most reads
+the slow ones). Everything else (an unknown or expired key, a low scope, a missing object,
+a long-poll, another tenant's job) goes on to the route, which answers it as before. The
+middlewares outside this one (x-request-id, per-key limits, admission, security headers)
+apply alike.
 """
 
 import re
@@ -61,8 +65,9 @@ class StatusFastPath:
             if_none_match = headers.get("if-none-match")
             grant = self.remembered(presented_key(headers))
             if grant is not None and grant.scope >= KeyScope.READ:
-                view = _VIEWS[found.group(1) or found.group(2)]
-                seen = self.reads().fresh((view, found.group(3)))
+                key = (_VIEWS[found.group(1) or found.group(2)], found.group(3))
+                reads = self.reads()
+                seen = reads.fresh(key) or await reads.being_read(key)
                 if (seen is not None and seen.tenant == grant.tenant
                         and len(if_none_match or "") <= MAX_IF_NONE_MATCH):
                     self.answered += 1
