@@ -76,8 +76,10 @@ class CreateBatch(BaseModel):
     # OpenAI: at most 16 pairs, keys up to 64 and values up to 512 characters.
     metadata: dict[Annotated[str, Field(max_length=64, pattern=NO_NUL)],
                    Annotated[str, Field(max_length=512, pattern=NO_NUL)]] | None = Field(
-        default=None, max_length=16, json_schema_extra={"properties": {
-            batches.QUEUE_METADATA_KEY: {"type": "string", **QUEUE_RULE}}})
+        default=None, max_length=16, json_schema_extra={
+            "properties": {batches.QUEUE_METADATA_KEY: {"type": "string", **QUEUE_RULE}},
+            # a key with a NUL matches no pattern above: say it is refused, not open
+            "patternProperties": {NO_NUL: {}}, "additionalProperties": False})
     # {"anchor": "created_at", "seconds": 3600..2592000}: checked by quotaflow.compat.retention,
     # whose errors name the part at fault (output_expires_after.seconds).
     output_expires_after: Annotated[dict[str, Any] | None, WithJsonSchema(
